@@ -1,0 +1,371 @@
+//! The crate's one error type.
+//!
+//! Every runtime failure, from a missing driver to a failed copy, is an [`Error`] whose message says what went
+//! wrong in CUDA's own words and what the crate was doing at the time, so that a user can act on it without a
+//! debugger: `CUDA_ERROR_OUT_OF_MEMORY (2): out of memory, while allocating 4.0 GiB on device 0 (cuMemAlloc_v2)`.
+
+use std::ffi::CStr;
+use std::fmt;
+
+use crate::sys::{CUresult, cudaError_t};
+
+/// `Result<T, cuda_pinned::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Which shared library a load or lookup error is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Library {
+    /// The CUDA driver, `libcuda.so.1` (`nvcuda.dll` on Windows). Required.
+    Driver,
+    /// The CUDA runtime, `libcudart.so.13` or `.12`. Optional: only the functions that wrap runtime calls need it.
+    Runtime,
+}
+
+impl Library {
+    fn describe(self) -> &'static str {
+        match self {
+            Library::Driver => "the CUDA driver (libcuda)",
+            Library::Runtime => "the CUDA runtime (libcudart)",
+        }
+    }
+
+    fn override_var(self) -> &'static str {
+        match self {
+            Library::Driver => "CUDA_PINNED_LIBCUDA",
+            Library::Runtime => "CUDA_PINNED_LIBCUDART",
+        }
+    }
+}
+
+/// One place the loader looked for a library, and why it was not used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadAttempt {
+    /// The name or path passed to the system's loader.
+    pub path: String,
+    /// The loader's message, or why a library that loaded was refused.
+    pub reason: String,
+}
+
+/// An error from `cuda-pinned`.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Error {
+    /// A CUDA driver call returned something other than `CUDA_SUCCESS`.
+    #[non_exhaustive]
+    Driver {
+        /// The code the driver returned; a newer driver's code unknown to these bindings is kept as it is.
+        code: CUresult,
+        /// Its name from `cuGetErrorName`, such as `CUDA_ERROR_OUT_OF_MEMORY`.
+        name: String,
+        /// Its description from `cuGetErrorString`, such as `out of memory`.
+        description: String,
+        /// The driver function that failed.
+        function: &'static str,
+        /// What the crate was doing, such as `allocating 4.0 GiB on device 0`.
+        context: Option<String>,
+    },
+    /// A CUDA runtime call or a kernel launch returned something other than `cudaSuccess`.
+    #[non_exhaustive]
+    Runtime {
+        /// The code the runtime returned.
+        code: cudaError_t,
+        /// Its name from `cudaGetErrorName`, such as `cudaErrorMemoryAllocation`.
+        name: String,
+        /// Its description from `cudaGetErrorString`.
+        description: String,
+        /// The runtime function or kernel launcher that failed.
+        function: &'static str,
+        /// What the crate was doing.
+        context: Option<String>,
+    },
+    /// No usable library was found: every place tried, with the loader's message for each.
+    #[non_exhaustive]
+    Load {
+        /// Which library.
+        library: Library,
+        /// Every name or path tried, in order.
+        attempts: Vec<LoadAttempt>,
+    },
+    /// The loaded library lacks a function the crate needs: it is older than the function.
+    #[non_exhaustive]
+    MissingFunction {
+        /// Which library.
+        library: Library,
+        /// Where it was loaded from.
+        path: String,
+        /// The missing symbol.
+        function: &'static str,
+    },
+    /// The driver supports an older CUDA version than the bindings were generated from.
+    #[non_exhaustive]
+    DriverTooOld {
+        /// Where the driver was loaded from.
+        path: String,
+        /// What `cuDriverGetVersion` reported, as `1000 * major + 10 * minor`.
+        driver_version: i32,
+        /// The `CUDA_VERSION` of the headers the bindings were generated from.
+        bindings_version: i32,
+    },
+}
+
+impl Error {
+    /// A driver error for `code`, returned by `function`, described with the driver's own name and description
+    /// for it (`None` where the driver had none, as for a code it does not know).
+    ///
+    /// This is the conversion every failed driver call goes through; it never panics, whatever the bytes.
+    #[doc(hidden)]
+    #[cold]
+    pub fn from_driver_parts(
+        code: CUresult,
+        name: Option<&CStr>,
+        description: Option<&CStr>,
+        function: &'static str,
+    ) -> Error {
+        Error::Driver {
+            code,
+            name: text_or(name, "CUDA_ERROR_UNRECOGNIZED"),
+            description: text_or(description, "a result code the driver does not describe"),
+            function,
+            context: None,
+        }
+    }
+
+    /// A runtime error for `code`, as [`Error::from_driver_parts`] for the runtime library or a kernel launcher.
+    #[doc(hidden)]
+    #[cold]
+    pub fn from_runtime_parts(
+        code: cudaError_t,
+        name: Option<&CStr>,
+        description: Option<&CStr>,
+        function: &'static str,
+    ) -> Error {
+        Error::Runtime {
+            code,
+            name: text_or(name, "cudaErrorUnrecognized"),
+            description: text_or(description, "a result code the runtime does not describe"),
+            function,
+            context: None,
+        }
+    }
+
+    /// Adds what the crate (or the caller) was doing when a driver or runtime call failed, such as
+    /// `"allocating 4.0 GiB on device 0"`; the message then reads `..., while allocating 4.0 GiB on device 0`.
+    /// The first context given is kept: it is the closest to the failure. Other errors are returned unchanged,
+    /// since their messages already say everything.
+    #[must_use]
+    pub fn context(mut self, what: impl fmt::Display) -> Error {
+        if let Error::Driver {
+            context: context @ None,
+            ..
+        }
+        | Error::Runtime {
+            context: context @ None,
+            ..
+        } = &mut self
+        {
+            *context = Some(what.to_string());
+        }
+        self
+    }
+
+    /// The driver's result code, if this is a failed driver call.
+    #[must_use]
+    pub fn driver_code(&self) -> Option<CUresult> {
+        match self {
+            Error::Driver { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+fn text_or(text: Option<&CStr>, fallback: &str) -> String {
+    match text {
+        Some(text) if !text.is_empty() => text.to_string_lossy().into_owned(),
+        _ => fallback.to_string(),
+    }
+}
+
+fn write_call(
+    f: &mut fmt::Formatter<'_>,
+    name: &str,
+    code: u32,
+    description: &str,
+    function: &str,
+    context: Option<&str>,
+) -> fmt::Result {
+    write!(f, "{name} ({code}): {description}")?;
+    match context {
+        Some(context) => write!(f, ", while {context} ({function})"),
+        None => write!(f, ", in {function}"),
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Driver {
+                code,
+                name,
+                description,
+                function,
+                context,
+            } => write_call(f, name, code.0, description, function, context.as_deref()),
+            Error::Runtime {
+                code,
+                name,
+                description,
+                function,
+                context,
+            } => write_call(f, name, code.0, description, function, context.as_deref()),
+            Error::Load { library, attempts } => {
+                write!(f, "could not load {}; tried:", library.describe())?;
+                for attempt in attempts {
+                    write!(f, "\n  {}: {}", attempt.path, attempt.reason)?;
+                }
+                if *library == Library::Driver {
+                    write!(f, "\nIs the NVIDIA driver installed?")?;
+                }
+                write!(
+                    f,
+                    " Set {} to the library's full path if it is elsewhere.",
+                    library.override_var()
+                )
+            }
+            Error::MissingFunction {
+                library,
+                path,
+                function,
+            } => write!(
+                f,
+                "{} loaded from {path} has no function {function}: it is older than this operation needs; \
+                 update it",
+                library.describe()
+            ),
+            Error::DriverTooOld {
+                path,
+                driver_version,
+                bindings_version,
+            } => write!(
+                f,
+                "the CUDA driver loaded from {path} supports CUDA {} ({driver_version}), older than CUDA {} \
+                 ({bindings_version}) that cuda-pinned's bindings were generated from: install NVIDIA driver \
+                 580 or newer",
+                cuda_version(*driver_version),
+                cuda_version(*bindings_version)
+            ),
+        }
+    }
+}
+
+/// `12040` as `12.4`, the way NVIDIA writes CUDA versions.
+fn cuda_version(v: i32) -> String {
+    format!("{}.{}", v / 1000, (v % 1000) / 10)
+}
+
+impl std::error::Error for Error {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn driver_message_names_code_description_context_and_function() {
+        let e = Error::from_driver_parts(
+            CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+            Some(c"CUDA_ERROR_OUT_OF_MEMORY"),
+            Some(c"out of memory"),
+            "cuMemAlloc_v2",
+        )
+        .context("allocating 4.0 GiB on device 0");
+        assert_eq!(
+            e.to_string(),
+            "CUDA_ERROR_OUT_OF_MEMORY (2): out of memory, while allocating 4.0 GiB on device 0 (cuMemAlloc_v2)"
+        );
+        assert_eq!(e.driver_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+    }
+
+    #[test]
+    fn first_context_is_kept() {
+        let e = Error::from_driver_parts(CUresult(1), None, None, "cuMemcpyHtoDAsync_v2")
+            .context("inner")
+            .context("outer");
+        assert!(
+            e.to_string().contains("while inner (cuMemcpyHtoDAsync_v2)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_code_and_missing_strings_still_read_well() {
+        let e = Error::from_driver_parts(CUresult(123_456), None, Some(c""), "cuInit");
+        assert_eq!(
+            e.to_string(),
+            "CUDA_ERROR_UNRECOGNIZED (123456): a result code the driver does not describe, in cuInit"
+        );
+        let e =
+            Error::from_runtime_parts(cudaError_t(u32::MAX), None, None, "cuda_pinned_fill_u32");
+        assert!(
+            e.to_string()
+                .starts_with("cudaErrorUnrecognized (4294967295)"),
+            "{e}"
+        );
+        assert_eq!(e.driver_code(), None);
+    }
+
+    #[test]
+    fn invalid_utf8_from_the_driver_is_replaced_not_a_panic() {
+        let bytes = [0xff, 0xfe, b'x', 0];
+        let name = CStr::from_bytes_with_nul(&bytes).unwrap();
+        let e = Error::from_driver_parts(CUresult(2), Some(name), Some(name), "cuMemAlloc_v2");
+        assert!(e.to_string().starts_with("\u{fffd}\u{fffd}x (2)"), "{e}");
+    }
+
+    #[test]
+    fn load_error_lists_every_attempt_and_the_override() {
+        let e = Error::Load {
+            library: Library::Driver,
+            attempts: vec![
+                LoadAttempt {
+                    path: "libcuda.so.1".into(),
+                    reason: "not found".into(),
+                },
+                LoadAttempt {
+                    path: "/usr/lib/wsl/lib/libcuda.so.1".into(),
+                    reason: "no such file".into(),
+                },
+            ],
+        };
+        let text = e.to_string();
+        assert!(text.starts_with(
+            "could not load the CUDA driver (libcuda); tried:\n  libcuda.so.1: not found\n"
+        ));
+        assert!(
+            text.contains("\n  /usr/lib/wsl/lib/libcuda.so.1: no such file\n"),
+            "{text}"
+        );
+        assert!(text.contains("CUDA_PINNED_LIBCUDA"), "{text}");
+    }
+
+    #[test]
+    fn too_old_driver_names_both_versions() {
+        let e = Error::DriverTooOld {
+            path: "libcuda.so.1".into(),
+            driver_version: 12040,
+            bindings_version: 13000,
+        };
+        let text = e.to_string();
+        assert!(text.contains("supports CUDA 12.4 (12040)"), "{text}");
+        assert!(text.contains("older than CUDA 13.0 (13000)"), "{text}");
+    }
+
+    #[test]
+    fn context_leaves_other_errors_alone() {
+        let e = Error::MissingFunction {
+            library: Library::Runtime,
+            path: "x".into(),
+            function: "cudaHostAlloc",
+        };
+        assert_eq!(e.clone().context("anything").to_string(), e.to_string());
+    }
+}
