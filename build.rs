@@ -93,16 +93,19 @@ fn compile_kernels(toolkit: &Path) {
     println!("cargo:rerun-if-changed=cuda/kernels.h");
     // CUDA 13 dropped the architectures before Turing; compute_90 PTX lets newer GPUs JIT the kernels.
     let arch = env::var("CUDA_PINNED_ARCH").unwrap_or_else(|_| "75,80,90".to_string());
+    // cc takes nvcc from the NVCC variable of this process's environment.
+    // SAFETY: the build script is single-threaded here; nothing reads the environment concurrently.
+    unsafe { env::set_var("NVCC", toolkit.join("bin/nvcc")) };
     let mut build = cc::Build::new();
     build
         .cuda(true)
         .cudart("static")
-        .compiler(toolkit.join("bin/nvcc"))
         .include("cuda")
         .file("cuda/kernels.cu")
-        .flag("-O3")
-        .flag("-Xcompiler")
-        .flag("-Wall");
+        // The kernels time and slow down other work in tests: keep them optimised in every profile (a debug
+        // build would otherwise pass -G, which makes device code many times slower).
+        .debug(false)
+        .opt_level(3);
     let sms: Vec<&str> = arch
         .split(',')
         .map(str::trim)

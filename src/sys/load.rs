@@ -130,10 +130,19 @@ fn open_first<T>(
                     reason: reason.to_string(),
                 });
             }
-            Err(e) => attempts.push(LoadAttempt {
-                path,
-                reason: e.to_string(),
-            }),
+            Err(e) => {
+                // dlerror() starts its message with the name again: say it once.
+                let reason = e.to_string();
+                let name = name.to_string_lossy();
+                let reason = reason
+                    .strip_prefix(&*name)
+                    .and_then(|r| r.strip_prefix(": "))
+                    .unwrap_or(&reason);
+                attempts.push(LoadAttempt {
+                    path,
+                    reason: reason.to_string(),
+                });
+            }
         }
     }
     Err(Error::Load { library, attempts })

@@ -10,8 +10,9 @@
 //! integers (`CUresult(2)`), never Rust enums, so a code from a newer driver is a value, not undefined
 //! behaviour.
 //!
-//! To call a function through the table yourself, take it from its field, which is an `Err` where the library
-//! lacks it, and pass the result code to [`Driver::check`]:
+//! To call a driver function yourself, use [`driver_call!`](crate::driver_call), or take the function from its
+//! field of the table, which is an `Err` where the library lacks it, and pass the result code to
+//! [`Driver::check`]:
 //!
 //! ```no_run
 //! # fn main() -> cuda_pinned::Result<()> {
@@ -64,12 +65,20 @@ mod bindings {
 pub use bindings::*;
 pub use load::{Driver, Runtime, driver, runtime};
 
-/// Calls a driver function through the process-wide table: `cu!(cuMemAlloc_v2(&mut ptr, bytes))` is a
-/// `Result<()>`, `Err` if the driver cannot be loaded, lacks the function, or returns anything but
-/// `CUDA_SUCCESS`. It expands to the raw call, so it must stand in an `unsafe` block whose `SAFETY` comment
-/// covers the arguments.
-#[allow(unused_macros)]
-macro_rules! cu {
+/// Calls a function of the process-wide driver table: `driver_call!(cuMemAlloc_v2(&mut ptr, bytes))` is a
+/// [`Result<()>`](crate::Result): `Err` if the driver cannot be loaded, lacks the function, or returns anything
+/// but `CUDA_SUCCESS`. It expands to the raw call, so it must stand in an `unsafe` block whose `SAFETY`
+/// comment covers the arguments; name the function by its exported (versioned) name, as in [`DriverApi`].
+///
+/// ```no_run
+/// # fn main() -> cuda_pinned::Result<()> {
+/// let mut count = 0;
+/// // SAFETY: cuDeviceGetCount writes one int through a valid pointer.
+/// unsafe { cuda_pinned::driver_call!(cuDeviceGetCount(&mut count)) }?;
+/// # Ok(()) }
+/// ```
+#[macro_export]
+macro_rules! driver_call {
     ($function:ident($($arg:expr),* $(,)?)) => {
         $crate::sys::driver().and_then(|driver| {
             let f = driver.function(&driver.api().$function, stringify!($function))?;
@@ -77,8 +86,6 @@ macro_rules! cu {
         })
     };
 }
-#[allow(unused_imports)]
-pub(crate) use cu;
 
 // The layouts and values the safe layer relies on. A regenerated binding that changed any of these would
 // change what the crate passes to the driver, so it must not compile.

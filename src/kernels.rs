@@ -1,0 +1,157 @@
+//! Host references of the kernels in `cuda/kernels.cu`.
+//!
+//! Everything here runs on the CPU and needs no GPU. [`checksum`] computes, bit for bit, the
+//! value that the device `checksum` kernel writes, so a test can check data that reached the
+//! device by comparing two `u64`s instead of copying the data back.
+
+/// Multiplier that makes each word's term depend on the word's index (the 64-bit golden ratio,
+/// as in `SplitMix64`).
+const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// The `SplitMix64` finaliser: a bijection on `u64` in which every input bit affects every
+/// output bit. `mix64` in `cuda/kernels.cu` is the same function.
+const fn mix64(mut z: u64) -> u64 {
+    z ^= z >> 30;
+    z = z.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z ^= z >> 27;
+    z = z.wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    z
+}
+
+/// The little-endian `u64` made of `chunk` (at most 8 bytes), missing high bytes taken as 0.
+#[inline]
+fn le_word(chunk: &[u8]) -> u64 {
+    let mut word = [0; 8];
+    word[..chunk.len()].copy_from_slice(chunk);
+    u64::from_le_bytes(word)
+}
+
+/// The 64-bit checksum of `bytes`, as the device launcher `cuda_pinned_checksum` computes it.
+///
+/// For the same bytes this and the kernel in `cuda/kernels.cu` return the same value, so a
+/// test can verify a transfer on the device without copying the data back.
+///
+/// The definition, with all arithmetic wrapping (mod 2<sup>64</sup>):
+///
+/// - `mix64` is the `SplitMix64` finaliser;
+/// - word `w[k]`, for `k` in `0..len.div_ceil(8)`, is the little-endian `u64` of
+///   `bytes[8k..8k + 8]`, bytes past the end taken as 0;
+/// - the checksum is `mix64(len) + Σ mix64(w[k] ^ (k * 0x9E37_79B9_7F4A_7C15))`.
+///
+/// Each word is mixed with its index, so moving data changes the result, and the length is
+/// mixed in, so trailing zero bytes do too. It is a fast check against corruption and
+/// misplaced data, not a cryptographic hash. The checksum of the empty slice is `0`.
+#[must_use]
+pub fn checksum(bytes: &[u8]) -> u64 {
+    let chunks = bytes.chunks_exact(8);
+    let tail = chunks.remainder();
+    let mut sum = mix64(bytes.len() as u64);
+    let mut key = 0u64; // k * GOLDEN for the current word k, kept up to date by addition.
+    for chunk in chunks {
+        sum = sum.wrapping_add(mix64(le_word(chunk) ^ key));
+        key = key.wrapping_add(GOLDEN);
+    }
+    if !tail.is_empty() {
+        sum = sum.wrapping_add(mix64(le_word(tail) ^ key));
+    }
+    sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{GOLDEN, checksum, mix64};
+
+    /// The definition followed literally, byte by byte, sharing no code with `checksum`.
+    fn reference(bytes: &[u8]) -> u64 {
+        let mut words = vec![0u64; bytes.len().div_ceil(8)];
+        for (i, &b) in bytes.iter().enumerate() {
+            words[i / 8] |= u64::from(b) << (8 * (i % 8));
+        }
+        let mut sum = mix64(bytes.len() as u64);
+        for (k, w) in words.into_iter().enumerate() {
+            sum = sum.wrapping_add(mix64(w ^ (k as u64).wrapping_mul(GOLDEN)));
+        }
+        sum
+    }
+
+    /// Deterministic pseudo-random bytes (xorshift64), so tests need no external crate.
+    fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+        let mut state = seed;
+        (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state.to_le_bytes()[0]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn empty_is_mix_of_zero_length() {
+        assert_eq!(checksum(&[]), mix64(0));
+        assert_eq!(checksum(&[]), 0);
+    }
+
+    #[test]
+    fn matches_bytewise_reference() {
+        let data = pseudo_random(1100, 0x1234_5678_9ABC_DEF1);
+        for len in (0..=40).chain([63, 64, 65, 999, 1000, 1001]) {
+            for offset in [0, 1, 3, 7] {
+                let bytes = &data[offset..offset + len];
+                assert_eq!(
+                    checksum(bytes),
+                    reference(bytes),
+                    "len {len}, offset {offset}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn known_values() {
+        // Computed by an independent C implementation of the definition, so a change to it
+        // on one side alone is caught.
+        assert_eq!(checksum(&[0]), 0x5692_161D_100B_05E5);
+        assert_eq!(checksum(&[1]), 0xAD24_2C3A_2016_0BCA);
+        assert_eq!(checksum(b"abcdefgh"), 0xB0F1_B20F_34C2_2998);
+        assert_eq!(checksum(b"abcdefghi"), 0x77DA_4EA1_0754_CB37);
+        let counting: Vec<u8> = (0..=255).collect();
+        assert_eq!(checksum(&counting), 0xEDA3_4615_DEBD_18E3);
+    }
+
+    #[test]
+    fn swapping_two_words_changes_it() {
+        let mut bytes = pseudo_random(64, 7);
+        let before = checksum(&bytes);
+        let (first, rest) = bytes.split_at_mut(8);
+        assert_ne!(first, &rest[16..24]);
+        first.swap_with_slice(&mut rest[16..24]);
+        assert_ne!(checksum(&bytes), before);
+    }
+
+    #[test]
+    fn appending_a_zero_byte_changes_it() {
+        for len in [0, 1, 7, 8, 9, 100] {
+            let mut bytes = pseudo_random(len, 11);
+            let before = checksum(&bytes);
+            bytes.push(0);
+            assert_ne!(checksum(&bytes), before, "len {len}");
+        }
+    }
+
+    #[test]
+    fn flipping_any_single_bit_changes_it() {
+        let mut bytes = pseudo_random(1000, 0xDEAD_BEEF);
+        let original = checksum(&bytes);
+        for i in 0..bytes.len() {
+            for bit in 0..8 {
+                bytes[i] ^= 1 << bit;
+                assert_ne!(checksum(&bytes), original, "byte {i}, bit {bit}");
+                bytes[i] ^= 1 << bit;
+            }
+        }
+        assert_eq!(checksum(&bytes), original);
+    }
+}

@@ -1,0 +1,44 @@
+//! The loader as a user meets it: `pinbench` (the crate's main program) pointed at a driver that is missing
+//! or is not libcuda must exit with status 1 and the loader's message, never a panic. These run in plain
+//! `cargo test`, on any machine: `CUDA_PINNED_LIBCUDA` names the only library tried.
+
+use std::process::Command;
+
+fn pinbench_with_driver(path: &str) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_pinbench"))
+        .env("CUDA_PINNED_LIBCUDA", path)
+        .output()
+        .expect("running pinbench");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_missing_driver_is_a_clear_error_not_a_panic() {
+    let path = "/nonexistent/cuda-pinned-test/libcuda.so.1";
+    let (code, stderr) = pinbench_with_driver(path);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("pinbench: could not load the CUDA driver (libcuda); tried:\n"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("\n  {path} (from CUDA_PINNED_LIBCUDA): ")),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_library_that_is_not_libcuda_is_a_clear_error_not_a_panic() {
+    let (code, stderr) = pinbench_with_driver("libm.so.6");
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("\n  libm.so.6 (from CUDA_PINNED_LIBCUDA): loaded, but it is not the CUDA driver: it exports no cuInit"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
