@@ -2,10 +2,25 @@
 //! or is not libcuda must exit with status 1 and the loader's message, never a panic. These run in plain
 //! `cargo test`, on any machine: `CUDA_PINNED_LIBCUDA` names the only library tried.
 
+use std::path::PathBuf;
 use std::process::Command;
 
+/// Where cargo built pinbench, or, in a bundle copied to another machine (`../shared/gpu-bundle`), the
+/// `bin/` beside the `tests/` folder holding this test.
+fn pinbench() -> PathBuf {
+    let built = PathBuf::from(env!("CARGO_BIN_EXE_pinbench"));
+    if built.exists() {
+        return built;
+    }
+    let exe = std::env::current_exe().expect("the test's own path");
+    exe.parent()
+        .and_then(|tests| tests.parent())
+        .expect("the bundle's folder")
+        .join("bin/pinbench")
+}
+
 fn pinbench_with_driver(path: &str) -> (Option<i32>, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_pinbench"))
+    let out = Command::new(pinbench())
         .env("CUDA_PINNED_LIBCUDA", path)
         .output()
         .expect("running pinbench");
