@@ -218,14 +218,7 @@ impl Driver {
         field: &std::result::Result<F, libloading::Error>,
         name: &'static str,
     ) -> Result<F> {
-        match field {
-            Ok(f) => Ok(*f),
-            Err(_) => Err(Error::MissingFunction {
-                library: Library::Driver,
-                path: self.path.clone(),
-                function: name,
-            }),
-        }
+        resolve(field, Library::Driver, &self.path, name)
     }
 
     /// `Ok` for `CUDA_SUCCESS`; otherwise the error for `code`, returned by `function`, with the driver's own
@@ -248,6 +241,20 @@ impl Driver {
         let description = driver_text(&self.api.cuGetErrorString, code);
         Error::from_driver_parts(code, name, description, function)
     }
+}
+
+/// The function in a table field, or the error saying the library at `path` lacks it.
+fn resolve<F: Copy>(
+    field: &std::result::Result<F, libloading::Error>,
+    library: Library,
+    path: &str,
+    function: &'static str,
+) -> Result<F> {
+    field.as_ref().copied().map_err(|_| Error::MissingFunction {
+        library,
+        path: path.to_string(),
+        function,
+    })
 }
 
 type DriverDescribe = unsafe extern "C" fn(CUresult, *mut *const c_char) -> CUresult;
@@ -314,14 +321,7 @@ impl Runtime {
         field: &std::result::Result<F, libloading::Error>,
         name: &'static str,
     ) -> Result<F> {
-        match field {
-            Ok(f) => Ok(*f),
-            Err(_) => Err(Error::MissingFunction {
-                library: Library::Runtime,
-                path: self.path.clone(),
-                function: name,
-            }),
-        }
+        resolve(field, Library::Runtime, &self.path, name)
     }
 
     /// `Ok` for `cudaSuccess`; otherwise the error for `code`, returned by `function`, in the runtime's words.
@@ -406,6 +406,30 @@ mod tests {
             "{:?}",
             attempts[0]
         );
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_missing_function_is_an_error_when_called_not_a_panic_at_load() {
+        // A library with none of the driver's symbols stands for a driver older than some of them: the table
+        // still loads, and each missing function is an error naming it.
+        // SAFETY: libm's initialisers are the C library's own.
+        let api = unsafe { DriverApi::new("libm.so.6") }
+            .expect("libm loads as a table with every entry missing");
+        match resolve(
+            &api.cuMemAllocAsync,
+            Library::Driver,
+            "libm.so.6",
+            "cuMemAllocAsync",
+        ) {
+            Err(e @ Error::MissingFunction { .. }) => assert_eq!(
+                e.to_string(),
+                "the CUDA driver (libcuda) loaded from libm.so.6 has no function cuMemAllocAsync: it is older \
+                 than this operation needs; update it"
+            ),
+            Err(other) => panic!("expected MissingFunction, got {other}"),
+            Ok(_) => panic!("libm has no cuMemAllocAsync"),
+        }
     }
 
     #[test]
