@@ -25,8 +25,16 @@
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod context;
+mod device;
 pub mod error;
+mod event;
 pub mod kernels;
+mod stream;
 pub mod sys;
 
+pub use context::Context;
+pub use device::Device;
 pub use error::{Error, Result};
+pub use event::Event;
+pub use stream::Stream;

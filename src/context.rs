@@ -1,0 +1,219 @@
+//! A device's primary context: the one the CUDA runtime, cuBLAS, PyTorch and other crates in the same process
+//! use too, so that memory and streams pass between them.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+
+use crate::device::Device;
+use crate::driver_call;
+use crate::error::{Error, Result};
+use crate::sys::CUcontext;
+
+/// The primary context of a device, retained while any clone (or any stream, event or buffer made in it) lives.
+///
+/// Every operation of the crate makes the context current on the calling thread for its duration and then puts
+/// back whatever context the thread had before, so it never clobbers another library's current context.
+#[derive(Clone)]
+pub struct Context(Arc<Inner>);
+
+struct Inner {
+    device: Device,
+    raw: CUcontext,
+    /// Errors that a destructor met and could not return (a failed wait before a release, say): kept for
+    /// [`Context::check_deferred_errors`] rather than lost or turned into a panic.
+    deferred: Mutex<Vec<Error>>,
+}
+
+// SAFETY: a CUcontext is a handle the driver lets any thread use (make current, pass to calls) concurrently;
+// the crate only ever uses it through driver calls. `deferred` is behind a Mutex.
+unsafe impl Send for Inner {}
+// SAFETY: as for Send: shared use of the handle from several threads is what the driver API supports.
+unsafe impl Sync for Inner {}
+
+impl Context {
+    /// Retains `device`'s primary context, creating it if no one in the process has yet (a fraction of a
+    /// second the first time).
+    ///
+    /// # Errors
+    /// The loader's error where no driver can be loaded; the driver's, such as `CUDA_ERROR_OUT_OF_MEMORY`.
+    #[doc(alias = "cuDevicePrimaryCtxRetain")]
+    pub fn new(device: Device) -> Result<Context> {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: an out-pointer to a local; the retain is balanced by the release in Inner's Drop.
+        unsafe { driver_call!(cuDevicePrimaryCtxRetain(&mut raw, device.as_raw())) }.map_err(
+            |e| {
+                e.context(format_args!(
+                    "retaining the primary context of device {}",
+                    device.ordinal()
+                ))
+            },
+        )?;
+        Ok(Context(Arc::new(Inner {
+            device,
+            raw,
+            deferred: Mutex::new(Vec::new()),
+        })))
+    }
+
+    /// The primary context of the device with this ordinal: `Context::on(0)` for the first GPU.
+    ///
+    /// # Errors
+    /// As [`Device::get`] and [`Context::new`].
+    pub fn on(ordinal: usize) -> Result<Context> {
+        Context::new(Device::get(ordinal)?)
+    }
+
+    /// The context's device.
+    #[must_use]
+    pub fn device(&self) -> Device {
+        self.0.device
+    }
+
+    /// The driver's handle, for interop with other CUDA libraries. It stays valid while this context lives.
+    #[must_use]
+    pub fn as_raw(&self) -> CUcontext {
+        self.0.raw
+    }
+
+    /// Blocks until all work in the context, on every stream, has completed.
+    ///
+    /// # Errors
+    /// The driver's, including errors of earlier asynchronous work.
+    #[doc(alias = "cuCtxSynchronize")]
+    pub fn synchronize(&self) -> Result<()> {
+        let _current = self.enter()?;
+        // SAFETY: the context is current on this thread.
+        unsafe { driver_call!(cuCtxSynchronize()) }
+            .map_err(|e| e.context("synchronising the context"))
+    }
+
+    /// The device memory (free, total) in bytes, as the driver sees it now.
+    ///
+    /// # Errors
+    /// The driver's.
+    #[doc(alias = "cuMemGetInfo")]
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        let _current = self.enter()?;
+        let (mut free, mut total) = (0, 0);
+        // SAFETY: out-pointers to locals; the context is current.
+        unsafe { driver_call!(cuMemGetInfo_v2(&mut free, &mut total)) }.map_err(|e| {
+            e.context(format_args!(
+                "reading the free memory of device {}",
+                self.0.device.ordinal()
+            ))
+        })?;
+        Ok((free, total))
+    }
+
+    /// The stream priorities the device supports as (least, greatest); greater priority is a *lower* number,
+    /// such as (0, -5).
+    ///
+    /// # Errors
+    /// The driver's.
+    #[doc(alias = "cuCtxGetStreamPriorityRange")]
+    pub fn stream_priority_range(&self) -> Result<(i32, i32)> {
+        let _current = self.enter()?;
+        let (mut least, mut greatest) = (0, 0);
+        // SAFETY: out-pointers to locals; the context is current.
+        unsafe { driver_call!(cuCtxGetStreamPriorityRange(&mut least, &mut greatest)) }
+            .map_err(|e| e.context("reading the stream priority range"))?;
+        Ok((least, greatest))
+    }
+
+    /// Errors that destructors met since the last call (a failed wait before releasing memory, say), which a
+    /// destructor cannot return. Memory whose release could not be ordered safely was leaked instead.
+    ///
+    /// # Errors
+    /// The first such error; the rest are dropped with it.
+    pub fn check_deferred_errors(&self) -> Result<()> {
+        let mut deferred = self
+            .0
+            .deferred
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match deferred.drain(..).next() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Keeps an error a destructor met, for [`Context::check_deferred_errors`].
+    pub(crate) fn defer_error(&self, error: Error) {
+        self.0
+            .deferred
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(error);
+    }
+
+    /// Makes this context current on the calling thread until the guard drops, which puts back the thread's
+    /// previous context. Costs one driver call (a thread-local read) when the context is already current.
+    ///
+    /// # Errors
+    /// The driver's.
+    pub(crate) fn enter(&self) -> Result<Current<'_>> {
+        let mut current = std::ptr::null_mut();
+        // SAFETY: an out-pointer to a local.
+        unsafe { driver_call!(cuCtxGetCurrent(&mut current)) }?;
+        if current == self.0.raw {
+            return Ok(Current {
+                context: self,
+                pushed: false,
+                _not_send: PhantomData,
+            });
+        }
+        // SAFETY: a context retained by `self`, which outlives the guard; the guard pops it.
+        unsafe { driver_call!(cuCtxPushCurrent_v2(self.0.raw)) }
+            .map_err(|e| e.context("making the context current"))?;
+        Ok(Current {
+            context: self,
+            pushed: true,
+            _not_send: PhantomData,
+        })
+    }
+}
+
+impl PartialEq for Context {
+    fn eq(&self, other: &Context) -> bool {
+        self.0.raw == other.0.raw
+    }
+}
+
+impl Eq for Context {}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Context(device {})", self.0.device.ordinal())
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // SAFETY: balances the retain in Context::new. Everything made in the context holds a clone of it, so
+        // nothing of the crate's uses the context after this. A failure leaves it retained: harmless.
+        let _ = unsafe { driver_call!(cuDevicePrimaryCtxRelease_v2(self.device.as_raw())) };
+    }
+}
+
+/// The context made current by [`Context::enter`]; dropping it puts back the thread's previous context. Not
+/// needed for safety (forgetting it only leaves the context current), only for manners towards other libraries.
+pub(crate) struct Current<'a> {
+    context: &'a Context,
+    pushed: bool,
+    /// The context stack is per thread: the guard must be dropped on the thread that made it.
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Drop for Current<'_> {
+    fn drop(&mut self) {
+        if self.pushed {
+            let mut popped = std::ptr::null_mut();
+            // SAFETY: pops the context `enter` pushed on this thread (the guard is not Send, so this is that thread).
+            if let Err(e) = unsafe { driver_call!(cuCtxPopCurrent_v2(&mut popped)) } {
+                self.context
+                    .defer_error(e.context("putting back the thread's previous context"));
+            }
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! CUDA events: points in a stream's work that the host or other streams can wait for, and that time it.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::context::Context;
+use crate::driver_call;
+use crate::error::Result;
+use crate::stream::Stream;
+use crate::sys::{CUevent, CUevent_flags, CUresult};
+
+/// A CUDA event of a context. Record it on a stream; it completes once the work enqueued on the stream before
+/// it has run.
+pub struct Event {
+    raw: CUevent,
+    timing: bool,
+    context: Context,
+}
+
+// SAFETY: a CUevent is a driver handle usable from any thread; the driver synchronises its use.
+unsafe impl Send for Event {}
+// SAFETY: every method takes `&self` and only passes the handle to thread-safe driver calls.
+unsafe impl Sync for Event {}
+
+impl Event {
+    /// An event that can time work ([`Event::elapsed_since`]).
+    ///
+    /// # Errors
+    /// The driver's.
+    #[doc(alias = "cuEventCreate")]
+    pub fn new(context: &Context) -> Result<Event> {
+        Event::create(context, CUevent_flags::CU_EVENT_DEFAULT, true)
+    }
+
+    /// An event for ordering only, which cannot time: cheaper to record and to wait for.
+    ///
+    /// # Errors
+    /// The driver's.
+    pub fn without_timing(context: &Context) -> Result<Event> {
+        Event::create(context, CUevent_flags::CU_EVENT_DISABLE_TIMING, false)
+    }
+
+    fn create(context: &Context, flags: CUevent_flags, timing: bool) -> Result<Event> {
+        let _current = context.enter()?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: an out-pointer to a local; the context is current; destroyed in Drop.
+        unsafe { driver_call!(cuEventCreate(&mut raw, flags.0)) }
+            .map_err(|e| e.context("creating an event"))?;
+        Ok(Event {
+            raw,
+            timing,
+            context: context.clone(),
+        })
+    }
+
+    /// Records the event at the current end of `stream`'s work. Returns at once.
+    ///
+    /// # Errors
+    /// The driver's, such as `CUDA_ERROR_INVALID_HANDLE` for a stream of another context.
+    #[doc(alias = "cuEventRecord")]
+    pub fn record(&self, stream: &Stream) -> Result<()> {
+        // SAFETY: both handles are alive (owned by `self` and `stream`).
+        unsafe { driver_call!(cuEventRecord(self.raw, stream.as_raw())) }
+            .map_err(|e| e.context("recording an event"))
+    }
+
+    /// Blocks until the event has completed (returns at once if it was never recorded).
+    ///
+    /// # Errors
+    /// The driver's, including errors of the work before the event.
+    #[doc(alias = "cuEventSynchronize")]
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: a live event.
+        unsafe { driver_call!(cuEventSynchronize(self.raw)) }
+            .map_err(|e| e.context("waiting for an event"))
+    }
+
+    /// Whether the event has completed, without blocking.
+    ///
+    /// # Errors
+    /// The driver's, other than `CUDA_ERROR_NOT_READY` (which is `Ok(false)`).
+    #[doc(alias = "cuEventQuery")]
+    pub fn query(&self) -> Result<bool> {
+        // SAFETY: a live event.
+        match unsafe { driver_call!(cuEventQuery(self.raw)) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.driver_code() == Some(CUresult::CUDA_ERROR_NOT_READY) => Ok(false),
+            Err(e) => Err(e.context("querying an event")),
+        }
+    }
+
+    /// The device time from `start` to this event, both recorded and complete (resolution about 0.5 us).
+    ///
+    /// # Errors
+    /// `CUDA_ERROR_NOT_READY` if either has not completed; `CUDA_ERROR_INVALID_HANDLE` if either was made
+    /// [`Event::without_timing`].
+    #[doc(alias = "cuEventElapsedTime")]
+    pub fn elapsed_since(&self, start: &Event) -> Result<Duration> {
+        let mut ms = 0f32;
+        // SAFETY: an out-pointer to a local and two live events.
+        unsafe { driver_call!(cuEventElapsedTime_v2(&mut ms, start.raw, self.raw)) }
+            .map_err(|e| e.context("timing between two events"))?;
+        Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
+    }
+
+    /// The context the event belongs to.
+    #[must_use]
+    pub fn context(&self) -> &Context {
+        &self.context
+    }
+
+    /// The driver's handle, valid while this event lives.
+    #[must_use]
+    pub fn as_raw(&self) -> CUevent {
+        self.raw
+    }
+}
+
+impl fmt::Debug for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Event")
+            .field("raw", &self.raw)
+            .field("timing", &self.timing)
+            .finish()
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: created in `create`. The driver defers releasing an event whose recorded work is pending.
+        if let Err(e) = unsafe { driver_call!(cuEventDestroy_v2(self.raw)) } {
+            self.context.defer_error(e.context("destroying an event"));
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! CUDA streams: queues of device work that run in order, concurrently with other streams.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::context::Context;
+use crate::driver_call;
+use crate::error::Result;
+use crate::event::Event;
+use crate::sys::{CUresult, CUstream, CUstream_flags};
+
+/// A stream of a context: cheap to clone, and every clone is the same stream.
+///
+/// Streams are non-blocking: they never synchronise with the legacy default stream (stream 0), which other
+/// libraries may use. The stream is destroyed when the last clone drops; buffers with work pending on it keep a
+/// clone, so it outlives that work.
+#[derive(Clone)]
+pub struct Stream(Arc<Inner>);
+
+struct Inner {
+    raw: CUstream,
+    /// Whether the crate created the stream (and destroys it), or borrowed it through `from_raw`.
+    owned: bool,
+    context: Context,
+}
+
+// SAFETY: a CUstream is a driver handle usable from any thread; the driver orders and synchronises its use.
+unsafe impl Send for Inner {}
+// SAFETY: as for Send: enqueueing on one stream from several threads is supported by the driver.
+unsafe impl Sync for Inner {}
+
+impl Stream {
+    /// A new non-blocking stream of default priority.
+    ///
+    /// # Errors
+    /// The driver's.
+    #[doc(alias = "cuStreamCreate")]
+    pub fn new(context: &Context) -> Result<Stream> {
+        let _current = context.enter()?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: an out-pointer to a local; the context is current; destroyed in Inner's Drop.
+        unsafe {
+            driver_call!(cuStreamCreate(
+                &mut raw,
+                CUstream_flags::CU_STREAM_NON_BLOCKING.0
+            ))
+        }
+        .map_err(|e| e.context("creating a stream"))?;
+        Ok(Stream(Arc::new(Inner {
+            raw,
+            owned: true,
+            context: context.clone(),
+        })))
+    }
+
+    /// A new non-blocking stream with a priority in [`Context::stream_priority_range`] (lower numbers run first
+    /// when streams compete); values outside it are clamped by the driver.
+    ///
+    /// # Errors
+    /// The driver's.
+    #[doc(alias = "cuStreamCreateWithPriority")]
+    pub fn with_priority(context: &Context, priority: i32) -> Result<Stream> {
+        let _current = context.enter()?;
+        let mut raw = std::ptr::null_mut();
+        let flags = CUstream_flags::CU_STREAM_NON_BLOCKING.0;
+        // SAFETY: an out-pointer to a local; the context is current; destroyed in Inner's Drop.
+        unsafe { driver_call!(cuStreamCreateWithPriority(&mut raw, flags, priority)) }
+            .map_err(|e| e.context(format_args!("creating a stream of priority {priority}")))?;
+        Ok(Stream(Arc::new(Inner {
+            raw,
+            owned: true,
+            context: context.clone(),
+        })))
+    }
+
+    /// Wraps a stream made elsewhere (another library, the CUDA runtime). The crate never destroys it.
+    ///
+    /// # Safety
+    /// `raw` must be a stream of `context`, and stay valid while the returned value or any clone of it lives,
+    /// including while buffers that were used on it have work pending (they keep a clone).
+    pub unsafe fn from_raw(context: &Context, raw: CUstream) -> Stream {
+        Stream(Arc::new(Inner {
+            raw,
+            owned: false,
+            context: context.clone(),
+        }))
+    }
+
+    /// The driver's handle, valid while any clone of this stream lives.
+    #[must_use]
+    pub fn as_raw(&self) -> CUstream {
+        self.0.raw
+    }
+
+    /// The context the stream belongs to.
+    #[must_use]
+    pub fn context(&self) -> &Context {
+        &self.0.context
+    }
+
+    /// Blocks until all work enqueued on the stream has completed.
+    ///
+    /// # Errors
+    /// The driver's, including errors of the work on the stream.
+    #[doc(alias = "cuStreamSynchronize")]
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: a live stream.
+        unsafe { driver_call!(cuStreamSynchronize(self.0.raw)) }
+            .map_err(|e| e.context("synchronising a stream"))
+    }
+
+    /// Whether all work enqueued on the stream has completed, without blocking.
+    ///
+    /// # Errors
+    /// The driver's, other than `CUDA_ERROR_NOT_READY` (which is `Ok(false)`).
+    #[doc(alias = "cuStreamQuery")]
+    pub fn query(&self) -> Result<bool> {
+        // SAFETY: a live stream.
+        match unsafe { driver_call!(cuStreamQuery(self.0.raw)) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.driver_code() == Some(CUresult::CUDA_ERROR_NOT_READY) => Ok(false),
+            Err(e) => Err(e.context("querying a stream")),
+        }
+    }
+
+    /// Makes work enqueued on this stream from now on wait, on the device, until `event` has completed. Returns
+    /// at once: the host never blocks.
+    ///
+    /// # Errors
+    /// The driver's.
+    #[doc(alias = "cuStreamWaitEvent")]
+    pub fn wait(&self, event: &Event) -> Result<()> {
+        // SAFETY: a live stream and a live event (the driver copies the event's state at this call).
+        unsafe { driver_call!(cuStreamWaitEvent(self.0.raw, event.as_raw(), 0)) }
+            .map_err(|e| e.context("making a stream wait for an event"))
+    }
+
+    /// Records `event` at the current end of this stream's work: `event.record(self)`.
+    ///
+    /// # Errors
+    /// As [`Event::record`].
+    pub fn record(&self, event: &Event) -> Result<()> {
+        event.record(self)
+    }
+
+    /// The stream's priority.
+    ///
+    /// # Errors
+    /// The driver's.
+    #[doc(alias = "cuStreamGetPriority")]
+    pub fn priority(&self) -> Result<i32> {
+        let mut priority = 0;
+        // SAFETY: a live stream and an out-pointer to a local.
+        unsafe { driver_call!(cuStreamGetPriority(self.0.raw, &mut priority)) }
+            .map_err(|e| e.context("reading a stream's priority"))?;
+        Ok(priority)
+    }
+}
+
+impl PartialEq for Stream {
+    fn eq(&self, other: &Stream) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Stream {}
+
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Stream({:p})", self.0.raw)
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
+        // SAFETY: created by `new` or `with_priority`, and no clone is left. Work still pending on it completes
+        // first: the driver releases the stream afterwards.
+        if let Err(e) = unsafe { driver_call!(cuStreamDestroy_v2(self.raw)) } {
+            self.context.defer_error(e.context("destroying a stream"));
+        }
+    }
+}
