@@ -3,12 +3,16 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::device::Device;
 use crate::driver_call;
 use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::memory::Gpu;
+use crate::stream::Stream;
 use crate::sys::CUcontext;
+use crate::track::Tracker;
 
 /// The primary context of a device, retained while any clone (or any stream, event or buffer made in it) lives.
 ///
@@ -23,6 +27,16 @@ struct Inner {
     /// Errors that a destructor met and could not return (a failed wait before a release, say): kept for
     /// [`Context::check_deferred_errors`] rather than lost or turned into a panic.
     deferred: Mutex<Vec<Error>>,
+    /// Host memory dropped while device work still used it, released once that work has completed.
+    pending: Mutex<Vec<PendingRelease>>,
+}
+
+/// Host memory whose owner was dropped while device work still used it.
+pub(crate) struct PendingRelease {
+    /// The work in flight on the memory.
+    pub(crate) track: Tracker<Stream, Arc<Event>>,
+    /// Unpins and frees it; called once `track` is idle.
+    pub(crate) release: Box<dyn FnOnce() -> Result<()> + Send>,
 }
 
 // SAFETY: a CUcontext is a handle the driver lets any thread use (make current, pass to calls) concurrently;
@@ -53,6 +67,7 @@ impl Context {
             device,
             raw,
             deferred: Mutex::new(Vec::new()),
+            pending: Mutex::new(Vec::new()),
         })))
     }
 
@@ -145,6 +160,48 @@ impl Context {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(error);
+    }
+
+    /// Keeps host memory that device work still uses until that work has completed (see [`Context::release_idle`]).
+    pub(crate) fn release_when_idle(&self, pending: PendingRelease) {
+        self.0
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(pending);
+        self.release_idle();
+    }
+
+    /// Releases the host memory kept by [`Context::release_when_idle`] whose work has completed. Called when
+    /// host memory is allocated or dropped and after [`Context::synchronize`], so that memory is held no longer
+    /// than the next such call after its work ends.
+    pub(crate) fn release_idle(&self) {
+        let idle: Vec<PendingRelease> = {
+            let mut pending = self
+                .0
+                .pending
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let mut idle = Vec::new();
+            let mut i = 0;
+            while i < pending.len() {
+                match pending[i].track.is_idle(&Gpu) {
+                    Ok(true) => idle.push(pending.swap_remove(i)),
+                    Ok(false) => i += 1,
+                    Err(e) => {
+                        // Whether its work is done cannot be known: keep it (a leak, never an early free).
+                        self.defer_error(e.context("checking whether host memory may be released"));
+                        i += 1;
+                    }
+                }
+            }
+            idle
+        };
+        for p in idle {
+            if let Err(e) = (p.release)() {
+                self.defer_error(e.context("releasing pinned host memory"));
+            }
+        }
     }
 
     /// Makes this context current on the calling thread until the guard drops, which puts back the thread's

@@ -97,6 +97,13 @@ pub enum Error {
         /// The missing symbol.
         function: &'static str,
     },
+    /// An argument the operation cannot take, such as buffers of different lengths for a copy; nothing was
+    /// enqueued.
+    #[non_exhaustive]
+    InvalidArgument {
+        /// What was wrong, such as `copying 10 elements into a buffer of 8`.
+        message: String,
+    },
     /// The driver supports an older CUDA version than the bindings were generated from.
     #[non_exhaustive]
     DriverTooOld {
@@ -167,6 +174,13 @@ impl Error {
             *context = Some(what.to_string());
         }
         self
+    }
+
+    /// An [`Error::InvalidArgument`] saying `message`.
+    pub(crate) fn invalid(message: impl fmt::Display) -> Error {
+        Error::InvalidArgument {
+            message: message.to_string(),
+        }
     }
 
     /// The driver's result code, if this is a failed driver call.
@@ -242,6 +256,7 @@ impl fmt::Display for Error {
                  update it",
                 library.describe()
             ),
+            Error::InvalidArgument { message } => f.write_str(message),
             Error::DriverTooOld {
                 path,
                 driver_version,

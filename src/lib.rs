@@ -26,15 +26,20 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod context;
+mod copy;
 mod device;
 pub mod error;
 mod event;
 pub mod kernels;
+mod memory;
 mod stream;
 pub mod sys;
+mod track;
 
 pub use context::Context;
+pub use copy::{DeviceDestination, DeviceSource, PinnedDestination, PinnedSource};
 pub use device::Device;
 pub use error::{Error, Result};
 pub use event::Event;
+pub use memory::{DeviceBuffer, Pinned, PinnedBuilder, Registered};
 pub use stream::Stream;

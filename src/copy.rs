@@ -1,0 +1,342 @@
+//! Copies between host and device, and the traits that decide what memory each copy accepts.
+//!
+//! Only page-locked memory can be the host side of an asynchronous copy: [`Stream::upload`] and
+//! [`Stream::download`] take [`PinnedSource`] / [`PinnedDestination`], sealed traits implemented for
+//! [`Pinned`] and [`Registered`] alone. A slice or `Vec` does not compile there:
+//!
+//! ```compile_fail
+//! # fn f(stream: &cuda_pinned::Stream, device: &mut cuda_pinned::DeviceBuffer<u8>) -> cuda_pinned::Result<()> {
+//! let pageable = vec![0u8; 1024];
+//! stream.upload(&pageable, device)?; // error: Vec<u8> is not PinnedSource
+//! # Ok(()) }
+//! ```
+//! ```compile_fail
+//! # fn f(stream: &cuda_pinned::Stream, device: &cuda_pinned::DeviceBuffer<u8>) -> cuda_pinned::Result<()> {
+//! let mut pageable = [0u8; 1024];
+//! stream.download(device, &mut pageable[..])?; // error: [u8] is not PinnedDestination
+//! # Ok(()) }
+//! ```
+//! Pageable memory has its own copies, [`Stream::upload_pageable`] and [`Stream::download_pageable`], which
+//! return only once the copy has completed.
+//!
+//! A host slice borrowed from pinned memory cannot be held across a copy into that memory, since the copy needs
+//! the buffer exclusively:
+//!
+//! ```compile_fail
+//! # fn f(stream: &cuda_pinned::Stream, device: &cuda_pinned::DeviceBuffer<u8>,
+//! #      host: &mut cuda_pinned::Pinned<u8>) -> cuda_pinned::Result<()> {
+//! let seen = host.as_slice()?;
+//! stream.download(device, host)?; // error: `host` is borrowed by `seen`
+//! println!("{}", seen[0]);
+//! # Ok(()) }
+//! ```
+
+use std::ffi::c_void;
+
+use bytemuck::Pod;
+
+use crate::context::Context;
+use crate::driver_call;
+use crate::error::{Error, Result};
+use crate::memory::{Bytes, DeviceBuffer, Gpu, Pinned, Registered, Track, lock};
+use crate::stream::Stream;
+use crate::sys::CUdeviceptr;
+use crate::track::{Access, Timeline};
+
+pub(crate) mod sealed {
+    use super::{CUdeviceptr, Context, Track, c_void};
+
+    /// Device memory as a copy sees it. Not implementable outside the crate.
+    pub trait DeviceMemory {
+        /// The device address of the first element.
+        fn device_ptr(&self) -> CUdeviceptr;
+        /// The length in elements.
+        fn elements(&self) -> usize;
+        /// The tracker of the allocation the memory belongs to.
+        fn track(&self) -> &Track;
+        /// The context of the allocation.
+        fn owner(&self) -> &Context;
+    }
+
+    /// Page-locked host memory as a copy sees it. Not implementable outside the crate.
+    pub trait PinnedMemory {
+        /// The host address of the first element.
+        fn host_ptr(&self) -> *mut c_void;
+        /// The length in elements.
+        fn elements(&self) -> usize;
+        /// The tracker of the allocation the memory belongs to.
+        fn track(&self) -> &Track;
+    }
+}
+
+/// Device memory that device work may read: [`DeviceBuffer`].
+pub trait DeviceSource<T>: sealed::DeviceMemory {}
+/// Device memory that device work may write, taken by `&mut`: [`DeviceBuffer`].
+pub trait DeviceDestination<T>: DeviceSource<T> {}
+/// Page-locked host memory an asynchronous copy may read: [`Pinned`] and [`Registered`].
+pub trait PinnedSource<T>: sealed::PinnedMemory {}
+/// Page-locked host memory an asynchronous copy may write, taken by `&mut`: [`Pinned`] and [`Registered`].
+pub trait PinnedDestination<T>: PinnedSource<T> {}
+
+impl<T> sealed::DeviceMemory for DeviceBuffer<T> {
+    fn device_ptr(&self) -> CUdeviceptr {
+        self.as_raw()
+    }
+    fn elements(&self) -> usize {
+        self.len()
+    }
+    fn track(&self) -> &Track {
+        DeviceBuffer::track(self)
+    }
+    fn owner(&self) -> &Context {
+        self.context()
+    }
+}
+impl<T> DeviceSource<T> for DeviceBuffer<T> {}
+impl<T> DeviceDestination<T> for DeviceBuffer<T> {}
+
+impl<T> sealed::PinnedMemory for Pinned<T> {
+    fn host_ptr(&self) -> *mut c_void {
+        Pinned::host_ptr(self)
+    }
+    fn elements(&self) -> usize {
+        self.len()
+    }
+    fn track(&self) -> &Track {
+        Pinned::track(self)
+    }
+}
+impl<T> PinnedSource<T> for Pinned<T> {}
+impl<T> PinnedDestination<T> for Pinned<T> {}
+
+impl<T: Pod> sealed::PinnedMemory for Registered<T> {
+    fn host_ptr(&self) -> *mut c_void {
+        Registered::host_ptr(self)
+    }
+    fn elements(&self) -> usize {
+        self.len()
+    }
+    fn track(&self) -> &Track {
+        Registered::track(self)
+    }
+}
+impl<T: Pod> PinnedSource<T> for Registered<T> {}
+impl<T: Pod> PinnedDestination<T> for Registered<T> {}
+
+impl Stream {
+    /// Enqueues a copy of `src` (page-locked host memory) into `dst` on this stream. Returns at once; the copy
+    /// runs on the stream, after any pending work on either buffer from other streams (a device-side wait).
+    ///
+    /// # Errors
+    /// An invalid-argument error, with nothing enqueued, if the lengths differ or `dst` belongs to another
+    /// context; the driver's.
+    #[doc(alias = "cuMemcpyHtoDAsync")]
+    pub fn upload<T: Pod>(
+        &self,
+        src: &impl PinnedSource<T>,
+        dst: &mut impl DeviceDestination<T>,
+    ) -> Result<()> {
+        let bytes = self.check_copy::<T>("uploading", src.elements(), dst)?;
+        self.tracked(Some(src.track()), Some(dst.track()), || {
+            // SAFETY: `src` is `bytes` bytes of live page-locked memory and `dst` `bytes` bytes of device memory
+            // (lengths checked); the trackers ordered the copy after conflicting work and keep both buffers
+            // alive (and the host memory untouched by safe code) until it has completed.
+            unsafe {
+                driver_call!(cuMemcpyHtoDAsync_v2(
+                    dst.device_ptr(),
+                    src.host_ptr(),
+                    bytes,
+                    self.as_raw()
+                ))
+            }
+        })
+        .map_err(|e| e.context(format_args!("uploading {}", Bytes(bytes))))
+    }
+
+    /// Enqueues a copy of `src` (device memory) into `dst` (page-locked host memory) on this stream. Returns at
+    /// once; read the result through [`Pinned::as_slice`], which waits for it.
+    ///
+    /// # Errors
+    /// As [`Stream::upload`].
+    #[doc(alias = "cuMemcpyDtoHAsync")]
+    pub fn download<T: Pod>(
+        &self,
+        src: &impl DeviceSource<T>,
+        dst: &mut impl PinnedDestination<T>,
+    ) -> Result<()> {
+        let bytes = self.check_copy::<T>("downloading", dst.elements(), src)?;
+        self.tracked(Some(src.track()), Some(dst.track()), || {
+            // SAFETY: as in `upload`, the other way round.
+            unsafe {
+                driver_call!(cuMemcpyDtoHAsync_v2(
+                    dst.host_ptr(),
+                    src.device_ptr(),
+                    bytes,
+                    self.as_raw()
+                ))
+            }
+        })
+        .map_err(|e| e.context(format_args!("downloading {}", Bytes(bytes))))
+    }
+
+    /// Enqueues a device-to-device copy on this stream. Returns at once.
+    ///
+    /// # Errors
+    /// As [`Stream::upload`], also if `src` belongs to another context.
+    #[doc(alias = "cuMemcpyDtoDAsync")]
+    pub fn copy<T: Pod>(
+        &self,
+        src: &impl DeviceSource<T>,
+        dst: &mut impl DeviceDestination<T>,
+    ) -> Result<()> {
+        self.check_context(src)?;
+        let bytes = self.check_copy::<T>("copying", src.elements(), dst)?;
+        self.tracked(Some(src.track()), Some(dst.track()), || {
+            // SAFETY: two device ranges of `bytes` bytes in live allocations, ordered by the trackers.
+            unsafe {
+                driver_call!(cuMemcpyDtoDAsync_v2(
+                    dst.device_ptr(),
+                    src.device_ptr(),
+                    bytes,
+                    self.as_raw()
+                ))
+            }
+        })
+        .map_err(|e| e.context(format_args!("copying {} on the device", Bytes(bytes))))
+    }
+
+    /// Copies ordinary (pageable) host memory into `dst`, ordered on this stream, and returns once the copy has
+    /// completed. The driver stages it through pinned memory of its own, so it runs at a fraction of the
+    /// speed of [`Stream::upload`] from [`Pinned`] memory and blocks the calling thread throughout.
+    ///
+    /// # Errors
+    /// As [`Stream::upload`].
+    #[doc(alias = "cuMemcpyHtoDAsync")]
+    pub fn upload_pageable<T: Pod>(
+        &self,
+        src: &[T],
+        dst: &mut impl DeviceDestination<T>,
+    ) -> Result<()> {
+        let bytes = self.check_copy::<T>("uploading", src.len(), dst)?;
+        self.tracked(None, Some(dst.track()), || {
+            // SAFETY: `src` is `bytes` readable bytes borrowed for this call, which returns only after the
+            // copy has completed (below); `dst` is ordered by its tracker.
+            unsafe {
+                driver_call!(cuMemcpyHtoDAsync_v2(
+                    dst.device_ptr(),
+                    src.as_ptr().cast(),
+                    bytes,
+                    self.as_raw()
+                ))
+            }
+        })
+        .and_then(|()| self.finish())
+        .map_err(|e| {
+            e.context(format_args!(
+                "uploading {} from pageable memory",
+                Bytes(bytes)
+            ))
+        })
+    }
+
+    /// Copies `src` into ordinary (pageable) host memory, ordered on this stream, and returns once the copy has
+    /// completed. Slower than [`Stream::download`] into [`Pinned`] memory, and blocking.
+    ///
+    /// # Errors
+    /// As [`Stream::upload`].
+    #[doc(alias = "cuMemcpyDtoHAsync")]
+    pub fn download_pageable<T: Pod>(
+        &self,
+        src: &impl DeviceSource<T>,
+        dst: &mut [T],
+    ) -> Result<()> {
+        let bytes = self.check_copy::<T>("downloading", dst.len(), src)?;
+        let ptr = dst.as_mut_ptr().cast::<c_void>();
+        self.tracked(Some(src.track()), None, || {
+            // SAFETY: `dst` is `bytes` writable bytes of a `T: Pod`, borrowed exclusively for this call, which
+            // returns only after the copy has completed (below); `src` is ordered by its tracker.
+            unsafe {
+                driver_call!(cuMemcpyDtoHAsync_v2(
+                    ptr,
+                    src.device_ptr(),
+                    bytes,
+                    self.as_raw()
+                ))
+            }
+        })
+        .and_then(|()| self.finish())
+        .map_err(|e| {
+            e.context(format_args!(
+                "downloading {} into pageable memory",
+                Bytes(bytes)
+            ))
+        })
+    }
+
+    /// The size in bytes of a copy of `host_len` elements (or of a device source's) to or from `device`, after checking that the lengths
+    /// agree and that `device` belongs to this stream's context.
+    fn check_copy<T>(
+        &self,
+        what: &str,
+        host_len: usize,
+        device: &impl sealed::DeviceMemory,
+    ) -> Result<usize> {
+        self.check_context(device)?;
+        if host_len != device.elements() {
+            return Err(Error::invalid(format_args!(
+                "{what}: the host memory has {host_len} elements and the device memory {}; nothing was enqueued",
+                device.elements()
+            )));
+        }
+        crate::memory::byte_len::<T>(host_len, what)
+    }
+
+    fn check_context(&self, device: &impl sealed::DeviceMemory) -> Result<()> {
+        if device.owner() == self.context() {
+            Ok(())
+        } else {
+            Err(Error::invalid(format_args!(
+                "a buffer of device {} used on a stream of device {}",
+                device.owner().device().ordinal(),
+                self.context().device().ordinal()
+            )))
+        }
+    }
+
+    /// Runs `enqueue` between the trackers' `prepare` and `record_use`: the work waits for every conflicting
+    /// use on other streams, and is recorded only if it was enqueued.
+    fn tracked(
+        &self,
+        read: Option<&Track>,
+        write: Option<&Track>,
+        enqueue: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let _current = self.context().enter()?;
+        // One allocation read and written (two views of it) is a write: lock it once.
+        let read = read.filter(|r| !write.is_some_and(|w| std::ptr::eq(*r, w)));
+        // The written buffer is borrowed exclusively, so no other thread locks it: taking it first cannot
+        // deadlock with a thread that holds the read one.
+        let mut write = write.map(lock);
+        let mut read = read.map(lock);
+        if let Some(r) = read.as_mut() {
+            r.prepare(&Gpu, self, Access::Read)?;
+        }
+        if let Some(w) = write.as_mut() {
+            w.prepare(&Gpu, self, Access::Write)?;
+        }
+        enqueue()?;
+        if let Some(r) = read.as_mut() {
+            r.record_use(self, Access::Read);
+        }
+        if let Some(w) = write.as_mut() {
+            w.record_use(self, Access::Write);
+        }
+        Ok(())
+    }
+
+    /// Blocks until the work enqueued on this stream so far has completed (and no more: later work from other
+    /// threads is not waited for).
+    fn finish(&self) -> Result<()> {
+        Gpu.record(self)?.synchronize()
+    }
+}

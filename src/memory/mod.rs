@@ -1,0 +1,111 @@
+//! Device memory, page-locked host memory, and the tracking they share.
+//!
+//! Every buffer holds a [`Tracker`] of the device work in flight on it (see `track.rs`); the copies and
+//! kernel launchers consult it before enqueueing work, host accessors before touching pinned memory, and
+//! destructors before releasing anything.
+
+mod device;
+mod pinned;
+mod registered;
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+pub use device::DeviceBuffer;
+pub use pinned::{Pinned, PinnedBuilder};
+pub use registered::Registered;
+
+use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::stream::Stream;
+use crate::track::{Timeline, Tracker};
+
+/// A buffer's record of the work in flight on it, shared by the buffer and its views. (`pub` only so that the
+/// sealed copy traits can name it; the module is private, so users cannot.)
+#[derive(Default)]
+pub struct Track(Mutex<Tracker<Stream, Arc<Event>>>);
+
+/// Locks a buffer's tracker. A panic while it was held (only possible from a bug in the tracker) leaves the
+/// state conservative, so the lock is taken over rather than propagated.
+pub(crate) fn lock(track: &Track) -> MutexGuard<'_, Tracker<Stream, Arc<Event>>> {
+    track.0.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The real device, as the tracker sees it: events recorded without timing, waits on the device.
+pub(crate) struct Gpu;
+
+impl Timeline for Gpu {
+    type Stream = Stream;
+    type Event = Arc<Event>;
+    type Error = Error;
+
+    fn record(&self, stream: &Stream) -> Result<Arc<Event>> {
+        let event = Event::without_timing(stream.context())?;
+        event.record(stream)?;
+        Ok(Arc::new(event))
+    }
+
+    fn wait(&self, stream: &Stream, event: &Arc<Event>) -> Result<()> {
+        stream.wait(event)
+    }
+
+    fn is_complete(&self, event: &Arc<Event>) -> Result<bool> {
+        event.query()
+    }
+
+    fn synchronize(&self, event: &Arc<Event>) -> Result<()> {
+        event.synchronize()
+    }
+}
+
+/// The size in bytes of `len` elements of `T`, or an error naming `what` if it overflows.
+pub(crate) fn byte_len<T>(len: usize, what: &str) -> Result<usize> {
+    len.checked_mul(size_of::<T>()).ok_or_else(|| {
+        Error::invalid(format_args!(
+            "{what}: {len} elements of {} bytes overflow usize",
+            size_of::<T>()
+        ))
+    })
+}
+
+/// `1.5 GiB`, `256.0 MiB`, `12 bytes`: sizes in messages.
+pub(crate) struct Bytes(pub usize);
+
+impl std::fmt::Display for Bytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+        let mut value = self.0 as f64;
+        if self.0 < 1024 {
+            return write!(f, "{} bytes", self.0);
+        }
+        let mut unit = "";
+        for u in UNITS {
+            if value < 1024.0 {
+                break;
+            }
+            value /= 1024.0;
+            unit = u;
+        }
+        write!(f, "{value:.1} {unit}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        assert_eq!(Bytes(12).to_string(), "12 bytes");
+        assert_eq!(Bytes(1024).to_string(), "1.0 KiB");
+        assert_eq!(Bytes(256 << 20).to_string(), "256.0 MiB");
+        assert_eq!(Bytes(4 << 30).to_string(), "4.0 GiB");
+        assert_eq!(Bytes(3 << 39).to_string(), "1.5 TiB");
+    }
+
+    #[test]
+    fn overflowing_lengths_are_errors() {
+        assert_eq!(byte_len::<u32>(10, "x").unwrap(), 40);
+        let e = byte_len::<u64>(usize::MAX / 4, "allocating").unwrap_err();
+        assert!(e.to_string().starts_with("allocating: "), "{e}");
+    }
+}

@@ -1,0 +1,312 @@
+//! `Pinned<T>`: page-locked host memory allocated by the driver, the fast host side of a copy.
+
+use std::ffi::c_void;
+use std::fmt;
+use std::ptr::NonNull;
+
+use bytemuck::Pod;
+
+use super::{Bytes, Gpu, Track, byte_len, lock};
+use crate::context::{Context, PendingRelease};
+use crate::driver_call;
+use crate::error::Result;
+use crate::sys::{
+    CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_WRITECOMBINED,
+};
+use crate::track::{Access, Tracker};
+
+/// `len` elements of `T` in page-locked host memory (`cuMemHostAlloc`), which the GPU's copy engines read and
+/// write directly: copies from and to it run at the full speed of the link and can be asynchronous.
+///
+/// The host reaches the memory only through [`Pinned::as_slice`] and [`Pinned::as_mut_slice`], which wait for
+/// the device work that conflicts with the access, so a copy in flight is never read early or overwritten.
+/// Dropping it while a copy still uses it defers the release until that copy has completed.
+///
+/// ```
+/// # fn main() -> cuda_pinned::Result<()> {
+/// # let Ok(context) = cuda_pinned::Context::on(0) else { return Ok(()) };
+/// use cuda_pinned::{DeviceBuffer, Pinned, Stream};
+/// let stream = Stream::new(&context)?;
+/// let mut host = Pinned::<f32>::zeroed(&context, 1 << 20)?;
+/// host.as_mut_slice()?.fill(1.5);
+/// let mut device = DeviceBuffer::uninit(&stream, host.len())?;
+/// stream.upload(&host, &mut device)?; // returns at once
+/// stream.download(&device, &mut host)?; // ordered after the upload on the same stream
+/// assert!(host.as_slice()?.iter().all(|&x| x == 1.5)); // waits for the download
+/// # Ok(()) }
+/// ```
+pub struct Pinned<T> {
+    ptr: NonNull<T>,
+    len: usize,
+    flags: u32,
+    context: Context,
+    track: Track,
+}
+
+// SAFETY: the memory is owned by this value (no aliasing handle outside it); moving it to another thread moves
+// the `T`s, which requires `T: Send`. Device work on it is tracked, not tied to a thread.
+unsafe impl<T: Send> Send for Pinned<T> {}
+// SAFETY: `&Pinned` gives out only `&[T]` (after the tracker's wait) and the tracker is behind a Mutex.
+unsafe impl<T: Sync> Sync for Pinned<T> {}
+
+/// How to allocate pinned memory: `PinnedBuilder::new(&context).write_combined(true).zeroed::<u8>(n)`.
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct PinnedBuilder {
+    context: Context,
+    flags: u32,
+}
+
+impl PinnedBuilder {
+    /// Pinned memory of `context` with the default flags: not portable, not mapped, not write-combined.
+    pub fn new(context: &Context) -> PinnedBuilder {
+        PinnedBuilder {
+            context: context.clone(),
+            flags: 0,
+        }
+    }
+
+    /// Pinned for every context in the process, not only the allocating one (`CU_MEMHOSTALLOC_PORTABLE`).
+    pub fn portable(self, yes: bool) -> PinnedBuilder {
+        self.flag(CU_MEMHOSTALLOC_PORTABLE, yes)
+    }
+
+    /// Mapped into the device's address space, so kernels can read it directly (`CU_MEMHOSTALLOC_DEVICEMAP`).
+    pub fn device_mapped(self, yes: bool) -> PinnedBuilder {
+        self.flag(CU_MEMHOSTALLOC_DEVICEMAP, yes)
+    }
+
+    /// Write-combined (`CU_MEMHOSTALLOC_WRITECOMBINED`): faster for the GPU to read across PCIe and for the CPU
+    /// to write, but very slow for the CPU to read (uncached). The choice for upload-only staging buffers. Off by
+    /// default.
+    pub fn write_combined(self, yes: bool) -> PinnedBuilder {
+        self.flag(CU_MEMHOSTALLOC_WRITECOMBINED, yes)
+    }
+
+    fn flag(mut self, flag: u32, yes: bool) -> PinnedBuilder {
+        if yes {
+            self.flags |= flag;
+        } else {
+            self.flags &= !flag;
+        }
+        self
+    }
+
+    /// Allocates `len` zeroed elements.
+    ///
+    /// # Errors
+    /// `CUDA_ERROR_OUT_OF_MEMORY` when the system cannot lock that much memory; an invalid-argument error if
+    /// the size in bytes overflows.
+    #[doc(alias = "cuMemHostAlloc")]
+    pub fn zeroed<T: Pod>(self, len: usize) -> Result<Pinned<T>> {
+        let bytes = byte_len::<T>(len, "allocating pinned memory")?;
+        let pinned = |ptr| Pinned {
+            ptr,
+            len,
+            flags: self.flags,
+            context: self.context.clone(),
+            track: Track::default(),
+        };
+        if bytes == 0 {
+            return Ok(pinned(NonNull::dangling()));
+        }
+        let _current = self.context.enter()?;
+        self.context.release_idle();
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: an out-pointer to a local; the context is current. Freed in Drop (or by the context once idle).
+        unsafe { driver_call!(cuMemHostAlloc(&mut ptr, bytes, self.flags)) }.map_err(|e| {
+            e.context(format_args!(
+                "allocating {} of pinned host memory",
+                Bytes(bytes)
+            ))
+        })?;
+        // SAFETY: cuMemHostAlloc succeeded for a non-zero size, so `ptr` is a non-null page-aligned block of
+        // `bytes` bytes, which covers the alignment of any `T`.
+        let pinned = pinned(unsafe { NonNull::new_unchecked(ptr.cast::<T>()) });
+        // The driver does not initialise the memory; a `T` made of uninitialised bytes would be undefined.
+        // SAFETY: `bytes` writable bytes, owned by `pinned`, not shared with the device yet.
+        unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, bytes) };
+        Ok(pinned)
+    }
+
+    /// Allocates a copy of `data`.
+    ///
+    /// # Errors
+    /// As [`PinnedBuilder::zeroed`].
+    pub fn from_slice<T: Pod>(self, data: &[T]) -> Result<Pinned<T>> {
+        let mut pinned = self.zeroed(data.len())?;
+        pinned.as_mut_slice()?.copy_from_slice(data);
+        Ok(pinned)
+    }
+}
+
+impl<T: Pod> Pinned<T> {
+    /// Allocates `len` zeroed elements with the default flags (not portable, not mapped, not write-combined).
+    ///
+    /// # Errors
+    /// As [`PinnedBuilder::zeroed`].
+    pub fn zeroed(context: &Context, len: usize) -> Result<Pinned<T>> {
+        PinnedBuilder::new(context).zeroed(len)
+    }
+
+    /// Allocates a pinned copy of `data` with the default flags.
+    ///
+    /// # Errors
+    /// As [`PinnedBuilder::zeroed`].
+    pub fn from_slice(context: &Context, data: &[T]) -> Result<Pinned<T>> {
+        PinnedBuilder::new(context).from_slice(data)
+    }
+}
+
+impl<T> Pinned<T> {
+    /// The length in elements.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are no elements.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether the memory is write-combined (see [`PinnedBuilder::write_combined`]).
+    #[must_use]
+    pub fn is_write_combined(&self) -> bool {
+        self.flags & CU_MEMHOSTALLOC_WRITECOMBINED != 0
+    }
+
+    /// The flags it was allocated with (`CU_MEMHOSTALLOC_*`).
+    #[must_use]
+    pub fn flags(&self) -> u32 {
+        self.flags
+    }
+
+    /// The context it was allocated in.
+    #[must_use]
+    pub fn context(&self) -> &Context {
+        &self.context
+    }
+
+    /// Waits until no device work writes the memory, then lends it for reading. Reads in flight (an upload)
+    /// do not conflict and are not waited for.
+    ///
+    /// # Errors
+    /// The driver's, from the wait.
+    pub fn as_slice(&self) -> Result<&[T]> {
+        lock(&self.track).host_wait(&Gpu, Access::Read)?;
+        // SAFETY: `len` initialised elements owned by self; no device work writes them now, and none can be
+        // enqueued while the returned borrow of `self` lives (writes need `&mut self`).
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
+    }
+
+    /// Waits until no device work reads or writes the memory, then lends it for writing.
+    ///
+    /// # Errors
+    /// The driver's, from the wait.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        lock(&self.track).host_wait(&Gpu, Access::Write)?;
+        // SAFETY: as in `as_slice`, and no device work uses the memory at all now; none can be enqueued while
+        // the returned exclusive borrow of `self` lives.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
+    }
+
+    /// [`Pinned::as_slice`] without blocking: `None` while device work still writes the memory.
+    ///
+    /// # Errors
+    /// The driver's, from the query.
+    pub fn try_as_slice(&self) -> Result<Option<&[T]>> {
+        if !lock(&self.track).try_host(&Gpu, Access::Read)? {
+            return Ok(None);
+        }
+        // SAFETY: as in `as_slice`.
+        Ok(Some(unsafe {
+            std::slice::from_raw_parts(self.ptr.as_ptr(), self.len)
+        }))
+    }
+
+    /// [`Pinned::as_mut_slice`] without blocking: `None` while device work still uses the memory.
+    ///
+    /// # Errors
+    /// The driver's, from the query.
+    pub fn try_as_mut_slice(&mut self) -> Result<Option<&mut [T]>> {
+        if !lock(&self.track).try_host(&Gpu, Access::Write)? {
+            return Ok(None);
+        }
+        // SAFETY: as in `as_mut_slice`.
+        Ok(Some(unsafe {
+            std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len)
+        }))
+    }
+
+    /// The host address, for interop. Work enqueued through it outside the crate is not tracked.
+    #[must_use]
+    pub fn as_ptr(&self) -> *const T {
+        self.ptr.as_ptr()
+    }
+
+    pub(crate) fn host_ptr(&self) -> *mut c_void {
+        self.ptr.as_ptr().cast()
+    }
+
+    pub(crate) fn track(&self) -> &Track {
+        &self.track
+    }
+}
+
+impl<T> Drop for Pinned<T> {
+    fn drop(&mut self) {
+        if self.len == 0 || size_of::<T>() == 0 {
+            return;
+        }
+        let ptr = self.ptr.as_ptr() as usize;
+        let release = move || {
+            // SAFETY: allocated by cuMemHostAlloc in `zeroed`; called once, when no device work uses it.
+            unsafe { driver_call!(cuMemFreeHost(ptr as *mut c_void)) }
+        };
+        let track = std::mem::take(&mut *lock(&self.track));
+        release_host(
+            &self.context,
+            track,
+            Box::new(release),
+            self.len * size_of::<T>(),
+        );
+    }
+}
+
+/// Releases host memory now if no device work uses it, else hands it to the context to release once that work
+/// has completed. Never frees early: where the state of the work cannot be read, the memory is leaked and the
+/// error kept for [`Context::check_deferred_errors`].
+pub(crate) fn release_host(
+    context: &Context,
+    mut track: Tracker<crate::stream::Stream, std::sync::Arc<crate::event::Event>>,
+    release: Box<dyn FnOnce() -> Result<()> + Send>,
+    bytes: usize,
+) {
+    let result = context
+        .enter()
+        .and_then(|_current| match track.is_idle(&Gpu)? {
+            true => release(),
+            false => {
+                context.release_when_idle(PendingRelease { track, release });
+                Ok(())
+            }
+        });
+    if let Err(e) = result {
+        context.defer_error(e.context(format_args!(
+            "releasing {} of pinned host memory",
+            Bytes(bytes)
+        )));
+    }
+}
+
+impl<T> fmt::Debug for Pinned<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pinned")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("flags", &self.flags)
+            .finish()
+    }
+}

@@ -1,0 +1,182 @@
+//! `Registered<T>`: a `Vec<T>` pinned in place (`cuMemHostRegister`), without a copy.
+
+use std::ffi::c_void;
+use std::fmt;
+
+use bytemuck::Pod;
+
+use super::pinned::release_host;
+use super::{Bytes, Gpu, Track, lock};
+use crate::context::Context;
+use crate::driver_call;
+use crate::error::Result;
+use crate::track::Access;
+
+/// A `Vec<T>` page-locked in place, so it can be the host side of asynchronous copies like [`crate::Pinned`].
+///
+/// It owns the `Vec` so that forgetting it leaks the memory rather than letting the program reuse memory that a
+/// copy may still write; [`Registered::into_vec`] waits for pending work, unregisters and hands the `Vec` back.
+/// Registering memory whose pages are already touched is much cheaper than allocating pinned memory.
+pub struct Registered<T: Pod> {
+    /// The pinned elements; `None` only once `into_vec` or `Drop` has taken them (after the pending work).
+    vec: Option<Vec<T>>,
+    context: Context,
+    track: Track,
+}
+
+impl<T: Pod> Registered<T> {
+    /// Pins the `len` elements of `vec` in place (its spare capacity is not pinned).
+    ///
+    /// # Errors
+    /// The driver's, such as `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED` when the memory overlaps a registered
+    /// range, or `CUDA_ERROR_OUT_OF_MEMORY` when the system cannot lock it; the `Vec` is dropped then.
+    #[doc(alias = "cuMemHostRegister")]
+    pub fn new(context: &Context, mut vec: Vec<T>) -> Result<Registered<T>> {
+        let bytes = size_of_val(vec.as_slice());
+        if bytes > 0 {
+            let _current = context.enter()?;
+            let ptr = vec.as_mut_ptr().cast::<c_void>();
+            // SAFETY: `bytes` bytes of a live allocation, which the returned value owns and never grows, moves
+            // out or frees while it is registered.
+            unsafe { driver_call!(cuMemHostRegister_v2(ptr, bytes, 0)) }.map_err(|e| {
+                e.context(format_args!(
+                    "pinning {} of host memory in place",
+                    Bytes(bytes)
+                ))
+            })?;
+        }
+        Ok(Registered {
+            vec: Some(vec),
+            context: context.clone(),
+            track: Track::default(),
+        })
+    }
+}
+
+impl<T: Pod> Registered<T> {
+    /// The length in elements.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.elements().len()
+    }
+
+    /// Whether there are no elements.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.elements().is_empty()
+    }
+
+    fn elements(&self) -> &[T] {
+        self.vec.as_deref().unwrap_or(&[])
+    }
+
+    fn elements_mut(&mut self) -> &mut [T] {
+        self.vec.as_deref_mut().unwrap_or(&mut [])
+    }
+
+    /// The context it was registered in.
+    #[must_use]
+    pub fn context(&self) -> &Context {
+        &self.context
+    }
+
+    /// Waits until no device work writes the memory, then lends it for reading.
+    ///
+    /// # Errors
+    /// The driver's, from the wait.
+    pub fn as_slice(&self) -> Result<&[T]> {
+        lock(&self.track).host_wait(&Gpu, Access::Read)?;
+        Ok(self.elements())
+    }
+
+    /// Waits until no device work uses the memory, then lends it for writing.
+    ///
+    /// # Errors
+    /// The driver's, from the wait.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        lock(&self.track).host_wait(&Gpu, Access::Write)?;
+        Ok(self.elements_mut())
+    }
+
+    /// [`Registered::as_slice`] without blocking: `None` while device work still writes the memory.
+    ///
+    /// # Errors
+    /// The driver's, from the query.
+    pub fn try_as_slice(&self) -> Result<Option<&[T]>> {
+        Ok(lock(&self.track)
+            .try_host(&Gpu, Access::Read)?
+            .then_some(self.elements()))
+    }
+
+    /// [`Registered::as_mut_slice`] without blocking: `None` while device work still uses the memory.
+    ///
+    /// # Errors
+    /// The driver's, from the query.
+    pub fn try_as_mut_slice(&mut self) -> Result<Option<&mut [T]>> {
+        let ready = lock(&self.track).try_host(&Gpu, Access::Write)?;
+        Ok(ready.then_some(self.elements_mut()))
+    }
+
+    /// Waits for all device work on the memory, unpins it and returns the `Vec`.
+    ///
+    /// # Errors
+    /// The driver's, from the wait or `cuMemHostUnregister`. The memory is then released by `Drop` as usual
+    /// (deferred until its work completes), and the `Vec` is not returned.
+    #[doc(alias = "cuMemHostUnregister")]
+    pub fn into_vec(mut self) -> Result<Vec<T>> {
+        lock(&self.track).synchronize_all(&Gpu)?;
+        if !self.is_empty() {
+            let _current = self.context.enter()?;
+            // SAFETY: registered in `new`; no device work uses it any more.
+            unsafe { driver_call!(cuMemHostUnregister(self.host_ptr())) }
+                .map_err(|e| e.context("unpinning host memory"))?;
+        }
+        Ok(self.vec.take().unwrap_or_default())
+    }
+
+    pub(crate) fn host_ptr(&self) -> *mut c_void {
+        self.elements().as_ptr().cast_mut().cast()
+    }
+
+    pub(crate) fn track(&self) -> &Track {
+        &self.track
+    }
+}
+
+impl<T: Pod> Drop for Registered<T> {
+    fn drop(&mut self) {
+        let Some(vec) = self.vec.take().filter(|v| !v.is_empty()) else {
+            return;
+        };
+        let bytes = size_of_val(vec.as_slice());
+        let owned = SendVec(vec);
+        let release = move || {
+            let mut vec = owned;
+            // SAFETY: registered in `new`; called once, when no device work uses it. The Vec is freed after.
+            unsafe { driver_call!(cuMemHostUnregister(vec.0.as_mut_ptr().cast())) }
+        };
+        let track = std::mem::take(&mut *lock(&self.track));
+        release_host(&self.context, track, Box::new(release), bytes);
+    }
+}
+
+/// A Vec moved into a release closure that may run on another thread.
+struct SendVec<T>(Vec<T>);
+
+// SAFETY: the closure only unregisters and frees the allocation, never reads or writes a `T`, and the `T`s have
+// no destructor to run (a `Registered` is only made of `T: Pod`), so moving it between threads is harmless.
+unsafe impl<T> Send for SendVec<T> {}
+
+// SAFETY: the memory is owned by this value; moving it moves the `T`s.
+unsafe impl<T: Pod + Send> Send for Registered<T> {}
+// SAFETY: `&Registered` gives out only `&[T]` after the tracker's wait; the tracker is behind a Mutex.
+unsafe impl<T: Pod + Sync> Sync for Registered<T> {}
+
+impl<T: Pod> fmt::Debug for Registered<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registered")
+            .field("ptr", &self.host_ptr())
+            .field("len", &self.len())
+            .finish()
+    }
+}
