@@ -2,9 +2,12 @@
 //! meets (a bad device ordinal, timing an event made without timing).
 #![cfg(feature = "gpu")]
 
+mod common;
+
 use std::time::Duration;
 
-use cuda_pinned::sys::{self, CUresult, kernels};
+use common::{serial, spin};
+use cuda_pinned::sys::{self, CUresult};
 use cuda_pinned::{Context, Device, Event, Stream, driver_call};
 
 fn current_raw() -> sys::CUcontext {
@@ -14,15 +17,9 @@ fn current_raw() -> sys::CUcontext {
     current
 }
 
-/// Keeps `stream` busy for `ms` milliseconds with the spin kernel.
-fn spin(stream: &Stream, ms: u64) {
-    // SAFETY: a live stream of the current device; the kernel touches no memory.
-    let code = unsafe { kernels::cuda_pinned_spin(ms * 1_000_000, stream.as_raw()) };
-    kernels::check_launch(code, "cuda_pinned_spin").unwrap();
-}
-
 #[test]
 fn devices_report_their_properties() {
+    let _serial = serial();
     let count = Device::count().unwrap();
     assert!(count >= 1);
     let all = Device::all().unwrap();
@@ -64,6 +61,7 @@ fn devices_report_their_properties() {
 
 #[test]
 fn a_bad_ordinal_is_an_error_saying_how_many_devices_there_are() {
+    let _serial = serial();
     let count = Device::count().unwrap();
     let e = Device::get(count + 1000).unwrap_err();
     assert_eq!(
@@ -91,6 +89,7 @@ fn a_bad_ordinal_is_an_error_saying_how_many_devices_there_are() {
 
 #[test]
 fn the_primary_context_is_shared_and_the_threads_context_is_put_back() {
+    let _serial = serial();
     let a = Context::on(0).unwrap();
     let b = Context::new(Device::get(0).unwrap()).unwrap();
     assert_eq!(a, b, "both are the device's primary context");
@@ -125,6 +124,7 @@ fn the_primary_context_is_shared_and_the_threads_context_is_put_back() {
 
 #[test]
 fn streams_query_wait_and_synchronize() {
+    let _serial = serial();
     let ctx = Context::on(0).unwrap();
     let (least, greatest) = ctx.stream_priority_range().unwrap();
     let high = Stream::with_priority(&ctx, greatest).unwrap();
@@ -165,6 +165,7 @@ fn streams_query_wait_and_synchronize() {
 
 #[test]
 fn events_time_work_and_refuse_to_time_without_timing() {
+    let _serial = serial();
     let ctx = Context::on(0).unwrap();
     let stream = Stream::new(&ctx).unwrap();
     let (start, end) = (Event::new(&ctx).unwrap(), Event::new(&ctx).unwrap());
@@ -195,6 +196,7 @@ fn events_time_work_and_refuse_to_time_without_timing() {
 
 #[test]
 fn a_borrowed_stream_is_not_destroyed() {
+    let _serial = serial();
     let ctx = Context::on(0).unwrap();
     let _current = ContextGuard::set(&ctx);
     let mut raw = std::ptr::null_mut();

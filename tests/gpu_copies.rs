@@ -3,34 +3,16 @@
 //! copy, host access that must wait, and the errors a user meets.
 #![cfg(feature = "gpu")]
 
-use cuda_pinned::sys::{self, CUresult, kernels};
+mod common;
+
+use common::{data, serial, spin};
+use cuda_pinned::sys::{self, CUresult};
 use cuda_pinned::{
     Context, DeviceBuffer, Error, Pinned, PinnedBuilder, Registered, Stream, driver_call,
 };
 
 fn context() -> Context {
     Context::on(0).expect("a CUDA device under feature `gpu`")
-}
-
-/// Keeps `stream` busy for `ms` milliseconds: work queued behind it waits, so a missing wait shows.
-fn spin(stream: &Stream, ms: u64) {
-    // SAFETY: a live stream of device 0; the kernel touches no memory.
-    let code = unsafe { kernels::cuda_pinned_spin(ms * 1_000_000, stream.as_raw()) };
-    kernels::check_launch(code, "cuda_pinned_spin").unwrap();
-}
-
-/// Fresh, distinct data for each seed (splitmix64), never zeros.
-fn data(len: usize, seed: u64) -> Vec<u32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x1234_5678;
-    (0..len)
-        .map(|_| {
-            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            (z ^ (z >> 31)) as u32
-        })
-        .collect()
 }
 
 fn assert_same(got: &[u32], want: &[u32], what: &str) {
@@ -49,6 +31,7 @@ const SIZES: [usize; 6] = [0, 1, 1_000_003, 1024, 256 * 1024, 64 << 20]; // elem
 
 #[test]
 fn pinned_round_trips_at_every_size() {
+    let _serial = serial();
     let ctx = context();
     let stream = Stream::new(&ctx).unwrap();
     for (i, &len) in SIZES.iter().enumerate() {
@@ -68,6 +51,7 @@ fn pinned_round_trips_at_every_size() {
 
 #[test]
 fn write_combined_portable_and_mapped_pinned_memory_round_trip() {
+    let _serial = serial();
     let ctx = context();
     let stream = Stream::new(&ctx).unwrap();
     for (i, &len) in SIZES.iter().enumerate() {
@@ -97,6 +81,7 @@ fn write_combined_portable_and_mapped_pinned_memory_round_trip() {
 
 #[test]
 fn registered_vectors_round_trip_and_come_back() {
+    let _serial = serial();
     let ctx = context();
     let stream = Stream::new(&ctx).unwrap();
     for (i, &len) in SIZES.iter().enumerate() {
@@ -119,6 +104,7 @@ fn registered_vectors_round_trip_and_come_back() {
 
 #[test]
 fn pageable_copies_round_trip_and_return_when_done() {
+    let _serial = serial();
     let ctx = context();
     let stream = Stream::new(&ctx).unwrap();
     for (i, &len) in SIZES.iter().enumerate() {
@@ -135,6 +121,7 @@ fn pageable_copies_round_trip_and_return_when_done() {
 
 #[test]
 fn zeroed_device_memory_is_zero() {
+    let _serial = serial();
     let ctx = context();
     let stream = Stream::new(&ctx).unwrap();
     let len = 3_000_001;
@@ -152,6 +139,7 @@ fn zeroed_device_memory_is_zero() {
 /// the device-side wait the tracker adds, the consumer would read the old contents.
 #[test]
 fn a_consumer_on_another_stream_waits_for_a_slow_producer() {
+    let _serial = serial();
     let ctx = context();
     let (producer, consumer) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
     let len = 4 << 20;
@@ -194,6 +182,7 @@ fn a_consumer_on_another_stream_waits_for_a_slow_producer() {
 /// under the copy nor block; the data still arrives.
 #[test]
 fn dropping_buffers_right_after_a_slow_copy_is_safe() {
+    let _serial = serial();
     let ctx = context();
     let stream = Stream::new(&ctx).unwrap();
     let other = Stream::new(&ctx).unwrap();
@@ -235,6 +224,7 @@ fn dropping_buffers_right_after_a_slow_copy_is_safe() {
 
 #[test]
 fn host_access_waits_for_an_in_flight_download() {
+    let _serial = serial();
     let ctx = context();
     let stream = Stream::new(&ctx).unwrap();
     let len = 1 << 20;
@@ -292,6 +282,7 @@ fn host_access_waits_for_an_in_flight_download() {
 
 #[test]
 fn errors_for_out_of_memory_and_mismatched_lengths() {
+    let _serial = serial();
     let ctx = context();
     let stream = Stream::new(&ctx).unwrap();
     let e = DeviceBuffer::<u8>::uninit(&stream, 1 << 40).unwrap_err();
@@ -302,7 +293,7 @@ fn errors_for_out_of_memory_and_mismatched_lengths() {
     );
     assert!(
         e.to_string()
-            .contains("while allocating 1024.0 GiB on device 0"),
+            .contains("while allocating 1.0 TiB on device 0"),
         "{e}"
     );
     let e = DeviceBuffer::<u64>::uninit(&stream, usize::MAX / 2).unwrap_err();
@@ -329,6 +320,7 @@ fn errors_for_out_of_memory_and_mismatched_lengths() {
 /// it returns before the copy has run, as from the crate's own pinned memory.
 #[test]
 fn runtime_pinned_memory_is_pinned_to_the_driver() {
+    let _serial = serial();
     let ctx = context();
     let stream = Stream::new(&ctx).unwrap();
     let runtime = sys::runtime().expect("libcudart under feature `gpu` on the test machine");

@@ -4,7 +4,11 @@
 //! Under feature `gpu` a CUDA machine is the premise: these tests fail, never skip, where there is none.
 #![cfg(feature = "gpu")]
 
+mod common;
+
 use std::ffi::{CStr, c_void};
+
+use common::serial;
 use std::sync::OnceLock;
 
 use cuda_pinned::driver_call;
@@ -118,6 +122,7 @@ fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
 
 #[test]
 fn driver_loads_and_supports_the_bindings_version() {
+    let _serial = serial();
     let driver = sys::driver().expect("the CUDA driver must load under feature `gpu`");
     assert!(
         driver.version() >= sys::CUDA_VERSION as i32,
@@ -129,6 +134,7 @@ fn driver_loads_and_supports_the_bindings_version() {
 
 #[test]
 fn device_zero_has_a_name_and_compute_capability() {
+    let _serial = serial();
     let mut count = 0;
     // SAFETY: an out-pointer to a local.
     unsafe { driver_call!(cuDeviceGetCount(&mut count)) }.unwrap();
@@ -196,6 +202,7 @@ fn check_fill<T: Copy + PartialEq + std::fmt::Debug>(
 
 #[test]
 fn fill_writes_every_element_and_nothing_more() {
+    let _serial = serial();
     check_fill(0xa5u8, kernels::cuda_pinned_fill_u8, "cuda_pinned_fill_u8");
     check_fill(
         0xbeefu16,
@@ -216,6 +223,7 @@ fn fill_writes_every_element_and_nothing_more() {
 
 #[test]
 fn axpy_matches_the_host() {
+    let _serial = serial();
     context();
     let n = 3_000_017;
     let to_floats = |bytes: Vec<u8>| -> Vec<f32> {
@@ -253,6 +261,7 @@ fn axpy_matches_the_host() {
 
 #[test]
 fn checksum_on_the_device_equals_the_host_reference() {
+    let _serial = serial();
     context();
     let len = (64 << 20) + 13;
     let data = random_bytes(len + 8, 21);
@@ -291,6 +300,7 @@ fn checksum_on_the_device_equals_the_host_reference() {
 
 #[test]
 fn spin_keeps_its_stream_busy_for_the_time_asked() {
+    let _serial = serial();
     context();
     let stream = Stream::new();
     let (mut start, mut end) = (std::ptr::null_mut(), std::ptr::null_mut());
@@ -329,6 +339,7 @@ fn spin_keeps_its_stream_busy_for_the_time_asked() {
 
 #[test]
 fn launch_errors_read_in_the_runtimes_words() {
+    let _serial = serial();
     let e = kernels::check_launch(1, "cuda_pinned_fill_u32").unwrap_err();
     let text = e.to_string();
     assert!(text.starts_with("cudaErrorInvalidValue (1): "), "{text}");
