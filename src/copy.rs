@@ -38,7 +38,10 @@ use bytemuck::Pod;
 use crate::context::Context;
 use crate::driver_call;
 use crate::error::{Error, Result};
-use crate::memory::{Bytes, DeviceBuffer, Gpu, Pinned, Registered, Track, lock};
+use crate::memory::{
+    Bytes, DeviceBuffer, DeviceView, DeviceViewMut, Gpu, Pinned, PinnedView, PinnedViewMut,
+    Registered, Track, lock,
+};
 use crate::stream::Stream;
 use crate::sys::CUdeviceptr;
 use crate::track::{Access, Timeline};
@@ -69,13 +72,15 @@ pub(crate) mod sealed {
     }
 }
 
-/// Device memory that device work may read: [`DeviceBuffer`].
+/// Device memory that device work may read: [`DeviceBuffer`], [`DeviceView`], [`DeviceViewMut`].
 pub trait DeviceSource<T>: sealed::DeviceMemory {}
-/// Device memory that device work may write, taken by `&mut`: [`DeviceBuffer`].
+/// Device memory that device work may write, taken by `&mut`: [`DeviceBuffer`], [`DeviceViewMut`].
 pub trait DeviceDestination<T>: DeviceSource<T> {}
-/// Page-locked host memory an asynchronous copy may read: [`Pinned`] and [`Registered`].
+/// Page-locked host memory an asynchronous copy may read: [`Pinned`], [`PinnedView`], [`PinnedViewMut`],
+/// [`Registered`].
 pub trait PinnedSource<T>: sealed::PinnedMemory {}
-/// Page-locked host memory an asynchronous copy may write, taken by `&mut`: [`Pinned`] and [`Registered`].
+/// Page-locked host memory an asynchronous copy may write, taken by `&mut`: [`Pinned`], [`PinnedViewMut`],
+/// [`Registered`].
 pub trait PinnedDestination<T>: PinnedSource<T> {}
 
 impl<T> sealed::DeviceMemory for DeviceBuffer<T> {
@@ -94,6 +99,51 @@ impl<T> sealed::DeviceMemory for DeviceBuffer<T> {
 }
 impl<T> DeviceSource<T> for DeviceBuffer<T> {}
 impl<T> DeviceDestination<T> for DeviceBuffer<T> {}
+
+macro_rules! device_memory {
+    ($($t:ty => $($tr:ident),+;)+) => {$(
+        impl<T> sealed::DeviceMemory for $t {
+            fn device_ptr(&self) -> CUdeviceptr {
+                self.as_raw()
+            }
+            fn elements(&self) -> usize {
+                self.len()
+            }
+            fn track(&self) -> &Track {
+                <$t>::track(self)
+            }
+            fn owner(&self) -> &Context {
+                self.context()
+            }
+        }
+        $(impl<T> $tr<T> for $t {})+
+    )+};
+}
+device_memory! {
+    DeviceView<'_, T> => DeviceSource;
+    DeviceViewMut<'_, T> => DeviceSource, DeviceDestination;
+}
+
+macro_rules! pinned_view {
+    ($($t:ty => $($tr:ident),+;)+) => {$(
+        impl<T> sealed::PinnedMemory for $t {
+            fn host_ptr(&self) -> *mut c_void {
+                <$t>::host_ptr(self)
+            }
+            fn elements(&self) -> usize {
+                self.len()
+            }
+            fn track(&self) -> &Track {
+                <$t>::track(self)
+            }
+        }
+        $(impl<T> $tr<T> for $t {})+
+    )+};
+}
+pinned_view! {
+    PinnedView<'_, T> => PinnedSource;
+    PinnedViewMut<'_, T> => PinnedSource, PinnedDestination;
+}
 
 impl<T> sealed::PinnedMemory for Pinned<T> {
     fn host_ptr(&self) -> *mut c_void {
@@ -291,7 +341,7 @@ impl Stream {
         crate::memory::byte_len::<T>(host_len, what)
     }
 
-    fn check_context(&self, device: &impl sealed::DeviceMemory) -> Result<()> {
+    pub(crate) fn check_context(&self, device: &impl sealed::DeviceMemory) -> Result<()> {
         if device.owner() == self.context() {
             Ok(())
         } else {
@@ -305,7 +355,7 @@ impl Stream {
 
     /// Runs `enqueue` between the trackers' `prepare` and `record_use`: the work waits for every conflicting
     /// use on other streams, and is recorded only if it was enqueued.
-    fn tracked(
+    pub(crate) fn tracked(
         &self,
         read: Option<&Track>,
         write: Option<&Track>,

@@ -1,8 +1,10 @@
-//! Host references of the kernels in `cuda/kernels.cu`.
+//! The small kernels of `cuda/kernels.cu`: their host references, and (feature `gpu`) their safe launchers.
 //!
-//! Everything here runs on the CPU and needs no GPU. [`checksum`] computes, bit for bit, the
-//! value that the device `checksum` kernel writes, so a test can check data that reached the
-//! device by comparing two `u64`s instead of copying the data back.
+//! [`checksum`] runs on the CPU and computes, bit for bit, the value that the device `checksum` kernel writes,
+//! so a test can check data that reached the device by comparing two `u64`s instead of copying the data back.
+//!
+//! The launchers take buffers and a stream and take part in the tracking as copies do: each declares what it
+//! reads and writes, waits on the device for conflicting work from other streams, and returns at once.
 
 /// Multiplier that makes each word's term depend on the word's index (the 64-bit golden ratio,
 /// as in `SplitMix64`).
@@ -56,6 +58,148 @@ pub fn checksum(bytes: &[u8]) -> u64 {
         sum = sum.wrapping_add(mix64(le_word(tail) ^ key));
     }
     sum
+}
+
+#[cfg(feature = "gpu")]
+pub use launch::{axpy, device_checksum, fill, spin};
+
+#[cfg(feature = "gpu")]
+mod launch {
+    use std::time::Duration;
+
+    use bytemuck::Pod;
+
+    use crate::copy::{DeviceDestination, DeviceSource};
+    use crate::error::{Error, Result};
+    use crate::stream::Stream;
+    use crate::sys::kernels as raw;
+
+    /// Sets every element of `dst` to `value`, on `stream`. Returns at once. Elements of 1, 2, 4 or 8 bytes.
+    ///
+    /// # Errors
+    /// An invalid-argument error for other element sizes or a buffer of another context; the launch error.
+    pub fn fill<T: Pod>(
+        stream: &Stream,
+        dst: &mut impl DeviceDestination<T>,
+        value: T,
+    ) -> Result<()> {
+        stream.check_context(dst)?;
+        let (ptr, n) = (dst.device_ptr(), dst.elements());
+        if n == 0 {
+            return Ok(());
+        }
+        let bytes = bytemuck::bytes_of(&value);
+        let s = stream.as_raw();
+        stream.tracked(None, Some(dst.track()), || {
+            // SAFETY: `ptr` is `n` elements of `size_of::<T>()` bytes of live device memory (aligned to the
+            // element size: allocations are 256-byte aligned and views start at whole elements), ordered by
+            // the tracker; each launcher writes exactly that range.
+            let code = unsafe {
+                match *bytes {
+                    [b] => raw::cuda_pinned_fill_u8(ptr as *mut u8, b, n, s),
+                    [a, b] => {
+                        raw::cuda_pinned_fill_u16(ptr as *mut u16, u16::from_ne_bytes([a, b]), n, s)
+                    }
+                    [a, b, c, d] => raw::cuda_pinned_fill_u32(
+                        ptr as *mut u32,
+                        u32::from_ne_bytes([a, b, c, d]),
+                        n,
+                        s,
+                    ),
+                    [a, b, c, d, e, f, g, h] => raw::cuda_pinned_fill_u64(
+                        ptr as *mut u64,
+                        u64::from_ne_bytes([a, b, c, d, e, f, g, h]),
+                        n,
+                        s,
+                    ),
+                    _ => {
+                        return Err(Error::invalid(format_args!(
+                            "fill: elements of {} bytes are not supported (1, 2, 4 or 8)",
+                            bytes.len()
+                        )));
+                    }
+                }
+            };
+            raw::check_launch(code, "cuda_pinned_fill")
+        })
+    }
+
+    /// `y[i] = a * x[i] + y[i]` on `stream` (the multiply-add may be fused). Returns at once.
+    ///
+    /// # Errors
+    /// An invalid-argument error if the lengths differ or a buffer belongs to another context; the launch error.
+    pub fn axpy(
+        stream: &Stream,
+        a: f32,
+        x: &impl DeviceSource<f32>,
+        y: &mut impl DeviceDestination<f32>,
+    ) -> Result<()> {
+        stream.check_context(x)?;
+        stream.check_context(y)?;
+        if x.elements() != y.elements() {
+            return Err(Error::invalid(format_args!(
+                "axpy: x has {} elements and y {}; nothing was enqueued",
+                x.elements(),
+                y.elements()
+            )));
+        }
+        let (xp, yp, n) = (x.device_ptr(), y.device_ptr(), y.elements());
+        if n == 0 {
+            return Ok(());
+        }
+        stream.tracked(Some(x.track()), Some(y.track()), || {
+            // SAFETY: two ranges of `n` floats of live device memory, ordered by the trackers.
+            let code = unsafe {
+                raw::cuda_pinned_axpy_f32(a, xp as *const f32, yp as *mut f32, n, stream.as_raw())
+            };
+            raw::check_launch(code, "cuda_pinned_axpy_f32")
+        })
+    }
+
+    /// Writes the 64-bit [`checksum`](super::checksum) of the bytes of `data` into `out[0]`, on `stream`.
+    /// Returns at once.
+    ///
+    /// # Errors
+    /// An invalid-argument error unless `out` has exactly one element, or for a buffer of another context; the
+    /// launch error.
+    pub fn device_checksum<T: Pod>(
+        stream: &Stream,
+        data: &impl DeviceSource<T>,
+        out: &mut impl DeviceDestination<u64>,
+    ) -> Result<()> {
+        stream.check_context(data)?;
+        stream.check_context(out)?;
+        if out.elements() != 1 {
+            return Err(Error::invalid(format_args!(
+                "device_checksum: `out` has {} elements, not 1",
+                out.elements()
+            )));
+        }
+        let bytes = data.elements() * size_of::<T>();
+        let (dp, op) = (data.device_ptr(), out.device_ptr());
+        stream.tracked(Some(data.track()), Some(out.track()), || {
+            // SAFETY: `bytes` bytes of live device memory read, one u64 written, ordered by the trackers.
+            let code = unsafe {
+                raw::cuda_pinned_checksum(dp as *const _, bytes, op as *mut u64, stream.as_raw())
+            };
+            raw::check_launch(code, "cuda_pinned_checksum")
+        })
+    }
+
+    /// Keeps `stream` busy for at least `duration` of the GPU's clock, touching no memory: for overlap and
+    /// race tests. Returns at once.
+    ///
+    /// # Errors
+    /// The launch error.
+    pub fn spin(stream: &Stream, duration: Duration) -> Result<()> {
+        let ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        let _current = stream.context().enter()?;
+        // SAFETY: a live stream; the kernel touches no memory.
+        raw::check_launch(
+            unsafe { raw::cuda_pinned_spin(ns, stream.as_raw()) },
+            "cuda_pinned_spin",
+        )
+    }
 }
 
 #[cfg(test)]

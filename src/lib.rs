@@ -41,5 +41,8 @@ pub use copy::{DeviceDestination, DeviceSource, PinnedDestination, PinnedSource}
 pub use device::Device;
 pub use error::{Error, Result};
 pub use event::Event;
-pub use memory::{DeviceBuffer, Pinned, PinnedBuilder, Registered};
+pub use memory::{
+    DeviceBuffer, DeviceView, DeviceViewMut, Pinned, PinnedBuilder, PinnedView, PinnedViewMut,
+    Registered,
+};
 pub use stream::Stream;

@@ -7,12 +7,14 @@
 mod device;
 mod pinned;
 mod registered;
+mod view;
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 pub use device::DeviceBuffer;
 pub use pinned::{Pinned, PinnedBuilder};
 pub use registered::Registered;
+pub use view::{DeviceView, DeviceViewMut, PinnedView, PinnedViewMut};
 
 use crate::error::{Error, Result};
 use crate::event::Event;
