@@ -1,22 +1,27 @@
-//! pinbench: what this machine's host<->GPU link delivers, and how much pinned memory matters.
+//! pinbench: what this machine's host<->GPU link delivers, and what the crate's safety costs.
 //!
-//! Lists the CUDA devices with their PCIe link, then times a 256 MiB upload to device 0 from page-locked
-//! ("pinned") memory and from ordinary pageable memory, each the median of 10 copies after 2 warm-up copies,
-//! timed with CUDA events on one stream, and checks that each upload arrived intact.
+//! Lists the CUDA devices with their PCIe link, then on device 0:
+//! - times a 256 MiB upload from page-locked ("pinned") memory and from ordinary pageable memory, each the
+//!   median of 10 copies after 2 warm-up copies, timed with CUDA events on one stream, and checks that each
+//!   upload arrived intact;
+//! - measures what enqueueing a small (64-byte) asynchronous copy costs the calling thread: through the raw
+//!   driver call, through the safe layer on one stream (the tracker's fast path, which records no event), and
+//!   through the safe layer alternating between two streams (each copy then waits on the device for the other
+//!   stream's previous one).
 //!
 //! Where no CUDA driver can be loaded, it exits with status 1 and the loader's message.
 
-use std::ffi::{CStr, c_char, c_void};
+use std::ffi::c_void;
 use std::process::ExitCode;
+use std::time::Instant;
 
-use cuda_pinned::sys::{
-    self, CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUstream,
-};
-use cuda_pinned::{Result, driver_call};
+use cuda_pinned::{Context, Device, DeviceBuffer, Event, Pinned, Stream, driver_call, sys};
 
 const SIZE: usize = 256 << 20;
 const WARMUP: usize = 2;
 const REPEATS: usize = 10;
+/// Small copies per timed batch: few enough that the driver's queue never fills and blocks the enqueue.
+const BATCH: usize = 500;
 
 fn main() -> ExitCode {
     match run() {
@@ -44,34 +49,41 @@ fn run() -> Outcome<()> {
         print!(", NVIDIA driver {release}");
     }
     println!(" ({})", driver.path());
-
-    let mut count = 0;
-    // SAFETY: an out-pointer to a local.
-    unsafe { driver_call!(cuDeviceGetCount(&mut count)) }
-        .map_err(|e| e.context("counting CUDA devices"))?;
-    let devices = (0..count).map(Device::get).collect::<Result<Vec<_>>>()?;
+    let devices = Device::all()?;
     for d in &devices {
+        let (major, minor) = d.compute_capability()?;
         println!(
-            "device {}: {}, compute capability {}.{}, {:.1} GiB, PCI {}",
-            d.ordinal,
-            d.name,
-            d.cc.0,
-            d.cc.1,
-            d.memory as f64 / (1u64 << 30) as f64,
-            d.bus_id
+            "device {}: {}, compute capability {major}.{minor}, {:.1} GiB, PCI {}, {} copy engines",
+            d.ordinal(),
+            d.name()?,
+            d.total_memory()? as f64 / (1u64 << 30) as f64,
+            d.pci_bus_id()?,
+            d.async_engine_count()?
         );
     }
-    let Some(device) = devices.first() else {
+    let Some(&device) = devices.first() else {
         println!("no CUDA device: nothing to time");
         return Ok(());
     };
 
-    let bench = Bench::new(device)?;
-    let pinned = bench.time_upload(bench.pinned.ptr.cast_const())?;
-    let pageable = bench.time_upload(bench.pageable.as_ptr().cast())?;
+    let context = Context::new(device)?;
+    let stream = Stream::new(&context)?;
+    let mut pageable = vec![0u8; SIZE];
+    // Distinct, non-zero contents, so that a copy that moved nothing or the wrong bytes shows.
+    for (i, chunk) in pageable.chunks_exact_mut(8).enumerate() {
+        chunk.copy_from_slice(&(i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes());
+    }
+    let pinned = Pinned::from_slice(&context, &pageable)?;
+    let mut target = DeviceBuffer::<u8>::uninit(&stream, SIZE)?;
+    let pinned_s = time_upload(&stream, &mut target, &pageable, |s, t| s.upload(&pinned, t))?;
+    let pageable_s = time_upload(&stream, &mut target, &pageable, |s, t| {
+        s.upload_pageable(&pageable, t)
+    })?;
     // Read the link after the copies: an idle link may have dropped to a slower generation to save power.
-    let link = nvml.as_ref().and_then(|n| n.pcie_link(&device.bus_id));
-    match link {
+    match nvml
+        .as_ref()
+        .and_then(|n| n.pcie_link(&device.pci_bus_id().ok()?))
+    {
         Some(l) => println!(
             "PCIe link of device 0 under load: gen {} x{} (the GPU supports up to gen {} x{})",
             l.generation, l.width, l.max_generation, l.max_width
@@ -87,281 +99,129 @@ fn run() -> Outcome<()> {
     );
     println!("  {:<30} {:>9} {:>11}", "host memory", "GB/s", "ms");
     for (name, seconds) in [
-        ("pinned (cuMemHostAlloc)", pinned),
-        ("pageable (Vec<u8>)", pageable),
+        ("pinned (cuMemHostAlloc)", pinned_s),
+        ("pageable (Vec<u8>)", pageable_s),
     ] {
         println!(
             "  {:<30} {:>9.1} {:>11.3}",
             name,
-            gb_per_s(seconds),
+            SIZE as f64 / seconds / 1e9,
             seconds * 1e3
         );
     }
-    println!("  pinned / pageable: {:.2}x", pageable / pinned);
+    println!("  pinned / pageable: {:.2}x", pageable_s / pinned_s);
+    drop(target);
+
+    let enqueue = time_enqueue(&context, &stream)?;
+    println!();
+    println!(
+        "enqueueing a 64-byte upload from pinned memory (host time per call, median of {REPEATS} batches of {BATCH}):"
+    );
+    println!(
+        "  {:<44} {:>8.2} us",
+        "raw cuMemcpyHtoDAsync_v2",
+        enqueue.raw * 1e6
+    );
+    println!(
+        "  {:<44} {:>8.2} us  ({:.2}x raw)",
+        "Stream::upload, one stream (no event)",
+        enqueue.same_stream * 1e6,
+        enqueue.same_stream / enqueue.raw
+    );
+    println!(
+        "  {:<44} {:>8.2} us  ({:.2}x raw)",
+        "Stream::upload, alternating two streams",
+        enqueue.cross_stream * 1e6,
+        enqueue.cross_stream / enqueue.raw
+    );
     Ok(())
 }
 
-fn gb_per_s(seconds: f64) -> f64 {
-    SIZE as f64 / seconds / 1e9
-}
-
-/// What pinbench reports of a device.
-struct Device {
-    ordinal: i32,
-    handle: CUdevice,
-    name: String,
-    cc: (i32, i32),
-    memory: usize,
-    bus_id: String,
-}
-
-impl Device {
-    fn get(ordinal: i32) -> Result<Device> {
-        let mut handle = 0;
-        let mut name = [0 as c_char; 256];
-        let mut bus_id = [0 as c_char; 32];
-        let (mut major, mut minor, mut memory) = (0, 0, 0);
-        let major_attr = CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR;
-        let minor_attr = CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR;
-        let mut read = || -> Result<()> {
-            // SAFETY: out-pointers to locals; each buffer's length is passed with it.
-            unsafe {
-                driver_call!(cuDeviceGet(&mut handle, ordinal))?;
-                driver_call!(cuDeviceGetName(
-                    name.as_mut_ptr(),
-                    name.len() as i32,
-                    handle
-                ))?;
-                driver_call!(cuDeviceGetAttribute(&mut major, major_attr, handle))?;
-                driver_call!(cuDeviceGetAttribute(&mut minor, minor_attr, handle))?;
-                driver_call!(cuDeviceTotalMem_v2(&mut memory, handle))?;
-                driver_call!(cuDeviceGetPCIBusId(
-                    bus_id.as_mut_ptr(),
-                    bus_id.len() as i32,
-                    handle
-                ))
-            }
-        };
-        read()
-            .map_err(|e| e.context(format_args!("reading the properties of device {ordinal}")))?;
-        Ok(Device {
-            ordinal,
-            handle,
-            name: c_text(&name),
-            cc: (major, minor),
-            memory,
-            bus_id: c_text(&bus_id),
-        })
+/// The median device time of `REPEATS` uploads of `SIZE` bytes made by `upload`, after checking that one
+/// arrived equal to `expected`.
+fn time_upload(
+    stream: &Stream,
+    target: &mut DeviceBuffer<u8>,
+    expected: &[u8],
+    mut upload: impl FnMut(&Stream, &mut DeviceBuffer<u8>) -> cuda_pinned::Result<()>,
+) -> Outcome<f64> {
+    let (start, end) = (Event::new(stream.context())?, Event::new(stream.context())?);
+    let mut times = Vec::with_capacity(REPEATS);
+    for i in 0..WARMUP + REPEATS {
+        start.record(stream)?;
+        upload(stream, target)?;
+        end.record(stream)?;
+        end.synchronize()?;
+        if i >= WARMUP {
+            times.push(end.elapsed_since(&start)?.as_secs_f64());
+        }
     }
+    let mut back = vec![0u8; SIZE];
+    stream.download_pageable(target, &mut back)?;
+    if let Some(at) = back.iter().zip(expected).position(|(a, b)| a != b) {
+        return Err(format!(
+            "the data on the device differs from what was uploaded, from byte {at}"
+        )
+        .into());
+    }
+    Ok(median(times))
 }
 
-/// The NUL-terminated text at the start of `buf`, which the driver filled.
-fn c_text(buf: &[c_char]) -> String {
-    // SAFETY: c_char and u8 have the same size and alignment; the slice covers the same bytes.
-    let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), buf.len()) };
-    CStr::from_bytes_until_nul(bytes).map_or_else(
-        |_| String::from_utf8_lossy(bytes).into(),
-        |s| s.to_string_lossy().into(),
+/// Host seconds per enqueued 64-byte upload.
+struct Enqueue {
+    raw: f64,
+    same_stream: f64,
+    cross_stream: f64,
+}
+
+fn time_enqueue(context: &Context, stream: &Stream) -> Outcome<Enqueue> {
+    let other = Stream::new(context)?;
+    let small = Pinned::from_slice(context, &[7u8; 64])?;
+    let mut device = DeviceBuffer::<u8>::zeroed(stream, 64)?;
+    stream.synchronize()?;
+    let batches = |enqueue: &mut dyn FnMut(usize) -> cuda_pinned::Result<()>| -> Outcome<f64> {
+        let mut times = Vec::new();
+        for batch in 0..WARMUP + REPEATS {
+            let begin = Instant::now();
+            for i in 0..BATCH {
+                enqueue(i)?;
+            }
+            let took = begin.elapsed();
+            context.synchronize()?;
+            if batch >= WARMUP {
+                times.push(took.as_secs_f64() / BATCH as f64);
+            }
+        }
+        Ok(median(times))
+    };
+    let (dst, src) = (device.as_raw(), small.as_ptr().cast::<c_void>());
+    let raw = batches(&mut |_| {
+        // SAFETY: 64 bytes of live pinned and device memory; the context is synchronised after each batch,
+        // before either buffer can be touched or dropped.
+        unsafe { driver_call!(cuMemcpyHtoDAsync_v2(dst, src, 64, stream.as_raw())) }
+    })?;
+    let same_stream = batches(&mut |_| stream.upload(&small, &mut device))?;
+    let cross_stream =
+        batches(&mut |i| if i % 2 == 0 { stream } else { &other }.upload(&small, &mut device))?;
+    Ok(Enqueue {
+        raw,
+        same_stream,
+        cross_stream,
+    })
+}
+
+fn median(mut times: Vec<f64>) -> f64 {
+    times.sort_by(f64::total_cmp);
+    times.get(times.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// The NUL-terminated text at the start of `buf`, which the driver or NVML filled.
+fn c_text(buf: &[std::ffi::c_char]) -> String {
+    let bytes: Vec<u8> = buf.iter().map(|&c| c as u8).collect();
+    std::ffi::CStr::from_bytes_until_nul(&bytes).map_or_else(
+        |_| String::from_utf8_lossy(&bytes).into_owned(),
+        |s| s.to_string_lossy().into_owned(),
     )
-}
-
-/// Everything one timing run needs on device 0, released in reverse order on drop (also on an early error).
-struct Bench {
-    pageable: Vec<u8>,
-    pinned: PinnedHost,
-    device: DeviceAlloc,
-    start: Event,
-    end: Event,
-    stream: Stream,
-    _context: PrimaryContext,
-}
-
-impl Bench {
-    fn new(device: &Device) -> Result<Bench> {
-        let context = PrimaryContext::retain(device.handle)?;
-        let stream = Stream::new()?;
-        let (start, end) = (Event::new()?, Event::new()?);
-        let device = DeviceAlloc::new(SIZE)?;
-        let pinned = PinnedHost::new(SIZE)?;
-        // Distinct, non-zero contents, so that a copy that moved nothing or the wrong bytes shows.
-        let mut pageable = vec![0u8; SIZE];
-        for (i, chunk) in pageable.chunks_exact_mut(8).enumerate() {
-            chunk.copy_from_slice(&(i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes());
-        }
-        // SAFETY: `pinned` holds SIZE bytes, allocated above and not yet shared with the device.
-        unsafe { std::slice::from_raw_parts_mut(pinned.ptr.cast::<u8>(), SIZE) }
-            .copy_from_slice(&pageable);
-        Ok(Bench {
-            pageable,
-            pinned,
-            device,
-            start,
-            end,
-            stream,
-            _context: context,
-        })
-    }
-
-    /// The median time of `REPEATS` uploads of SIZE bytes from `src`, after checking that one arrived intact.
-    fn time_upload(&self, src: *const c_void) -> Outcome<f64> {
-        let mut times = Vec::with_capacity(REPEATS);
-        for i in 0..WARMUP + REPEATS {
-            let mut ms = 0f32;
-            // SAFETY: `src` is SIZE readable bytes (the pinned or pageable buffer of `self`) and the device
-            // allocation holds SIZE bytes; the stream is synchronised (through `end`) before the buffers can
-            // be touched or dropped.
-            unsafe {
-                driver_call!(cuEventRecord(self.start.0, self.stream.0))?;
-                driver_call!(cuMemcpyHtoDAsync_v2(
-                    self.device.ptr,
-                    src,
-                    SIZE,
-                    self.stream.0
-                ))?;
-                driver_call!(cuEventRecord(self.end.0, self.stream.0))?;
-                driver_call!(cuEventSynchronize(self.end.0))?;
-                driver_call!(cuEventElapsedTime_v2(&mut ms, self.start.0, self.end.0))?;
-            }
-            if i >= WARMUP {
-                times.push(f64::from(ms) / 1e3);
-            }
-        }
-        self.verify()?;
-        times.sort_by(f64::total_cmp);
-        Ok(times[times.len() / 2])
-    }
-
-    /// Downloads the device buffer and compares it with what was uploaded.
-    fn verify(&self) -> Outcome<()> {
-        let mut back = vec![0u8; SIZE];
-        // SAFETY: `back` is SIZE writable bytes; the device allocation holds SIZE bytes; the synchronous copy
-        // returns when complete.
-        unsafe {
-            driver_call!(cuMemcpyDtoH_v2(
-                back.as_mut_ptr().cast(),
-                self.device.ptr,
-                SIZE
-            ))
-        }?;
-        match back.iter().zip(&self.pageable).position(|(a, b)| a != b) {
-            Some(at) => Err(format!(
-                "the data on the device differs from what was uploaded, from byte {at}"
-            )
-            .into()),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Device 0's primary context, current on this thread while it lives.
-struct PrimaryContext(CUdevice);
-
-impl PrimaryContext {
-    fn retain(device: CUdevice) -> Result<PrimaryContext> {
-        let mut ctx: CUcontext = std::ptr::null_mut();
-        // SAFETY: an out-pointer to a local; released in Drop.
-        unsafe { driver_call!(cuDevicePrimaryCtxRetain(&mut ctx, device)) }?;
-        let guard = PrimaryContext(device);
-        // SAFETY: `ctx` was just retained and stays alive until `guard` drops.
-        unsafe { driver_call!(cuCtxSetCurrent(ctx)) }?;
-        Ok(guard)
-    }
-}
-
-impl Drop for PrimaryContext {
-    fn drop(&mut self) {
-        // SAFETY: retained in `retain`; everything allocated in it was released before (field order of Bench).
-        // A failure here leaves the context retained until exit, which is harmless in a benchmark.
-        let _ = unsafe { driver_call!(cuDevicePrimaryCtxRelease_v2(self.0)) };
-    }
-}
-
-struct Stream(CUstream);
-
-impl Stream {
-    fn new() -> Result<Stream> {
-        let mut stream = std::ptr::null_mut();
-        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING.0;
-        // SAFETY: an out-pointer to a local; destroyed in Drop.
-        unsafe { driver_call!(cuStreamCreate(&mut stream, flags)) }?;
-        Ok(Stream(stream))
-    }
-}
-
-impl Drop for Stream {
-    fn drop(&mut self) {
-        // SAFETY: created in `new`; pending work completes before the driver releases it.
-        let _ = unsafe { driver_call!(cuStreamDestroy_v2(self.0)) };
-    }
-}
-
-struct Event(CUevent);
-
-impl Event {
-    fn new() -> Result<Event> {
-        let mut event = std::ptr::null_mut();
-        // SAFETY: an out-pointer to a local; destroyed in Drop.
-        unsafe {
-            driver_call!(cuEventCreate(
-                &mut event,
-                sys::CUevent_flags::CU_EVENT_DEFAULT.0
-            ))
-        }?;
-        Ok(Event(event))
-    }
-}
-
-impl Drop for Event {
-    fn drop(&mut self) {
-        // SAFETY: created in `new`.
-        let _ = unsafe { driver_call!(cuEventDestroy_v2(self.0)) };
-    }
-}
-
-struct DeviceAlloc {
-    ptr: CUdeviceptr,
-}
-
-impl DeviceAlloc {
-    fn new(bytes: usize) -> Result<DeviceAlloc> {
-        let mut ptr = 0;
-        // SAFETY: an out-pointer to a local; freed in Drop.
-        unsafe { driver_call!(cuMemAlloc_v2(&mut ptr, bytes)) }
-            .map_err(|e| e.context(format_args!("allocating {} MiB on the device", bytes >> 20)))?;
-        Ok(DeviceAlloc { ptr })
-    }
-}
-
-impl Drop for DeviceAlloc {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new`; every copy using it was synchronised before Bench drops.
-        let _ = unsafe { driver_call!(cuMemFree_v2(self.ptr)) };
-    }
-}
-
-struct PinnedHost {
-    ptr: *mut c_void,
-}
-
-impl PinnedHost {
-    fn new(bytes: usize) -> Result<PinnedHost> {
-        let mut ptr = std::ptr::null_mut();
-        // SAFETY: an out-pointer to a local; freed in Drop.
-        unsafe { driver_call!(cuMemHostAlloc(&mut ptr, bytes, 0)) }.map_err(|e| {
-            e.context(format_args!(
-                "allocating {} MiB of pinned host memory",
-                bytes >> 20
-            ))
-        })?;
-        Ok(PinnedHost { ptr })
-    }
-}
-
-impl Drop for PinnedHost {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new`; every copy reading it was synchronised before Bench drops.
-        let _ = unsafe { driver_call!(cuMemFreeHost(self.ptr)) };
-    }
 }
 
 /// Just enough of NVML (libnvidia-ml, shipped with the driver) to read the driver release and PCIe link,
