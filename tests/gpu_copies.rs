@@ -380,3 +380,55 @@ fn runtime_pinned_memory_is_pinned_to_the_driver() {
         .check(unsafe { free_host(ptr) }, "cudaFreeHost")
         .unwrap();
 }
+
+#[test]
+fn accessors_report_what_was_allocated() {
+    let _serial = serial();
+    let ctx = context();
+    let stream = Stream::new(&ctx).unwrap();
+    let device = DeviceBuffer::<u64>::zeroed(&stream, 1000).unwrap();
+    assert_eq!(
+        (device.len(), device.byte_len(), device.is_empty()),
+        (1000, 8000, false)
+    );
+    assert_eq!(device.context(), &ctx);
+    assert_ne!(device.as_raw(), 0);
+    let empty = DeviceBuffer::<u64>::zeroed(&stream, 0).unwrap();
+    assert!(empty.is_empty() && empty.as_raw() == 0);
+    let view = device.slice(10..20).unwrap();
+    assert_eq!(
+        (view.len(), view.is_empty(), view.as_raw()),
+        (10, false, device.as_raw() + 80)
+    );
+
+    let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_WRITECOMBINED;
+    let pinned = PinnedBuilder::new(&ctx)
+        .portable(true)
+        .write_combined(true)
+        .zeroed::<u16>(5)
+        .unwrap();
+    assert_eq!(
+        (pinned.len(), pinned.is_empty(), pinned.flags()),
+        (5, false, flags)
+    );
+    assert!(pinned.is_write_combined() && pinned.context() == &ctx);
+    assert!(!pinned.as_ptr().is_null());
+    let off = PinnedBuilder::new(&ctx)
+        .write_combined(true)
+        .write_combined(false)
+        .zeroed::<u8>(1)
+        .unwrap();
+    assert_eq!(off.flags(), 0);
+    let views = (pinned.slice(1..3).unwrap(), pinned.slice(5..).unwrap());
+    assert_eq!((views.0.len(), views.1.is_empty()), (2, true));
+
+    let registered = Registered::new(&ctx, vec![1u8, 2, 3]).unwrap();
+    assert_eq!((registered.len(), registered.is_empty()), (3, false));
+    assert_eq!(registered.context(), &ctx);
+    assert_eq!(registered.as_slice().unwrap(), [1, 2, 3]);
+    let empty = Registered::new(&ctx, Vec::<u8>::new()).unwrap();
+    assert!(empty.is_empty());
+    assert!(empty.into_vec().unwrap().is_empty());
+    let event = cuda_pinned::Event::new(&ctx).unwrap();
+    assert!(!event.as_raw().is_null());
+}
