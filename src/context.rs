@@ -100,7 +100,10 @@ impl Context {
         let _current = self.enter()?;
         // SAFETY: the context is current on this thread.
         unsafe { driver_call!(cuCtxSynchronize()) }
-            .map_err(|e| e.context("synchronising the context"))
+            .map_err(|e| e.context("synchronising the context"))?;
+        // Everything has completed: host memory dropped while in use can go now.
+        self.release_idle();
+        Ok(())
     }
 
     /// The device memory (free, total) in bytes, as the driver sees it now.

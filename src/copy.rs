@@ -186,7 +186,9 @@ impl Stream {
         src: &impl PinnedSource<T>,
         dst: &mut impl DeviceDestination<T>,
     ) -> Result<()> {
-        let bytes = self.check_copy::<T>("uploading", src.elements(), dst)?;
+        let Some(bytes) = self.check_copy::<T>("uploading", src.elements(), dst)? else {
+            return Ok(());
+        };
         self.tracked(Some(src.track()), Some(dst.track()), || {
             // SAFETY: `src` is `bytes` bytes of live page-locked memory and `dst` `bytes` bytes of device memory
             // (lengths checked); the trackers ordered the copy after conflicting work and keep both buffers
@@ -214,7 +216,9 @@ impl Stream {
         src: &impl DeviceSource<T>,
         dst: &mut impl PinnedDestination<T>,
     ) -> Result<()> {
-        let bytes = self.check_copy::<T>("downloading", dst.elements(), src)?;
+        let Some(bytes) = self.check_copy::<T>("downloading", dst.elements(), src)? else {
+            return Ok(());
+        };
         self.tracked(Some(src.track()), Some(dst.track()), || {
             // SAFETY: as in `upload`, the other way round.
             unsafe {
@@ -240,7 +244,9 @@ impl Stream {
         dst: &mut impl DeviceDestination<T>,
     ) -> Result<()> {
         self.check_context(src)?;
-        let bytes = self.check_copy::<T>("copying", src.elements(), dst)?;
+        let Some(bytes) = self.check_copy::<T>("copying", src.elements(), dst)? else {
+            return Ok(());
+        };
         self.tracked(Some(src.track()), Some(dst.track()), || {
             // SAFETY: two device ranges of `bytes` bytes in live allocations, ordered by the trackers.
             unsafe {
@@ -267,7 +273,9 @@ impl Stream {
         src: &[T],
         dst: &mut impl DeviceDestination<T>,
     ) -> Result<()> {
-        let bytes = self.check_copy::<T>("uploading", src.len(), dst)?;
+        let Some(bytes) = self.check_copy::<T>("uploading", src.len(), dst)? else {
+            return Ok(());
+        };
         self.tracked(None, Some(dst.track()), || {
             // SAFETY: `src` is `bytes` readable bytes borrowed for this call, which returns only after the
             // copy has completed (below); `dst` is ordered by its tracker.
@@ -300,7 +308,9 @@ impl Stream {
         src: &impl DeviceSource<T>,
         dst: &mut [T],
     ) -> Result<()> {
-        let bytes = self.check_copy::<T>("downloading", dst.len(), src)?;
+        let Some(bytes) = self.check_copy::<T>("downloading", dst.len(), src)? else {
+            return Ok(());
+        };
         let ptr = dst.as_mut_ptr().cast::<c_void>();
         self.tracked(Some(src.track()), None, || {
             // SAFETY: `dst` is `bytes` writable bytes of a `T: Pod`, borrowed exclusively for this call, which
@@ -323,14 +333,15 @@ impl Stream {
         })
     }
 
-    /// The size in bytes of a copy of `host_len` elements (or of a device source's) to or from `device`, after checking that the lengths
+    /// The size in bytes of a copy of `host_len` elements (or of a device source's) to or from `device`, or `None`
+    /// for an empty copy, which enqueues nothing, after checking that the lengths
     /// agree and that `device` belongs to this stream's context.
     fn check_copy<T>(
         &self,
         what: &str,
         host_len: usize,
         device: &impl sealed::DeviceMemory,
-    ) -> Result<usize> {
+    ) -> Result<Option<usize>> {
         self.check_context(device)?;
         if host_len != device.elements() {
             return Err(Error::invalid(format_args!(
@@ -338,7 +349,8 @@ impl Stream {
                 device.elements()
             )));
         }
-        crate::memory::byte_len::<T>(host_len, what)
+        let bytes = crate::memory::byte_len::<T>(host_len, what)?;
+        Ok((bytes > 0).then_some(bytes))
     }
 
     pub(crate) fn check_context(&self, device: &impl sealed::DeviceMemory) -> Result<()> {
