@@ -8,16 +8,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use crate::device::Device;
 use crate::driver_call;
 use crate::error::{Error, Result};
-use crate::event::Event;
-use crate::memory::Gpu;
-use crate::stream::Stream;
 use crate::sys::CUcontext;
-use crate::track::Tracker;
 
 /// The primary context of a device, retained while any clone (or any stream, event or buffer made in it) lives.
 ///
-/// Every operation of the crate makes the context current on the calling thread for its duration and then puts
-/// back whatever context the thread had before, so it never clobbers another library's current context.
+/// Every operation of the crate that needs a current context makes this one current on the calling thread for
+/// its duration and then puts back whatever context the thread had before, so it never clobbers another
+/// library's current context. (Calls on a stream or event handle need none.)
 #[derive(Clone)]
 pub struct Context(Arc<Inner>);
 
@@ -27,16 +24,6 @@ struct Inner {
     /// Errors that a destructor met and could not return (a failed wait before a release, say): kept for
     /// [`Context::check_deferred_errors`] rather than lost or turned into a panic.
     deferred: Mutex<Vec<Error>>,
-    /// Host memory dropped while device work still used it, released once that work has completed.
-    pending: Mutex<Vec<PendingRelease>>,
-}
-
-/// Host memory whose owner was dropped while device work still used it.
-pub(crate) struct PendingRelease {
-    /// The work in flight on the memory.
-    pub(crate) track: Tracker<Stream, Arc<Event>>,
-    /// Unpins and frees it; called once `track` is idle.
-    pub(crate) release: Box<dyn FnOnce() -> Result<()> + Send>,
 }
 
 // SAFETY: a CUcontext is a handle the driver lets any thread use (make current, pass to calls) concurrently;
@@ -67,7 +54,6 @@ impl Context {
             device,
             raw,
             deferred: Mutex::new(Vec::new()),
-            pending: Mutex::new(Vec::new()),
         })))
     }
 
@@ -102,7 +88,7 @@ impl Context {
         unsafe { driver_call!(cuCtxSynchronize()) }
             .map_err(|e| e.context("synchronising the context"))?;
         // Everything has completed: host memory dropped while in use can go now.
-        self.release_idle();
+        crate::memory::release_idle();
         Ok(())
     }
 
@@ -149,7 +135,7 @@ impl Context {
             .0
             .deferred
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+            .unwrap_or_else(PoisonError::into_inner);
         match deferred.drain(..).next() {
             Some(e) => Err(e),
             None => Ok(()),
@@ -161,50 +147,8 @@ impl Context {
         self.0
             .deferred
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(error);
-    }
-
-    /// Keeps host memory that device work still uses until that work has completed (see [`Context::release_idle`]).
-    pub(crate) fn release_when_idle(&self, pending: PendingRelease) {
-        self.0
-            .pending
-            .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push(pending);
-        self.release_idle();
-    }
-
-    /// Releases the host memory kept by [`Context::release_when_idle`] whose work has completed. Called when
-    /// host memory is allocated or dropped and after [`Context::synchronize`], so that memory is held no longer
-    /// than the next such call after its work ends.
-    pub(crate) fn release_idle(&self) {
-        let idle: Vec<PendingRelease> = {
-            let mut pending = self
-                .0
-                .pending
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let mut idle = Vec::new();
-            let mut i = 0;
-            while i < pending.len() {
-                match pending[i].track.is_idle(&Gpu) {
-                    Ok(true) => idle.push(pending.swap_remove(i)),
-                    Ok(false) => i += 1,
-                    Err(e) => {
-                        // Whether its work is done cannot be known: keep it (a leak, never an early free).
-                        self.defer_error(e.context("checking whether host memory may be released"));
-                        i += 1;
-                    }
-                }
-            }
-            idle
-        };
-        for p in idle {
-            if let Err(e) = (p.release)() {
-                self.defer_error(e.context("releasing pinned host memory"));
-            }
-        }
+            .push(error);
     }
 
     /// Makes this context current on the calling thread until the guard drops, which puts back the thread's

@@ -1,8 +1,8 @@
 //! Copies between host and device, and the traits that decide what memory each copy accepts.
 //!
 //! Only page-locked memory can be the host side of an asynchronous copy: [`Stream::upload`] and
-//! [`Stream::download`] take [`PinnedSource`] / [`PinnedDestination`], sealed traits implemented for
-//! [`Pinned`] and [`Registered`] alone. A slice or `Vec` does not compile there:
+//! [`Stream::download`] take [`PinnedSource`] / [`PinnedDestination`], sealed traits implemented only for
+//! [`Pinned`], [`Registered`] and their views. A slice or `Vec` does not compile there:
 //!
 //! ```compile_fail
 //! # fn f(stream: &cuda_pinned::Stream, device: &mut cuda_pinned::DeviceBuffer<u8>) -> cuda_pinned::Result<()> {
@@ -44,7 +44,7 @@ use crate::memory::{
 };
 use crate::stream::Stream;
 use crate::sys::CUdeviceptr;
-use crate::track::{Access, Timeline};
+use crate::track::Access;
 
 pub(crate) mod sealed {
     use super::{CUdeviceptr, Context, Track, c_void};
@@ -366,7 +366,7 @@ impl Stream {
     }
 
     /// Runs `enqueue` between the trackers' `prepare` and `record_use`: the work waits for every conflicting
-    /// use on other streams, and is recorded only if it was enqueued.
+    /// use on other streams, and is recorded (even if the enqueue failed partway).
     pub(crate) fn tracked(
         &self,
         read: Option<&Track>,
@@ -386,19 +386,22 @@ impl Stream {
         if let Some(w) = write.as_mut() {
             w.prepare(&Gpu, self, Access::Write)?;
         }
-        enqueue()?;
+        // Recorded even if the enqueue failed: it may have enqueued part of its work (the checksum launcher
+        // enqueues a memset, then the kernel), and recording a use that did not happen is only conservative.
+        let enqueued = enqueue();
         if let Some(r) = read.as_mut() {
             r.record_use(self, Access::Read);
         }
         if let Some(w) = write.as_mut() {
             w.record_use(self, Access::Write);
         }
-        Ok(())
+        enqueued
     }
 
-    /// Blocks until the work enqueued on this stream so far has completed (and no more: later work from other
-    /// threads is not waited for).
+    /// Blocks until the work enqueued on this stream has completed. `cuStreamSynchronize` allocates nothing, so
+    /// it fails only when the context is lost, after which no device work runs: a pageable copy whose memory is
+    /// in fact page-locked (a slice of `Pinned`) cannot still be running when its caller gets the slice back.
     fn finish(&self) -> Result<()> {
-        Gpu.record(self)?.synchronize()
+        self.synchronize()
     }
 }

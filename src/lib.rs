@@ -38,9 +38,10 @@
 //!    `try_` forms never block. There is no `Deref`. A borrowed slice cannot be held across a copy into the
 //!    same buffer: the copy needs the buffer exclusively.
 //! 4. **Memory is released only after its work has completed.** Dropping a [`DeviceBuffer`] enqueues a
-//!    stream-ordered free after every pending use; dropping pinned memory hands it to its [`Context`], which
-//!    releases it once its events have completed. Nothing blocks in `drop` where the device can order the
-//!    release instead. If a wait fails, the memory is leaked rather than freed early, and the error is kept
+//!    stream-ordered free after every pending use. Dropping pinned memory with work pending keeps it (and its
+//!    context) in a process-wide list; it is released at the next pinned allocation, pinned drop or
+//!    [`Context::synchronize`] after that work has completed. Nothing blocks in `drop` where the device can order
+//!    the release instead. If a wait fails, the memory is leaked rather than freed early, and the error is kept
 //!    for [`Context::check_deferred_errors`].
 //! 5. **Nothing relies on a destructor running.** Forgetting a buffer leaks it; a forgotten [`Registered`]
 //!    keeps its `Vec` too, so the program cannot reuse memory a copy may still write.

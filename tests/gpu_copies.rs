@@ -432,3 +432,42 @@ fn accessors_report_what_was_allocated() {
     let event = cuda_pinned::Event::new(&ctx).unwrap();
     assert!(!event.as_raw().is_null());
 }
+
+/// Dropping every handle of a context (here a second `Context` of the same device) while a copy still writes
+/// a `Registered` Vec must not free the Vec: the deferred release keeps it until the copy is done.
+#[test]
+fn dropping_the_context_keeps_memory_a_copy_still_writes() {
+    let _serial = serial();
+    let (b, a) = (context(), context());
+    let (s1, s2) = (Stream::new(&b).unwrap(), Stream::new(&b).unwrap());
+    let big_len = 1 << 30;
+    let mut big = Pinned::<u8>::zeroed(&b, big_len).unwrap();
+    big.as_mut_slice().unwrap().fill(0x55);
+    let mut device = DeviceBuffer::<u8>::uninit(&s1, big_len).unwrap();
+    let small = 64 << 10;
+    let mut registered = Registered::new(&a, vec![0u8; small]).unwrap();
+    s1.upload(&big, &mut device).unwrap(); // about 20 ms
+    s2.download(&device.slice(..small).unwrap(), &mut registered)
+        .unwrap(); // waits for the upload
+    drop(registered);
+    drop(a);
+    // Were the Vec freed now, this would likely get its address and then be overwritten by the download.
+    let victim = vec![0xaau8; small];
+    b.synchronize().unwrap();
+    assert!(
+        victim.iter().all(|&x| x == 0xaa),
+        "a download wrote into freed memory"
+    );
+    b.check_deferred_errors().unwrap();
+}
+
+#[test]
+fn registered_zero_sized_elements_register_nothing_and_come_back() {
+    let _serial = serial();
+    let ctx = context();
+    let units = Registered::new(&ctx, vec![(); 5]).unwrap();
+    assert_eq!(units.len(), 5);
+    assert_eq!(units.into_vec().unwrap().len(), 5);
+    drop(Registered::new(&ctx, vec![(); 3]).unwrap());
+    ctx.check_deferred_errors().unwrap();
+}

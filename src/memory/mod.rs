@@ -7,6 +7,7 @@
 mod device;
 mod pinned;
 mod registered;
+mod release;
 mod view;
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -14,6 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 pub use device::DeviceBuffer;
 pub use pinned::{Pinned, PinnedBuilder};
 pub use registered::Registered;
+pub(crate) use release::release_idle;
 pub use view::{DeviceView, DeviceViewMut, PinnedView, PinnedViewMut};
 
 use crate::error::{Error, Result};

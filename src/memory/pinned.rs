@@ -6,14 +6,15 @@ use std::ptr::NonNull;
 
 use bytemuck::Pod;
 
+use super::release::{release_host, release_idle};
 use super::{Bytes, Gpu, Track, byte_len, lock};
-use crate::context::{Context, PendingRelease};
+use crate::context::Context;
 use crate::driver_call;
 use crate::error::Result;
 use crate::sys::{
     CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_WRITECOMBINED,
 };
-use crate::track::{Access, Tracker};
+use crate::track::Access;
 
 /// `len` elements of `T` in page-locked host memory (`cuMemHostAlloc`), which the GPU's copy engines read and
 /// write directly: copies from and to it run at the full speed of the link and can be asynchronous.
@@ -111,7 +112,7 @@ impl PinnedBuilder {
             return Ok(pinned(NonNull::dangling()));
         }
         let _current = self.context.enter()?;
-        self.context.release_idle();
+        release_idle();
         let mut ptr = std::ptr::null_mut();
         // SAFETY: an out-pointer to a local; the context is current. Freed in Drop (or by the context once idle).
         unsafe { driver_call!(cuMemHostAlloc(&mut ptr, bytes, self.flags)) }.map_err(|e| {
@@ -272,32 +273,6 @@ impl<T> Drop for Pinned<T> {
             Box::new(release),
             self.len * size_of::<T>(),
         );
-    }
-}
-
-/// Releases host memory now if no device work uses it, else hands it to the context to release once that work
-/// has completed. Never frees early: where the state of the work cannot be read, the memory is leaked and the
-/// error kept for [`Context::check_deferred_errors`].
-pub(crate) fn release_host(
-    context: &Context,
-    mut track: Tracker<crate::stream::Stream, std::sync::Arc<crate::event::Event>>,
-    release: Box<dyn FnOnce() -> Result<()> + Send>,
-    bytes: usize,
-) {
-    let result = context
-        .enter()
-        .and_then(|_current| match track.is_idle(&Gpu)? {
-            true => release(),
-            false => {
-                context.release_when_idle(PendingRelease { track, release });
-                Ok(())
-            }
-        });
-    if let Err(e) = result {
-        context.defer_error(e.context(format_args!(
-            "releasing {} of pinned host memory",
-            Bytes(bytes)
-        )));
     }
 }
 

@@ -5,7 +5,7 @@ use std::fmt;
 
 use bytemuck::Pod;
 
-use super::pinned::release_host;
+use super::release::release_host;
 use super::{Bytes, Gpu, Track, lock};
 use crate::context::Context;
 use crate::driver_call;
@@ -18,11 +18,21 @@ use crate::track::Access;
 /// copy may still write; [`Registered::into_vec`] waits for pending work, unregisters and hands the `Vec` back.
 /// Registering memory whose pages are already touched is much cheaper than allocating pinned memory.
 pub struct Registered<T: Pod> {
-    /// The pinned elements; `None` only once `into_vec` or `Drop` has taken them (after the pending work).
+    /// Owns the allocation; never dereferenced while registered (device work may write it): the host goes
+    /// through `ptr` after the tracker's waits. `None` once `into_vec` or `Drop` has taken it.
     vec: Option<Vec<T>>,
+    /// The first element, taken from the Vec's mutable pointer at registration.
+    ptr: *mut T,
+    len: usize,
     context: Context,
     track: Track,
 }
+
+// SAFETY: the memory is owned by this value (the Vec is never touched elsewhere); moving it moves the `T`s,
+// which requires `T: Send`. Device work on it is tracked, not tied to a thread.
+unsafe impl<T: Pod + Send> Send for Registered<T> {}
+// SAFETY: `&Registered` gives out only `&[T]` after the tracker's wait; the tracker is behind a Mutex.
+unsafe impl<T: Pod + Sync> Sync for Registered<T> {}
 
 impl<T: Pod> Registered<T> {
     /// Pins the `len` elements of `vec` in place (its spare capacity is not pinned).
@@ -32,13 +42,13 @@ impl<T: Pod> Registered<T> {
     /// range, or `CUDA_ERROR_OUT_OF_MEMORY` when the system cannot lock it; the `Vec` is dropped then.
     #[doc(alias = "cuMemHostRegister")]
     pub fn new(context: &Context, mut vec: Vec<T>) -> Result<Registered<T>> {
+        let (ptr, len) = (vec.as_mut_ptr(), vec.len());
         let bytes = size_of_val(vec.as_slice());
         if bytes > 0 {
             let _current = context.enter()?;
-            let ptr = vec.as_mut_ptr().cast::<c_void>();
             // SAFETY: `bytes` bytes of a live allocation, which the returned value owns and never grows, moves
             // out or frees while it is registered.
-            unsafe { driver_call!(cuMemHostRegister_v2(ptr, bytes, 0)) }.map_err(|e| {
+            unsafe { driver_call!(cuMemHostRegister_v2(ptr.cast(), bytes, 0)) }.map_err(|e| {
                 e.context(format_args!(
                     "pinning {} of host memory in place",
                     Bytes(bytes)
@@ -47,31 +57,23 @@ impl<T: Pod> Registered<T> {
         }
         Ok(Registered {
             vec: Some(vec),
+            ptr,
+            len,
             context: context.clone(),
             track: Track::default(),
         })
     }
-}
 
-impl<T: Pod> Registered<T> {
     /// The length in elements.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.elements().len()
+        self.len
     }
 
     /// Whether there are no elements.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.elements().is_empty()
-    }
-
-    fn elements(&self) -> &[T] {
-        self.vec.as_deref().unwrap_or(&[])
-    }
-
-    fn elements_mut(&mut self) -> &mut [T] {
-        self.vec.as_deref_mut().unwrap_or(&mut [])
+        self.len == 0
     }
 
     /// The context it was registered in.
@@ -86,7 +88,9 @@ impl<T: Pod> Registered<T> {
     /// The driver's, from the wait.
     pub fn as_slice(&self) -> Result<&[T]> {
         lock(&self.track).host_wait(&Gpu, Access::Read)?;
-        Ok(self.elements())
+        // SAFETY: `len` initialised elements owned by `self`; no device work writes them now, and none can be
+        // enqueued while the returned borrow of `self` lives (writes need `&mut self`).
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr, self.len) })
     }
 
     /// Waits until no device work uses the memory, then lends it for writing.
@@ -95,7 +99,8 @@ impl<T: Pod> Registered<T> {
     /// The driver's, from the wait.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
         lock(&self.track).host_wait(&Gpu, Access::Write)?;
-        Ok(self.elements_mut())
+        // SAFETY: as in `as_slice`, and no device work uses the memory at all now.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) })
     }
 
     /// [`Registered::as_slice`] without blocking: `None` while device work still writes the memory.
@@ -103,9 +108,9 @@ impl<T: Pod> Registered<T> {
     /// # Errors
     /// The driver's, from the query.
     pub fn try_as_slice(&self) -> Result<Option<&[T]>> {
-        Ok(lock(&self.track)
-            .try_host(&Gpu, Access::Read)?
-            .then_some(self.elements()))
+        let ready = lock(&self.track).try_host(&Gpu, Access::Read)?;
+        // SAFETY: as in `as_slice`, once the query says the writes are done.
+        Ok(ready.then(|| unsafe { std::slice::from_raw_parts(self.ptr, self.len) }))
     }
 
     /// [`Registered::as_mut_slice`] without blocking: `None` while device work still uses the memory.
@@ -114,28 +119,33 @@ impl<T: Pod> Registered<T> {
     /// The driver's, from the query.
     pub fn try_as_mut_slice(&mut self) -> Result<Option<&mut [T]>> {
         let ready = lock(&self.track).try_host(&Gpu, Access::Write)?;
-        Ok(ready.then_some(self.elements_mut()))
+        // SAFETY: as in `as_mut_slice`, once the query says all uses are done.
+        Ok(ready.then(|| unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }))
     }
 
     /// Waits for all device work on the memory, unpins it and returns the `Vec`.
     ///
     /// # Errors
     /// The driver's, from the wait or `cuMemHostUnregister`. The memory is then released by `Drop` as usual
-    /// (deferred until its work completes), and the `Vec` is not returned.
+    /// (once its work completes, or leaked if that cannot be known), and the `Vec` is not returned.
     #[doc(alias = "cuMemHostUnregister")]
     pub fn into_vec(mut self) -> Result<Vec<T>> {
         lock(&self.track).synchronize_all(&Gpu)?;
-        if !self.is_empty() {
+        if self.byte_len() > 0 {
             let _current = self.context.enter()?;
             // SAFETY: registered in `new`; no device work uses it any more.
-            unsafe { driver_call!(cuMemHostUnregister(self.host_ptr())) }
+            unsafe { driver_call!(cuMemHostUnregister(self.ptr.cast())) }
                 .map_err(|e| e.context("unpinning host memory"))?;
         }
         Ok(self.vec.take().unwrap_or_default())
     }
 
+    fn byte_len(&self) -> usize {
+        self.len * size_of::<T>()
+    }
+
     pub(crate) fn host_ptr(&self) -> *mut c_void {
-        self.elements().as_ptr().cast_mut().cast()
+        self.ptr.cast()
     }
 
     pub(crate) fn track(&self) -> &Track {
@@ -145,15 +155,17 @@ impl<T: Pod> Registered<T> {
 
 impl<T: Pod> Drop for Registered<T> {
     fn drop(&mut self) {
-        let Some(vec) = self.vec.take().filter(|v| !v.is_empty()) else {
+        let bytes = self.byte_len();
+        let Some(vec) = self.vec.take().filter(|_| bytes > 0) else {
             return;
         };
-        let bytes = size_of_val(vec.as_slice());
-        let owned = SendVec(vec);
+        let ptr = self.ptr as usize;
+        let owned = SendVec { _vec: vec };
         let release = move || {
-            let mut vec = owned;
             // SAFETY: registered in `new`; called once, when no device work uses it. The Vec is freed after.
-            unsafe { driver_call!(cuMemHostUnregister(vec.0.as_mut_ptr().cast())) }
+            let unpinned = unsafe { driver_call!(cuMemHostUnregister(ptr as *mut c_void)) };
+            drop(owned);
+            unpinned
         };
         let track = std::mem::take(&mut *lock(&self.track));
         release_host(&self.context, track, Box::new(release), bytes);
@@ -161,22 +173,19 @@ impl<T: Pod> Drop for Registered<T> {
 }
 
 /// A Vec moved into a release closure that may run on another thread.
-struct SendVec<T>(Vec<T>);
+struct SendVec<T> {
+    _vec: Vec<T>,
+}
 
 // SAFETY: the closure only unregisters and frees the allocation, never reads or writes a `T`, and the `T`s have
 // no destructor to run (a `Registered` is only made of `T: Pod`), so moving it between threads is harmless.
 unsafe impl<T> Send for SendVec<T> {}
 
-// SAFETY: the memory is owned by this value; moving it moves the `T`s.
-unsafe impl<T: Pod + Send> Send for Registered<T> {}
-// SAFETY: `&Registered` gives out only `&[T]` after the tracker's wait; the tracker is behind a Mutex.
-unsafe impl<T: Pod + Sync> Sync for Registered<T> {}
-
 impl<T: Pod> fmt::Debug for Registered<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Registered")
-            .field("ptr", &self.host_ptr())
-            .field("len", &self.len())
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
             .finish()
     }
 }

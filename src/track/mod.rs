@@ -33,8 +33,10 @@
 //! The protocol for device work is `prepare`, then enqueue, then `record_use` with the same stream and access,
 //! and nothing else on the tracker in between (the methods take `&mut self`, so a caller holds the one lock or
 //! exclusive borrow across all three). Otherwise a read recorded by someone else between a write's `prepare`
-//! and its `record_use` would be cleared without having been waited for. If the enqueue fails, skipping
-//! `record_use` leaves the tracker correct, because `prepare` changes nothing but lazily recorded events.
+//! and its `record_use` would be cleared without having been waited for. If the enqueue fails, the caller still
+//! calls `record_use`: a failed enqueue may have enqueued part of its work, and recording a use that did not
+//! happen is only conservative. (Skipping it would also leave the tracker consistent, because `prepare` changes
+//! nothing but lazily recorded events, but would miss such partial work.)
 
 /// What the tracker needs from the device: recording events, device-side waits, and completion queries.
 pub(crate) trait Timeline {
