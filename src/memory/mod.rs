@@ -5,6 +5,7 @@
 //! destructors before releasing anything.
 
 mod device;
+mod host;
 mod pinned;
 mod registered;
 mod release;

@@ -6,15 +6,15 @@ use std::ptr::NonNull;
 
 use bytemuck::Pod;
 
+use super::host::HostRegion;
 use super::release::{release_host, release_idle};
-use super::{Bytes, Gpu, Track, byte_len, lock};
+use super::{Bytes, Track, byte_len};
 use crate::context::Context;
 use crate::driver_call;
 use crate::error::Result;
 use crate::sys::{
     CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_WRITECOMBINED,
 };
-use crate::track::Access;
 
 /// `len` elements of `T` in page-locked host memory (`cuMemHostAlloc`), which the GPU's copy engines read and
 /// write directly: copies from and to it run at the full speed of the link and can be asynchronous.
@@ -37,18 +37,10 @@ use crate::track::Access;
 /// # Ok(()) }
 /// ```
 pub struct Pinned<T> {
-    ptr: NonNull<T>,
-    len: usize,
+    host: HostRegion<T>,
     flags: u32,
     context: Context,
-    track: Track,
 }
-
-// SAFETY: the memory is owned by this value (no aliasing handle outside it); moving it to another thread moves
-// the `T`s, which requires `T: Send`. Device work on it is tracked, not tied to a thread.
-unsafe impl<T: Send> Send for Pinned<T> {}
-// SAFETY: `&Pinned` gives out only `&[T]` (after the tracker's wait) and the tracker is behind a Mutex.
-unsafe impl<T: Sync> Sync for Pinned<T> {}
 
 /// How to allocate pinned memory: `PinnedBuilder::new(&context).write_combined(true).zeroed::<u8>(n)`.
 #[derive(Clone, Debug)]
@@ -101,33 +93,34 @@ impl PinnedBuilder {
     #[doc(alias = "cuMemHostAlloc")]
     pub fn zeroed<T: Pod>(self, len: usize) -> Result<Pinned<T>> {
         let bytes = byte_len::<T>(len, "allocating pinned memory")?;
-        let pinned = |ptr| Pinned {
-            ptr,
-            len,
-            flags: self.flags,
-            context: self.context.clone(),
-            track: Track::default(),
+        let ptr = if bytes == 0 {
+            NonNull::dangling()
+        } else {
+            let _current = self.context.enter()?;
+            release_idle();
+            let mut ptr = std::ptr::null_mut();
+            // SAFETY: an out-pointer to a local; the context is current. Freed in Drop (deferred while in use).
+            unsafe { driver_call!(cuMemHostAlloc(&mut ptr, bytes, self.flags)) }.map_err(|e| {
+                e.context(format_args!(
+                    "allocating {} of pinned host memory",
+                    Bytes(bytes)
+                ))
+            })?;
+            // The driver does not initialise the memory; a `T` made of uninitialised bytes would be undefined.
+            // SAFETY: cuMemHostAlloc succeeded: `bytes` writable bytes that nothing else uses yet.
+            unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, bytes) };
+            // SAFETY: cuMemHostAlloc succeeded for a non-zero size, so `ptr` is non-null and page-aligned, which
+            // covers the alignment of any `T`.
+            unsafe { NonNull::new_unchecked(ptr.cast::<T>()) }
         };
-        if bytes == 0 {
-            return Ok(pinned(NonNull::dangling()));
-        }
-        let _current = self.context.enter()?;
-        release_idle();
-        let mut ptr = std::ptr::null_mut();
-        // SAFETY: an out-pointer to a local; the context is current. Freed in Drop (or by the context once idle).
-        unsafe { driver_call!(cuMemHostAlloc(&mut ptr, bytes, self.flags)) }.map_err(|e| {
-            e.context(format_args!(
-                "allocating {} of pinned host memory",
-                Bytes(bytes)
-            ))
-        })?;
-        // SAFETY: cuMemHostAlloc succeeded for a non-zero size, so `ptr` is a non-null page-aligned block of
-        // `bytes` bytes, which covers the alignment of any `T`.
-        let pinned = pinned(unsafe { NonNull::new_unchecked(ptr.cast::<T>()) });
-        // The driver does not initialise the memory; a `T` made of uninitialised bytes would be undefined.
-        // SAFETY: `bytes` writable bytes, owned by `pinned`, not shared with the device yet.
-        unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, bytes) };
-        Ok(pinned)
+        // SAFETY: `len` zeroed page-locked elements (or none: zero bytes), owned by the new value alone and freed
+        // only by its Drop.
+        let host = unsafe { HostRegion::new(ptr, len) };
+        Ok(Pinned {
+            host,
+            flags: self.flags,
+            context: self.context,
+        })
     }
 
     /// Allocates a copy of `data`.
@@ -163,13 +156,13 @@ impl<T> Pinned<T> {
     /// The length in elements.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.len
+        self.host.len()
     }
 
     /// Whether there are no elements.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.host.len() == 0
     }
 
     /// Whether the memory is write-combined (see [`PinnedBuilder::write_combined`]).
@@ -196,10 +189,7 @@ impl<T> Pinned<T> {
     /// # Errors
     /// The driver's, from the wait.
     pub fn as_slice(&self) -> Result<&[T]> {
-        lock(&self.track).host_wait(&Gpu, Access::Read)?;
-        // SAFETY: `len` initialised elements owned by self; no device work writes them now, and none can be
-        // enqueued while the returned borrow of `self` lives (writes need `&mut self`).
-        Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
+        self.host.read()
     }
 
     /// Waits until no device work reads or writes the memory, then lends it for writing.
@@ -207,10 +197,7 @@ impl<T> Pinned<T> {
     /// # Errors
     /// The driver's, from the wait.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        lock(&self.track).host_wait(&Gpu, Access::Write)?;
-        // SAFETY: as in `as_slice`, and no device work uses the memory at all now; none can be enqueued while
-        // the returned exclusive borrow of `self` lives.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
+        self.host.write()
     }
 
     /// [`Pinned::as_slice`] without blocking: `None` while device work still writes the memory.
@@ -218,13 +205,7 @@ impl<T> Pinned<T> {
     /// # Errors
     /// The driver's, from the query.
     pub fn try_as_slice(&self) -> Result<Option<&[T]>> {
-        if !lock(&self.track).try_host(&Gpu, Access::Read)? {
-            return Ok(None);
-        }
-        // SAFETY: as in `as_slice`.
-        Ok(Some(unsafe {
-            std::slice::from_raw_parts(self.ptr.as_ptr(), self.len)
-        }))
+        self.host.try_read()
     }
 
     /// [`Pinned::as_mut_slice`] without blocking: `None` while device work still uses the memory.
@@ -232,46 +213,40 @@ impl<T> Pinned<T> {
     /// # Errors
     /// The driver's, from the query.
     pub fn try_as_mut_slice(&mut self) -> Result<Option<&mut [T]>> {
-        if !lock(&self.track).try_host(&Gpu, Access::Write)? {
-            return Ok(None);
-        }
-        // SAFETY: as in `as_mut_slice`.
-        Ok(Some(unsafe {
-            std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len)
-        }))
+        self.host.try_write()
     }
 
     /// The host address, for interop. Work enqueued through it outside the crate is not tracked.
     #[must_use]
     pub fn as_ptr(&self) -> *const T {
-        self.ptr.as_ptr()
+        self.host.ptr()
     }
 
     pub(crate) fn host_ptr(&self) -> *mut c_void {
-        self.ptr.as_ptr().cast()
+        self.host.ptr().cast()
     }
 
     pub(crate) fn track(&self) -> &Track {
-        &self.track
+        self.host.track()
     }
 }
 
 impl<T> Drop for Pinned<T> {
     fn drop(&mut self) {
-        if self.len == 0 || size_of::<T>() == 0 {
+        let bytes = self.host.byte_len();
+        if bytes == 0 {
             return;
         }
-        let ptr = self.ptr.as_ptr() as usize;
+        let ptr = self.host.ptr() as usize;
         let release = move || {
             // SAFETY: allocated by cuMemHostAlloc in `zeroed`; called once, when no device work uses it.
             unsafe { driver_call!(cuMemFreeHost(ptr as *mut c_void)) }
         };
-        let track = std::mem::take(&mut *lock(&self.track));
         release_host(
             &self.context,
-            track,
+            self.host.take_track(),
             Box::new(release),
-            self.len * size_of::<T>(),
+            bytes,
         );
     }
 }
@@ -279,8 +254,8 @@ impl<T> Drop for Pinned<T> {
 impl<T> fmt::Debug for Pinned<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Pinned")
-            .field("ptr", &self.ptr)
-            .field("len", &self.len)
+            .field("ptr", &self.host.ptr())
+            .field("len", &self.host.len())
             .field("flags", &self.flags)
             .finish()
     }

@@ -2,15 +2,16 @@
 
 use std::ffi::c_void;
 use std::fmt;
+use std::ptr::NonNull;
 
 use bytemuck::Pod;
 
+use super::host::HostRegion;
 use super::release::release_host;
 use super::{Bytes, Gpu, Track, lock};
 use crate::context::Context;
 use crate::driver_call;
 use crate::error::Result;
-use crate::track::Access;
 
 /// A `Vec<T>` page-locked in place, so it can be the host side of asynchronous copies like [`crate::Pinned`].
 ///
@@ -19,20 +20,12 @@ use crate::track::Access;
 /// Registering memory whose pages are already touched is much cheaper than allocating pinned memory.
 pub struct Registered<T: Pod> {
     /// Owns the allocation; never dereferenced while registered (device work may write it): the host goes
-    /// through `ptr` after the tracker's waits. `None` once `into_vec` or `Drop` has taken it.
+    /// through `host` after the tracker's waits. `None` once `into_vec` or `Drop` has taken it.
     vec: Option<Vec<T>>,
-    /// The first element, taken from the Vec's mutable pointer at registration.
-    ptr: *mut T,
-    len: usize,
+    /// The elements, from the Vec's mutable pointer at registration.
+    host: HostRegion<T>,
     context: Context,
-    track: Track,
 }
-
-// SAFETY: the memory is owned by this value (the Vec is never touched elsewhere); moving it moves the `T`s,
-// which requires `T: Send`. Device work on it is tracked, not tied to a thread.
-unsafe impl<T: Pod + Send> Send for Registered<T> {}
-// SAFETY: `&Registered` gives out only `&[T]` after the tracker's wait; the tracker is behind a Mutex.
-unsafe impl<T: Pod + Sync> Sync for Registered<T> {}
 
 impl<T: Pod> Registered<T> {
     /// Pins the `len` elements of `vec` in place (its spare capacity is not pinned).
@@ -42,38 +35,41 @@ impl<T: Pod> Registered<T> {
     /// range, or `CUDA_ERROR_OUT_OF_MEMORY` when the system cannot lock it; the `Vec` is dropped then.
     #[doc(alias = "cuMemHostRegister")]
     pub fn new(context: &Context, mut vec: Vec<T>) -> Result<Registered<T>> {
-        let (ptr, len) = (vec.as_mut_ptr(), vec.len());
         let bytes = size_of_val(vec.as_slice());
+        let ptr = NonNull::new(vec.as_mut_ptr()).unwrap_or(NonNull::dangling());
         if bytes > 0 {
             let _current = context.enter()?;
             // SAFETY: `bytes` bytes of a live allocation, which the returned value owns and never grows, moves
             // out or frees while it is registered.
-            unsafe { driver_call!(cuMemHostRegister_v2(ptr.cast(), bytes, 0)) }.map_err(|e| {
-                e.context(format_args!(
-                    "pinning {} of host memory in place",
-                    Bytes(bytes)
-                ))
-            })?;
+            unsafe { driver_call!(cuMemHostRegister_v2(ptr.as_ptr().cast(), bytes, 0)) }.map_err(
+                |e| {
+                    e.context(format_args!(
+                        "pinning {} of host memory in place",
+                        Bytes(bytes)
+                    ))
+                },
+            )?;
         }
+        // SAFETY: the Vec's initialised elements, now page-locked (or zero bytes), owned by the new value, whose
+        // Vec is never touched again until unregistered after all device work.
+        let host = unsafe { HostRegion::new(ptr, vec.len()) };
         Ok(Registered {
             vec: Some(vec),
-            ptr,
-            len,
+            host,
             context: context.clone(),
-            track: Track::default(),
         })
     }
 
     /// The length in elements.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.len
+        self.host.len()
     }
 
     /// Whether there are no elements.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.host.len() == 0
     }
 
     /// The context it was registered in.
@@ -87,10 +83,7 @@ impl<T: Pod> Registered<T> {
     /// # Errors
     /// The driver's, from the wait.
     pub fn as_slice(&self) -> Result<&[T]> {
-        lock(&self.track).host_wait(&Gpu, Access::Read)?;
-        // SAFETY: `len` initialised elements owned by `self`; no device work writes them now, and none can be
-        // enqueued while the returned borrow of `self` lives (writes need `&mut self`).
-        Ok(unsafe { std::slice::from_raw_parts(self.ptr, self.len) })
+        self.host.read()
     }
 
     /// Waits until no device work uses the memory, then lends it for writing.
@@ -98,9 +91,7 @@ impl<T: Pod> Registered<T> {
     /// # Errors
     /// The driver's, from the wait.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        lock(&self.track).host_wait(&Gpu, Access::Write)?;
-        // SAFETY: as in `as_slice`, and no device work uses the memory at all now.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) })
+        self.host.write()
     }
 
     /// [`Registered::as_slice`] without blocking: `None` while device work still writes the memory.
@@ -108,9 +99,7 @@ impl<T: Pod> Registered<T> {
     /// # Errors
     /// The driver's, from the query.
     pub fn try_as_slice(&self) -> Result<Option<&[T]>> {
-        let ready = lock(&self.track).try_host(&Gpu, Access::Read)?;
-        // SAFETY: as in `as_slice`, once the query says the writes are done.
-        Ok(ready.then(|| unsafe { std::slice::from_raw_parts(self.ptr, self.len) }))
+        self.host.try_read()
     }
 
     /// [`Registered::as_mut_slice`] without blocking: `None` while device work still uses the memory.
@@ -118,9 +107,7 @@ impl<T: Pod> Registered<T> {
     /// # Errors
     /// The driver's, from the query.
     pub fn try_as_mut_slice(&mut self) -> Result<Option<&mut [T]>> {
-        let ready = lock(&self.track).try_host(&Gpu, Access::Write)?;
-        // SAFETY: as in `as_mut_slice`, once the query says all uses are done.
-        Ok(ready.then(|| unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }))
+        self.host.try_write()
     }
 
     /// Waits for all device work on the memory, unpins it and returns the `Vec`.
@@ -130,36 +117,32 @@ impl<T: Pod> Registered<T> {
     /// (once its work completes, or leaked if that cannot be known), and the `Vec` is not returned.
     #[doc(alias = "cuMemHostUnregister")]
     pub fn into_vec(mut self) -> Result<Vec<T>> {
-        lock(&self.track).synchronize_all(&Gpu)?;
-        if self.byte_len() > 0 {
+        lock(self.host.track()).synchronize_all(&Gpu)?;
+        if self.host.byte_len() > 0 {
             let _current = self.context.enter()?;
             // SAFETY: registered in `new`; no device work uses it any more.
-            unsafe { driver_call!(cuMemHostUnregister(self.ptr.cast())) }
+            unsafe { driver_call!(cuMemHostUnregister(self.host_ptr())) }
                 .map_err(|e| e.context("unpinning host memory"))?;
         }
         Ok(self.vec.take().unwrap_or_default())
     }
 
-    fn byte_len(&self) -> usize {
-        self.len * size_of::<T>()
-    }
-
     pub(crate) fn host_ptr(&self) -> *mut c_void {
-        self.ptr.cast()
+        self.host.ptr().cast()
     }
 
     pub(crate) fn track(&self) -> &Track {
-        &self.track
+        self.host.track()
     }
 }
 
 impl<T: Pod> Drop for Registered<T> {
     fn drop(&mut self) {
-        let bytes = self.byte_len();
+        let bytes = self.host.byte_len();
         let Some(vec) = self.vec.take().filter(|_| bytes > 0) else {
             return;
         };
-        let ptr = self.ptr as usize;
+        let ptr = self.host.ptr() as usize;
         let owned = SendVec { _vec: vec };
         let release = move || {
             // SAFETY: registered in `new`; called once, when no device work uses it. The Vec is freed after.
@@ -167,8 +150,12 @@ impl<T: Pod> Drop for Registered<T> {
             drop(owned);
             unpinned
         };
-        let track = std::mem::take(&mut *lock(&self.track));
-        release_host(&self.context, track, Box::new(release), bytes);
+        release_host(
+            &self.context,
+            self.host.take_track(),
+            Box::new(release),
+            bytes,
+        );
     }
 }
 
@@ -184,8 +171,8 @@ unsafe impl<T> Send for SendVec<T> {}
 impl<T: Pod> fmt::Debug for Registered<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Registered")
-            .field("ptr", &self.ptr)
-            .field("len", &self.len)
+            .field("ptr", &self.host.ptr())
+            .field("len", &self.host.len())
             .finish()
     }
 }
