@@ -21,6 +21,8 @@ pub struct Context(Arc<Inner>);
 struct Inner {
     device: Device,
     raw: CUcontext,
+    /// Whether the device supports stream-ordered allocation, read once: device memory is allocated with it.
+    memory_pools: bool,
     /// Errors that a destructor met and could not return (a failed wait before a release, say): kept for
     /// [`Context::check_deferred_errors`] rather than lost or turned into a panic.
     deferred: Mutex<Vec<Error>>,
@@ -40,6 +42,7 @@ impl Context {
     /// The loader's error where no driver can be loaded; the driver's, such as `CUDA_ERROR_OUT_OF_MEMORY`.
     #[doc(alias = "cuDevicePrimaryCtxRetain")]
     pub fn new(device: Device) -> Result<Context> {
+        let memory_pools = device.supports_memory_pools()?;
         let mut raw = std::ptr::null_mut();
         // SAFETY: an out-pointer to a local; the retain is balanced by the release in Inner's Drop.
         unsafe { driver_call!(cuDevicePrimaryCtxRetain(&mut raw, device.as_raw())) }.map_err(
@@ -53,6 +56,7 @@ impl Context {
         Ok(Context(Arc::new(Inner {
             device,
             raw,
+            memory_pools,
             deferred: Mutex::new(Vec::new()),
         })))
     }
@@ -69,6 +73,11 @@ impl Context {
     #[must_use]
     pub fn device(&self) -> Device {
         self.0.device
+    }
+
+    /// Whether device memory is allocated stream-ordered (`cuMemAllocAsync`) in this context.
+    pub(crate) fn has_memory_pools(&self) -> bool {
+        self.0.memory_pools
     }
 
     /// The driver's handle, for interop with other CUDA libraries. It stays valid while this context lives.

@@ -46,7 +46,7 @@ impl<T: Pod> DeviceBuffer<T> {
             ptr: 0,
             len,
             stream: stream.clone(),
-            ordered: device.supports_memory_pools()?,
+            ordered: context.has_memory_pools(),
             track: Track::default(),
             _elements: PhantomData,
         };
