@@ -104,6 +104,16 @@ pub enum Error {
         /// What was wrong, such as `copying 10 elements into a buffer of 8`.
         message: String,
     },
+    /// A [`crate::PinnedPool`] has no room for a request within its budget.
+    #[non_exhaustive]
+    PoolExhausted {
+        /// The bytes requested.
+        requested: usize,
+        /// The pool's budget.
+        budget: usize,
+        /// The bytes the pool holds now: in use, cached and pending.
+        reserved: usize,
+    },
     /// The driver supports an older CUDA version than the bindings were generated from.
     #[non_exhaustive]
     DriverTooOld {
@@ -257,6 +267,18 @@ impl fmt::Display for Error {
                 library.describe()
             ),
             Error::InvalidArgument { message } => f.write_str(message),
+            Error::PoolExhausted {
+                requested,
+                budget,
+                reserved,
+            } => write!(
+                f,
+                "the pinned pool cannot serve {} within its budget of {} ({} held now): give buffers back, trim \
+                 the pool, or build it with WhenFull::Wait",
+                crate::memory::Bytes(*requested),
+                crate::memory::Bytes(*budget),
+                crate::memory::Bytes(*reserved)
+            ),
             Error::DriverTooOld {
                 path,
                 driver_version,

@@ -66,6 +66,7 @@ pub mod error;
 mod event;
 pub mod kernels;
 mod memory;
+pub mod staging;
 mod stream;
 pub mod sys;
 mod track;
@@ -76,7 +77,7 @@ pub use device::Device;
 pub use error::{Error, Result};
 pub use event::Event;
 pub use memory::{
-    DeviceBuffer, DeviceView, DeviceViewMut, Pinned, PinnedBuilder, PinnedView, PinnedViewMut,
-    Registered,
+    DeviceBuffer, DeviceView, DeviceViewMut, Pinned, PinnedBuilder, PinnedPool, PinnedView,
+    PinnedViewMut, Pinning, PoolBuilder, PoolStats, Registered, WhenFull,
 };
 pub use stream::Stream;

@@ -7,6 +7,7 @@
 mod device;
 mod host;
 mod pinned;
+mod pool;
 mod registered;
 mod release;
 mod view;
@@ -15,6 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 pub use device::DeviceBuffer;
 pub use pinned::{Pinned, PinnedBuilder};
+pub use pool::{PinnedPool, Pinning, PoolBuilder, PoolStats, WhenFull};
 pub use registered::Registered;
 pub(crate) use release::release_idle;
 pub use view::{DeviceView, DeviceViewMut, PinnedView, PinnedViewMut};

@@ -7,6 +7,7 @@ use std::ptr::NonNull;
 use bytemuck::Pod;
 
 use super::host::HostRegion;
+use super::pool::Loan;
 use super::release::{release_host, release_idle};
 use super::{Bytes, Track, byte_len};
 use crate::context::Context;
@@ -40,6 +41,8 @@ pub struct Pinned<T> {
     host: HostRegion<T>,
     flags: u32,
     context: Context,
+    /// The pool block this buffer borrows, given back on drop; `None` for memory of its own.
+    loan: Option<Loan>,
 }
 
 /// How to allocate pinned memory: `PinnedBuilder::new(&context).write_combined(true).zeroed::<u8>(n)`.
@@ -120,6 +123,7 @@ impl PinnedBuilder {
             host,
             flags: self.flags,
             context: self.context,
+            loan: None,
         })
     }
 
@@ -153,6 +157,16 @@ impl<T: Pod> Pinned<T> {
 }
 
 impl<T> Pinned<T> {
+    /// A buffer over a block lent by a pool.
+    pub(crate) fn from_pool(host: HostRegion<T>, context: Context, loan: Loan) -> Pinned<T> {
+        Pinned {
+            host,
+            flags: 0,
+            context,
+            loan: Some(loan),
+        }
+    }
+
     /// The length in elements.
     #[must_use]
     pub fn len(&self) -> usize {
@@ -233,6 +247,11 @@ impl<T> Pinned<T> {
 
 impl<T> Drop for Pinned<T> {
     fn drop(&mut self) {
+        if let Some(loan) = self.loan.take() {
+            // The pool reuses the block only once the work in flight on it has completed.
+            loan.give_back(self.host.take_track());
+            return;
+        }
         let bytes = self.host.byte_len();
         if bytes == 0 {
             return;

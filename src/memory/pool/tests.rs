@@ -1,0 +1,939 @@
+//! The pool state's unit tests and its property test against a simulated device.
+
+use super::state::*;
+use crate::track::{Access, Timeline, Tracker};
+use proptest::prelude::*;
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet, VecDeque};
+
+// ---- A simulated device ----------------------------------------------------------------------------
+
+/// One operation queued on a simulated stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    /// Index into `Device::uses`.
+    Use(usize),
+    /// Completes the event.
+    Record(usize),
+    /// Blocks the stream until the event has completed.
+    Wait(usize),
+}
+
+/// The error of an injected failure.
+#[derive(Debug, PartialEq, Eq)]
+struct Injected;
+
+/// How often the pool called each `Timeline` method (failed calls included).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Counts {
+    records: usize,
+    waits: usize,
+    queries: usize,
+    syncs: usize,
+}
+
+/// Streams as FIFO queues that run only when the test advances them, so the test picks the schedule.
+#[derive(Debug)]
+struct Device {
+    queues: Vec<VecDeque<Op>>,
+    /// Per event: its stream and whether it has completed.
+    events: Vec<(usize, bool)>,
+    /// Every use ever enqueued: the block it used and whether it has run.
+    uses: Vec<(u32, bool)>,
+    counts: Counts,
+    /// Fail the `Timeline` call after this many more succeed.
+    fail_after: Option<usize>,
+    /// Fail each `Timeline` call with probability 1/`fail_one_in` (0: never).
+    fail_one_in: u64,
+    rng: u64,
+}
+
+/// The `Timeline` over a `Device`: streams and events are indices.
+struct Sim(RefCell<Device>);
+
+impl Sim {
+    fn new(streams: usize) -> Self {
+        Self::with_failures(streams, 0, 1)
+    }
+
+    fn with_failures(streams: usize, fail_one_in: u64, seed: u64) -> Self {
+        Sim(RefCell::new(Device {
+            queues: vec![VecDeque::new(); streams],
+            events: Vec::new(),
+            uses: Vec::new(),
+            counts: Counts::default(),
+            fail_after: None,
+            fail_one_in,
+            // xorshift must not start at 0.
+            rng: seed | 1,
+        }))
+    }
+
+    fn counts(&self) -> Counts {
+        self.0.borrow().counts
+    }
+
+    fn fail_after(&self, calls: usize) {
+        self.0.borrow_mut().fail_after = Some(calls);
+    }
+
+    fn fail_next(&self) {
+        self.fail_after(0);
+    }
+
+    fn stop_failing(&self) {
+        let mut d = self.0.borrow_mut();
+        d.fail_after = None;
+        d.fail_one_in = 0;
+    }
+
+    /// Runs the next op of `stream` unless it is blocked or idle; whether it ran one.
+    fn advance(&self, stream: usize) -> bool {
+        self.0.borrow_mut().advance(stream)
+    }
+
+    /// Runs `stream` until it is empty or blocked.
+    fn finish(&self, stream: usize) {
+        while self.advance(stream) {}
+    }
+
+    /// Whether every use of `block` enqueued so far has run: the only state in which the pool may hand it out
+    /// again or have it unpinned.
+    fn idle(&self, block: u32) -> bool {
+        self.0
+            .borrow()
+            .uses
+            .iter()
+            .all(|&(b, executed)| b != block || executed)
+    }
+}
+
+impl Device {
+    fn inject(&mut self) -> Result<(), Injected> {
+        match self.fail_after {
+            Some(0) => {
+                self.fail_after = None;
+                return Err(Injected);
+            }
+            Some(ref mut calls) => *calls -= 1,
+            None => {}
+        }
+        if self.fail_one_in > 0 {
+            // xorshift64
+            self.rng ^= self.rng << 13;
+            self.rng ^= self.rng >> 7;
+            self.rng ^= self.rng << 17;
+            if self.rng.is_multiple_of(self.fail_one_in) {
+                return Err(Injected);
+            }
+        }
+        Ok(())
+    }
+
+    fn advance(&mut self, stream: usize) -> bool {
+        match self.queues[stream].front() {
+            None => return false,
+            Some(&Op::Wait(event)) if !self.events[event].1 => return false,
+            Some(_) => {}
+        }
+        match self.queues[stream].pop_front() {
+            Some(Op::Use(id)) => self.uses[id].1 = true,
+            Some(Op::Record(event)) => self.events[event].1 = true,
+            Some(Op::Wait(_)) | None => {}
+        }
+        true
+    }
+
+    /// Advances only the streams `event` depends on until it completes, as a blocking host wait would.
+    fn run_until(&mut self, event: usize) {
+        while !self.events[event].1 {
+            let stream = self.events[event].0;
+            match self.queues[stream].front().copied() {
+                Some(Op::Wait(blocker)) if !self.events[blocker].1 => self.run_until(blocker),
+                Some(_) => {
+                    self.advance(stream);
+                }
+                None => {
+                    unreachable!("event {event} is incomplete but its stream {stream} is empty")
+                }
+            }
+        }
+    }
+}
+
+impl Timeline for Sim {
+    type Stream = usize;
+    type Event = usize;
+    type Error = Injected;
+
+    fn record(&self, stream: &usize) -> Result<usize, Injected> {
+        let mut d = self.0.borrow_mut();
+        d.counts.records += 1;
+        d.inject()?;
+        let event = d.events.len();
+        // On an idle stream an event is complete at once, as in CUDA.
+        let idle = d.queues[*stream].is_empty();
+        d.events.push((*stream, idle));
+        if !idle {
+            d.queues[*stream].push_back(Op::Record(event));
+        }
+        Ok(event)
+    }
+
+    fn wait(&self, stream: &usize, event: &usize) -> Result<(), Injected> {
+        let mut d = self.0.borrow_mut();
+        d.counts.waits += 1;
+        d.inject()?;
+        d.queues[*stream].push_back(Op::Wait(*event));
+        Ok(())
+    }
+
+    fn is_complete(&self, event: &usize) -> Result<bool, Injected> {
+        let mut d = self.0.borrow_mut();
+        d.counts.queries += 1;
+        d.inject()?;
+        Ok(d.events[*event].1)
+    }
+
+    fn synchronize(&self, event: &usize) -> Result<(), Injected> {
+        let mut d = self.0.borrow_mut();
+        d.counts.syncs += 1;
+        d.inject()?;
+        d.run_until(*event);
+        Ok(())
+    }
+}
+
+type Track = Tracker<usize, usize>;
+type Pool = PoolState<u32, usize, usize>;
+
+const PAGE: usize = 4096;
+
+fn pool(budget_pages: usize) -> Pool {
+    Pool::new(Config {
+        budget: budget_pages * PAGE,
+        page: PAGE,
+    })
+}
+
+/// Device work on `block` as a buffer enqueues it: prepare, enqueue, record_use. Nothing is enqueued if
+/// `prepare` fails.
+fn work(sim: &Sim, track: &mut Track, block: u32, stream: usize, access: Access) {
+    if track.prepare(sim, &stream, access).is_ok() {
+        let mut d = sim.0.borrow_mut();
+        let id = d.uses.len();
+        d.uses.push((block, false));
+        d.queues[stream].push_back(Op::Use(id));
+        drop(d);
+        track.record_use(&stream, access);
+    }
+}
+
+/// A tracker with `block` written on `stream`.
+fn written(sim: &Sim, block: u32, stream: usize) -> Track {
+    let mut track = Track::new();
+    work(sim, &mut track, block, stream, Access::Write);
+    track
+}
+
+/// Takes `bytes` and expects a pin with nothing evicted, which it completes as block `id`.
+fn pin_new(pool: &mut Pool, sim: &Sim, bytes: usize, id: u32) -> (u32, Lease) {
+    match pool.take(sim, bytes) {
+        Ok(Take::Pin { reservation, evict }) => {
+            assert!(evict.is_empty(), "evicted {evict:?}");
+            (id, pool.pinned(reservation))
+        }
+        other => panic!("expected a pin, got {other:?}"),
+    }
+}
+
+/// Takes `bytes` and expects a hit, returning the block.
+fn hit(pool: &mut Pool, sim: &Sim, bytes: usize) -> (u32, Lease) {
+    match pool.take(sim, bytes) {
+        Ok(Take::Hit { block, lease }) => (block, lease),
+        other => panic!("expected a hit, got {other:?}"),
+    }
+}
+
+/// Takes `bytes` and expects a pin, which it abandons; returns the evicted blocks.
+fn miss(pool: &mut Pool, sim: &Sim, bytes: usize) -> Vec<u32> {
+    match pool.take(sim, bytes) {
+        Ok(Take::Pin { reservation, evict }) => {
+            pool.pin_failed(reservation);
+            evict
+        }
+        other => panic!("expected a pin, got {other:?}"),
+    }
+}
+
+// ---- Size classes ----------------------------------------------------------------------------------
+
+#[test]
+fn classes_follow_the_formula() {
+    let p = pool(1);
+    let class = |bytes| p.class_of(bytes);
+    assert_eq!(class(0), Some(PAGE));
+    assert_eq!(class(1), Some(PAGE));
+    assert_eq!(class(PAGE), Some(PAGE));
+    assert_eq!(class(PAGE + 1), Some(2 * PAGE));
+    assert_eq!(class(16 * PAGE - 1), Some(16 * PAGE));
+    // Above 16 pages the granule is a sixteenth of the power of two above: 128 KiB / 16 = 8 KiB.
+    assert_eq!(class(16 * PAGE + 1), Some(18 * PAGE));
+    assert_eq!(class(3 << 20), Some(3 << 20));
+    assert_eq!(class((3 << 20) + 1), Some((3 << 20) + (256 << 10)));
+    assert_eq!(class(1 << 30), Some(1 << 30));
+    // The worst case: just above a power of two, the waste is one granule less a byte.
+    assert_eq!(class((1 << 30) + 1), Some((1 << 30) + (128 << 20)));
+    assert_eq!(class(1 << (usize::BITS - 1)), Some(1 << (usize::BITS - 1)));
+    assert_eq!(class((1 << (usize::BITS - 1)) + 1), None);
+    assert_eq!(class(usize::MAX), None);
+}
+
+#[test]
+#[should_panic(expected = "not a power of two")]
+fn a_page_size_that_is_not_a_power_of_two_is_refused() {
+    Pool::new(Config {
+        budget: 1 << 20,
+        page: 3000,
+    });
+}
+
+fn size() -> impl Strategy<Value = usize> {
+    prop_oneof![1..=64 * PAGE, 1..=1usize << 40]
+}
+
+proptest! {
+    /// Every class holds its request, is a whole number of pages, wastes less than a page up to 16 pages and
+    /// less than 12.5% of the request above 8 pages, and classes are monotonic and idempotent.
+    #[test]
+    fn classes_waste_little(a in size(), b in size()) {
+        let p = pool(1);
+        for x in [a, b] {
+            let c = p.class_of(x).unwrap();
+            prop_assert!(c >= x);
+            prop_assert_eq!(c % PAGE, 0);
+            if x <= 16 * PAGE {
+                prop_assert_eq!(c, x.next_multiple_of(PAGE), "no rounding beyond the page up to 16 pages");
+            } else {
+                prop_assert!(8 * (c - x) < x, "class {} wastes 12.5% or more of {}", c, x);
+            }
+            if x > 8 * PAGE {
+                prop_assert!(8 * (c - x) < x, "class {} wastes 12.5% or more of {}", c, x);
+            }
+            prop_assert_eq!(p.class_of(c), Some(c));
+            prop_assert!(c <= x.next_power_of_two().max(PAGE));
+        }
+        let (lo, hi) = (a.min(b), a.max(b));
+        prop_assert!(p.class_of(lo).unwrap() <= p.class_of(hi).unwrap());
+    }
+}
+
+// ---- Unit tests ------------------------------------------------------------------------------------
+
+#[test]
+fn a_block_given_back_idle_is_cached_and_hit_without_device_calls() {
+    let sim = Sim::new(1);
+    let mut p = pool(16);
+    let (b, lease) = pin_new(&mut p, &sim, 5000, 7);
+    p.give_back(b, lease, Track::new());
+    assert_eq!(p.stats().cached, 2 * PAGE);
+    assert_eq!(p.pending_bytes(), 0);
+    let (b, lease) = hit(&mut p, &sim, 6000);
+    assert_eq!(b, 7);
+    assert_eq!((lease.bytes(), lease.requested()), (2 * PAGE, 6000));
+    assert_eq!(sim.counts(), Counts::default());
+    let s = p.stats();
+    assert_eq!(
+        (s.hits, s.misses, s.in_use, s.requested_in_use),
+        (1, 1, 2 * PAGE, 6000)
+    );
+    p.assert_consistent();
+}
+
+#[test]
+fn a_block_is_reused_only_after_every_use_on_every_stream_completed() {
+    let sim = Sim::new(2);
+    let mut p = pool(16);
+    let (b, lease) = pin_new(&mut p, &sim, PAGE, 1);
+    let mut track = written(&sim, b, 0);
+    work(&sim, &mut track, b, 1, Access::Read);
+    p.give_back(b, lease, track);
+    assert_eq!(p.pending_bytes(), PAGE);
+    assert_eq!(p.stats().cached, 0);
+
+    // Nothing has run: a request of the class pins anew.
+    assert!(miss(&mut p, &sim, PAGE).is_empty());
+    // The write has run, the read waits on stream 1.
+    sim.finish(0);
+    assert!(miss(&mut p, &sim, PAGE).is_empty());
+    assert_eq!(p.pending_bytes(), PAGE);
+    sim.finish(1);
+    assert!(sim.idle(b));
+    let (again, _lease) = hit(&mut p, &sim, PAGE);
+    assert_eq!(again, b);
+    assert_eq!(p.pending_bytes(), 0);
+    let s = p.stats();
+    assert_eq!((s.hits, s.misses, s.failed_pins), (1, 3, 2));
+    p.assert_consistent();
+}
+
+#[test]
+fn every_pending_block_is_polled_so_a_slow_stream_holds_back_only_its_own() {
+    let sim = Sim::new(2);
+    let mut p = pool(16);
+    let (a, lease_a) = pin_new(&mut p, &sim, PAGE, 1);
+    let (b, lease_b) = pin_new(&mut p, &sim, PAGE, 2);
+    let (c, lease_c) = pin_new(&mut p, &sim, 2 * PAGE, 3);
+    // `a` (oldest) waits on stream 0, `b` and `c` on stream 1, which completes.
+    p.give_back(a, lease_a, written(&sim, a, 0));
+    p.give_back(b, lease_b, written(&sim, b, 1));
+    p.give_back(c, lease_c, written(&sim, c, 1));
+    sim.finish(1);
+    // A request of `c`'s class polls all three and caches `b` and `c` on the way.
+    assert_eq!(hit(&mut p, &sim, 2 * PAGE).0, c);
+    assert_eq!(p.stats().cached, PAGE);
+    assert_eq!(p.pending_bytes(), PAGE);
+    assert_eq!(hit(&mut p, &sim, PAGE).0, b);
+    assert!(!sim.idle(a));
+    p.assert_consistent();
+}
+
+#[test]
+fn a_failed_query_keeps_the_block_pending_and_the_others_are_still_polled() {
+    let sim = Sim::new(2);
+    let mut p = pool(16);
+    let (a, lease_a) = pin_new(&mut p, &sim, PAGE, 1);
+    let (b, lease_b) = pin_new(&mut p, &sim, PAGE, 2);
+    p.give_back(a, lease_a, written(&sim, a, 0));
+    p.give_back(b, lease_b, written(&sim, b, 1));
+    sim.finish(0);
+    sim.finish(1);
+    // Polling `a` records its event, which fails; `b` is still polled, and cached.
+    sim.fail_next();
+    assert_eq!(p.take(&sim, 3 * PAGE).unwrap_err(), Injected);
+    assert_eq!(p.pending_bytes(), PAGE);
+    assert_eq!(p.stats().cached, PAGE);
+    let s = p.stats();
+    assert_eq!(
+        (s.hits, s.misses, s.reserving),
+        (0, 2, 0),
+        "nothing handed out"
+    );
+    // `a` was never seen idle, so it is not reused yet; the next poll finds it idle.
+    assert_eq!(hit(&mut p, &sim, PAGE).0, b);
+    assert_eq!(hit(&mut p, &sim, PAGE).0, a);
+    p.assert_consistent();
+}
+
+#[test]
+fn a_miss_evicts_least_recently_used_blocks_of_other_classes_only_as_needed() {
+    let sim = Sim::new(1);
+    let mut p = pool(10);
+    let mut held: Vec<_> = (1..=3)
+        .map(|n| pin_new(&mut p, &sim, n * PAGE, n as u32))
+        .collect();
+    for (b, lease) in held.drain(..) {
+        p.give_back(b, lease, Track::new());
+    }
+    assert_eq!(p.cached_classes(), [PAGE, 2 * PAGE, 3 * PAGE]);
+    // Using the 1-page block makes it the most recently used.
+    let (b, lease) = hit(&mut p, &sim, PAGE);
+    p.give_back(b, lease, Track::new());
+    assert_eq!(p.cached_classes(), [2 * PAGE, 3 * PAGE, PAGE]);
+    // 6 pages reserved, 5 asked: 1 page over, so the least recently used block (2 pages) goes.
+    assert_eq!(miss(&mut p, &sim, 5 * PAGE), [2]);
+    assert_eq!(p.cached_classes(), [3 * PAGE, PAGE]);
+    // 4 reserved, 6 fits, 7 needs both.
+    assert!(miss(&mut p, &sim, 6 * PAGE).is_empty());
+    assert_eq!(miss(&mut p, &sim, 10 * PAGE), [3, 1]);
+    let s = p.stats();
+    assert_eq!(
+        (s.evictions, s.reserved, s.cached, s.peak_reserved),
+        (3, 0, 0, 10 * PAGE)
+    );
+    p.assert_consistent();
+}
+
+#[test]
+fn a_cached_block_of_another_class_never_serves_a_request() {
+    let sim = Sim::new(1);
+    let mut p = pool(3);
+    let (b, lease) = pin_new(&mut p, &sim, 2 * PAGE, 1);
+    p.give_back(b, lease, Track::new());
+    // A 1-page request would waste half of the 2-page block: it pins, and there is room for both.
+    assert!(miss(&mut p, &sim, PAGE).is_empty());
+    // A 3-page request evicts the 2-page block.
+    assert_eq!(miss(&mut p, &sim, 3 * PAGE), [1]);
+}
+
+#[test]
+fn exhausted_when_blocks_in_use_or_pending_leave_no_room_and_nothing_is_evicted() {
+    let sim = Sim::new(1);
+    let mut p = pool(4);
+    let (a, lease_a) = pin_new(&mut p, &sim, 2 * PAGE, 1);
+    let (c, lease_c) = pin_new(&mut p, &sim, PAGE, 2);
+    p.give_back(c, lease_c, Track::new());
+    // 2 pages in use and 1 cached: 2 more would fit only if... 2 + 2 = 4 fits, evicting the cached page.
+    assert_eq!(miss(&mut p, &sim, 2 * PAGE), [2]);
+    // In use, 2 pages; 3 more cannot fit.
+    assert!(matches!(p.take(&sim, 3 * PAGE), Ok(Take::Exhausted)));
+    assert_eq!(p.pending_bytes(), 0);
+    // Given back with work in flight, the block is pending: waiting can help.
+    p.give_back(a, lease_a, written(&sim, a, 0));
+    assert!(matches!(p.take(&sim, 3 * PAGE), Ok(Take::Exhausted)));
+    assert_eq!(p.pending_bytes(), 2 * PAGE);
+    assert_eq!(p.stats().evictions, 1);
+    assert!(p.wait_for_any(&sim).unwrap());
+    assert!(sim.idle(a));
+    assert_eq!(miss(&mut p, &sim, 3 * PAGE), [1]);
+    p.assert_consistent();
+}
+
+#[test]
+fn requests_above_the_budget_are_refused_at_once() {
+    let sim = Sim::new(1);
+    let mut p = pool(4);
+    assert_eq!(p.config().budget, 4 * PAGE);
+    let (b, lease) = pin_new(&mut p, &sim, PAGE, 1);
+    p.give_back(b, lease, written(&sim, b, 0));
+    let before = p.stats();
+    for bytes in [4 * PAGE + 1, 1 << 40, usize::MAX] {
+        assert!(matches!(p.take(&sim, bytes), Ok(Take::TooLarge)));
+    }
+    // No poll, no eviction, no count.
+    assert_eq!(sim.counts(), Counts::default());
+    assert_eq!(p.stats(), before);
+    assert!(miss(&mut p, &sim, 3 * PAGE).is_empty());
+}
+
+#[test]
+fn reservations_count_against_the_budget_until_pinned_or_failed() {
+    let sim = Sim::new(1);
+    let mut p = pool(4);
+    let Ok(Take::Pin { reservation, .. }) = p.take(&sim, 3 * PAGE) else {
+        panic!("expected a pin")
+    };
+    assert_eq!(
+        (reservation.bytes(), reservation.requested()),
+        (3 * PAGE, 3 * PAGE)
+    );
+    assert_eq!(p.stats().reserving, 3 * PAGE);
+    assert!(matches!(p.take(&sim, 2 * PAGE), Ok(Take::Exhausted)));
+    p.pin_failed(reservation);
+    let s = p.stats();
+    assert_eq!(
+        (s.reserving, s.reserved, s.failed_pins, s.peak_reserved),
+        (0, 0, 1, 3 * PAGE)
+    );
+    let (_, lease) = pin_new(&mut p, &sim, 2 * PAGE, 1);
+    assert_eq!(p.stats().in_use, lease.bytes());
+}
+
+#[test]
+fn wait_for_any_returns_at_once_if_a_block_is_idle_else_blocks_on_the_oldest() {
+    let sim = Sim::new(2);
+    let mut p = pool(16);
+    assert!(!p.wait_for_any(&sim).unwrap());
+    assert_eq!(sim.counts(), Counts::default());
+
+    let (a, lease_a) = pin_new(&mut p, &sim, PAGE, 1);
+    let (b, lease_b) = pin_new(&mut p, &sim, PAGE, 2);
+    let (c, lease_c) = pin_new(&mut p, &sim, PAGE, 3);
+    p.give_back(a, lease_a, written(&sim, a, 0));
+    p.give_back(b, lease_b, written(&sim, b, 1));
+    p.give_back(c, lease_c, written(&sim, c, 1));
+    sim.finish(1);
+    assert!(p.wait_for_any(&sim).unwrap());
+    assert_eq!(sim.counts().syncs, 0, "b and c were idle: no blocking");
+    assert_eq!(p.pending_bytes(), PAGE);
+
+    // Only `a` is left, and its stream has not run: a failed synchronize keeps it pending.
+    // Its poll (a query) succeeds, its synchronize fails.
+    sim.fail_after(1);
+    assert_eq!(p.wait_for_any(&sim), Err(Injected));
+    assert_eq!(sim.counts().syncs, 1);
+    assert_eq!(p.pending_bytes(), PAGE);
+    assert!(!sim.idle(a));
+    assert!(p.wait_for_any(&sim).unwrap());
+    assert!(sim.idle(a));
+    assert_eq!((p.pending_bytes(), p.stats().cached), (0, 3 * PAGE));
+    assert!(!p.wait_for_any(&sim).unwrap());
+    p.assert_consistent();
+}
+
+#[test]
+fn trim_removes_every_idle_block_and_keeps_the_pending_ones() {
+    let sim = Sim::new(1);
+    let mut p = pool(16);
+    let (a, lease_a) = pin_new(&mut p, &sim, PAGE, 1);
+    let (b, lease_b) = pin_new(&mut p, &sim, 2 * PAGE, 2);
+    let (c, lease_c) = pin_new(&mut p, &sim, 3 * PAGE, 3);
+    let (_d, lease_d) = pin_new(&mut p, &sim, 4 * PAGE, 4);
+    p.give_back(a, lease_a, Track::new());
+    p.give_back(b, lease_b, Track::new());
+    p.give_back(c, lease_c, written(&sim, c, 0));
+    let mut trimmed = p.trim();
+    trimmed.sort();
+    assert_eq!(trimmed, [1, 2]);
+    let s = p.stats();
+    assert_eq!(
+        (s.cached, s.pending, s.in_use, s.reserved, s.trimmed),
+        (0, 3 * PAGE, lease_d.bytes(), 7 * PAGE, 2)
+    );
+    assert!(p.trim().is_empty());
+    p.assert_consistent();
+}
+
+#[test]
+fn stats_show_the_waste_of_the_classes() {
+    let sim = Sim::new(1);
+    let mut p = pool(64);
+    let (_, l1) = pin_new(&mut p, &sim, PAGE + 1, 1);
+    let (_, l2) = pin_new(&mut p, &sim, 17 * PAGE, 2);
+    let s = p.stats();
+    assert_eq!(s.requested_in_use, 18 * PAGE + 1);
+    assert_eq!(s.in_use, 2 * PAGE + 18 * PAGE);
+    assert_eq!(s.reserved, l1.bytes() + l2.bytes());
+    assert_eq!(s.peak_reserved, s.reserved);
+}
+
+#[test]
+fn a_hit_serves_the_most_recently_cached_block_of_the_class() {
+    let sim = Sim::new(1);
+    let mut p = pool(16);
+    let (a, lease_a) = pin_new(&mut p, &sim, PAGE, 1);
+    let (b, lease_b) = pin_new(&mut p, &sim, PAGE, 2);
+    p.give_back(a, lease_a, Track::new());
+    p.give_back(b, lease_b, Track::new());
+    assert_eq!(hit(&mut p, &sim, 1).0, b);
+    assert_eq!(hit(&mut p, &sim, 1).0, a);
+}
+
+#[test]
+fn drain_hands_out_the_idle_blocks_and_the_pending_ones_with_their_work() {
+    let sim = Sim::new(1);
+    let mut p = pool(16);
+    let (a, lease_a) = pin_new(&mut p, &sim, PAGE, 1);
+    let (b, lease_b) = pin_new(&mut p, &sim, 2 * PAGE, 2);
+    let (_c, lease_c) = pin_new(&mut p, &sim, 3 * PAGE, 3);
+    p.give_back(a, lease_a, Track::new());
+    p.give_back(b, lease_b, written(&sim, b, 0));
+    let mut drained = p.drain();
+    assert_eq!(drained.idle, [a]);
+    assert_eq!(drained.pending.len(), 1);
+    let pending = &mut drained.pending[0];
+    assert_eq!((pending.block, pending.bytes), (b, 2 * PAGE));
+    assert!(!pending.track.is_idle(&sim).unwrap());
+    let s = p.stats();
+    assert_eq!((s.cached, s.pending, s.reserved), (0, 0, lease_c.bytes()));
+    p.assert_consistent();
+}
+
+// ---- Random programs against the simulated device ---------------------------------------------------
+
+/// One step of a random program. Indices are taken modulo the number of candidates.
+#[derive(Debug, Clone)]
+enum Step {
+    /// `take(bytes)`; a reservation is kept until a `Resolve`.
+    Take {
+        bytes: usize,
+    },
+    /// Completes a pin in progress, or fails it.
+    Resolve {
+        reservation: usize,
+        ok: bool,
+    },
+    /// The holder of a block enqueues work on it.
+    Use {
+        holder: usize,
+        stream: usize,
+        access: Access,
+    },
+    /// The holder gives its block back, with its tracker.
+    GiveBack {
+        holder: usize,
+    },
+    /// The device runs up to `ops` ops of `stream`.
+    Advance {
+        stream: usize,
+        ops: usize,
+    },
+    WaitForAny,
+    Trim,
+}
+
+#[derive(Debug, Clone)]
+struct Program {
+    budget_pages: usize,
+    steps: Vec<Step>,
+    /// Inject a failure into one `Timeline` call in this many (0: none).
+    fail_one_in: u64,
+    seed: u64,
+}
+
+const STREAMS: usize = 3;
+
+fn access() -> impl Strategy<Value = Access> {
+    prop_oneof![Just(Access::Read), Just(Access::Write)]
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    // Few distinct sizes, so that classes repeat and blocks are reused; some above any budget.
+    let bytes = prop_oneof![
+        4 => prop::sample::select(vec![1, PAGE, PAGE + 1, 3 * PAGE, 5 * PAGE - 7, 20 * PAGE]),
+        1 => 1..=40 * PAGE,
+        1 => Just(1 << 30),
+    ];
+    prop_oneof![
+        6 => bytes.prop_map(|bytes| Step::Take { bytes }),
+        4 => (0..8usize, prop::bool::weighted(0.8))
+            .prop_map(|(reservation, ok)| Step::Resolve { reservation, ok }),
+        6 => (0..8usize, 0..STREAMS, access())
+            .prop_map(|(holder, stream, access)| Step::Use { holder, stream, access }),
+        4 => (0..8usize).prop_map(|holder| Step::GiveBack { holder }),
+        5 => (0..STREAMS, 1..4usize).prop_map(|(stream, ops)| Step::Advance { stream, ops }),
+        1 => Just(Step::WaitForAny),
+        1 => Just(Step::Trim),
+    ]
+}
+
+fn program() -> impl Strategy<Value = Program> {
+    (
+        1..=48usize,
+        prop::collection::vec(step(), 1..=120),
+        prop_oneof![3 => Just(0u64), 1 => 5..20u64],
+        any::<u64>(),
+    )
+        .prop_map(|(budget_pages, steps, fail_one_in, seed)| Program {
+            budget_pages,
+            steps,
+            fail_one_in,
+            seed,
+        })
+}
+
+/// A block in a holder's hands.
+struct Held {
+    block: u32,
+    lease: Lease,
+    track: Track,
+}
+
+/// What the test knows independently of the pool: where every block is, and what the counters must say.
+#[derive(Default)]
+struct Model {
+    held: Vec<Held>,
+    /// Given back and not yet handed out or removed (pending or cached): block to class.
+    returned: HashMap<u32, usize>,
+    /// Evicted or trimmed: unpinned by the caller, never to be seen again.
+    unpinned: HashSet<u32>,
+    reservations: Vec<Reservation>,
+    next_block: u32,
+    hits: u64,
+    misses: u64,
+    failed_pins: u64,
+    evictions: u64,
+    trimmed: u64,
+    peak: usize,
+}
+
+impl Model {
+    fn in_use(&self, block: u32) -> bool {
+        self.held.iter().any(|h| h.block == block)
+    }
+
+    /// A block the pool removed from its cache and handed to the caller (hit, eviction, trim): it must have
+    /// been given back, not be held by anyone, and have no device work left on it.
+    fn leaves_cache(&mut self, sim: &Sim, block: u32, what: &str) -> usize {
+        assert!(!self.in_use(block), "{what}: block {block} is in use");
+        assert!(
+            !self.unpinned.contains(&block),
+            "{what}: block {block} was unpinned"
+        );
+        assert!(
+            sim.idle(block),
+            "{what}: block {block} has device work that has not run"
+        );
+        self.returned
+            .remove(&block)
+            .unwrap_or_else(|| panic!("{what}: block {block} was never given back"))
+    }
+
+    /// Checks the pool's stats against the model, after every step.
+    fn check(&mut self, pool: &Pool, budget: usize) {
+        pool.assert_consistent();
+        let s = pool.stats();
+        let in_use: usize = self.held.iter().map(|h| h.lease.bytes()).sum();
+        let requested: usize = self.held.iter().map(|h| h.lease.requested()).sum();
+        let returned: usize = self.returned.values().sum();
+        let reserving: usize = self.reservations.iter().map(Reservation::bytes).sum();
+        self.peak = self.peak.max(in_use + returned + reserving);
+        assert_eq!(s.in_use, in_use, "in use");
+        assert_eq!(s.requested_in_use, requested, "requested in use");
+        assert_eq!(s.cached + s.pending, returned, "cached + pending");
+        assert_eq!(s.reserving, reserving, "reserving");
+        assert_eq!(s.reserved, in_use + returned + reserving, "reserved");
+        assert_eq!(s.reserved, s.in_use + s.cached + s.pending + s.reserving);
+        assert!(
+            s.reserved <= budget,
+            "reserved {} over the budget {budget}",
+            s.reserved
+        );
+        assert_eq!(s.peak_reserved, self.peak, "peak");
+        assert_eq!(
+            (s.hits, s.misses, s.failed_pins, s.evictions, s.trimmed),
+            (
+                self.hits,
+                self.misses,
+                self.failed_pins,
+                self.evictions,
+                self.trimmed
+            ),
+            "counters (hits, misses, failed pins, evictions, trimmed)"
+        );
+    }
+}
+
+fn run(program: &Program) {
+    let sim = Sim::with_failures(STREAMS, program.fail_one_in, program.seed);
+    let budget = program.budget_pages * PAGE;
+    let mut pool = Pool::new(Config { budget, page: PAGE });
+    let mut m = Model::default();
+    for step in &program.steps {
+        match *step {
+            Step::Take { bytes } => {
+                let class = pool.class_of(bytes);
+                match pool.take(&sim, bytes) {
+                    Ok(Take::Hit { block, lease }) => {
+                        let was = m.leaves_cache(&sim, block, "hit");
+                        assert_eq!(Some(was), class, "hit of another class");
+                        assert_eq!((lease.bytes(), lease.requested()), (was, bytes));
+                        m.hits += 1;
+                        m.held.push(Held {
+                            block,
+                            lease,
+                            track: Track::new(),
+                        });
+                    }
+                    Ok(Take::Pin { reservation, evict }) => {
+                        assert_eq!(Some(reservation.bytes()), class);
+                        assert_eq!(reservation.requested(), bytes);
+                        for block in evict {
+                            let was = m.leaves_cache(&sim, block, "eviction");
+                            assert_ne!(Some(was), class, "evicted a block of the class asked for");
+                            m.evictions += 1;
+                            m.unpinned.insert(block);
+                        }
+                        m.misses += 1;
+                        m.reservations.push(reservation);
+                    }
+                    Ok(Take::Exhausted) => {
+                        let s = pool.stats();
+                        let class = class.unwrap();
+                        assert!(class <= budget);
+                        assert!(
+                            s.reserved - s.cached + class > budget,
+                            "exhausted, but {class} bytes fit in {s:?}"
+                        );
+                    }
+                    Ok(Take::TooLarge) => assert!(class.is_none_or(|class| class > budget)),
+                    Err(Injected) => {}
+                }
+            }
+            Step::Resolve { reservation, ok } => {
+                if m.reservations.is_empty() {
+                    continue;
+                }
+                let r = m
+                    .reservations
+                    .swap_remove(reservation % m.reservations.len());
+                if ok {
+                    m.next_block += 1;
+                    m.held.push(Held {
+                        block: m.next_block,
+                        lease: pool.pinned(r),
+                        track: Track::new(),
+                    });
+                } else {
+                    m.failed_pins += 1;
+                    pool.pin_failed(r);
+                }
+            }
+            Step::Use {
+                holder,
+                stream,
+                access,
+            } => {
+                if m.held.is_empty() {
+                    continue;
+                }
+                let n = m.held.len();
+                let h = &mut m.held[holder % n];
+                work(&sim, &mut h.track, h.block, stream, access);
+            }
+            Step::GiveBack { holder } => {
+                if m.held.is_empty() {
+                    continue;
+                }
+                let n = m.held.len();
+                let h = m.held.swap_remove(holder % n);
+                m.returned.insert(h.block, h.lease.bytes());
+                pool.give_back(h.block, h.lease, h.track);
+            }
+            Step::Advance { stream, ops } => {
+                for _ in 0..ops {
+                    sim.advance(stream);
+                }
+            }
+            Step::WaitForAny => {
+                let pending = pool.pending_bytes();
+                match pool.wait_for_any(&sim) {
+                    Ok(true) => assert!(pool.pending_bytes() < pending),
+                    Ok(false) => assert_eq!(pending, 0),
+                    // Polling may have cached some before the failure.
+                    Err(Injected) => assert!(pool.pending_bytes() <= pending),
+                }
+            }
+            Step::Trim => {
+                for block in pool.trim() {
+                    m.leaves_cache(&sim, block, "trim");
+                    m.trimmed += 1;
+                    m.unpinned.insert(block);
+                }
+                assert_eq!(pool.stats().cached, 0);
+            }
+        }
+        m.check(&pool, budget);
+    }
+
+    // Wind down: everything comes back and every wait succeeds; then the pool empties completely.
+    sim.stop_failing();
+    for h in std::mem::take(&mut m.held) {
+        m.returned.insert(h.block, h.lease.bytes());
+        pool.give_back(h.block, h.lease, h.track);
+    }
+    for r in std::mem::take(&mut m.reservations) {
+        m.failed_pins += 1;
+        pool.pin_failed(r);
+    }
+    while pool.wait_for_any(&sim).unwrap() {}
+    m.check(&pool, budget);
+    for block in pool.trim() {
+        m.leaves_cache(&sim, block, "final trim");
+        m.trimmed += 1;
+    }
+    assert!(m.returned.is_empty(), "blocks lost: {:?}", m.returned);
+    m.check(&pool, budget);
+    assert_eq!(pool.stats().reserved, 0);
+}
+
+// proptest's default of 256 cases; set PROPTEST_CASES for a longer search.
+proptest! {
+    /// Whatever the program and the device's schedule: the budget holds, a block is handed out, evicted or
+    /// trimmed only when it was given back, nobody holds it, and all device work on it has run; the stats
+    /// match the model's.
+    #[test]
+    fn random_programs_keep_the_pool_safe_and_its_books_exact(program in program()) {
+        run(&program);
+    }
+}

@@ -1,0 +1,356 @@
+//! Fast transfers from and to ordinary (pageable) memory, staged through pinned buffers.
+//!
+//! The driver's own pageable path copies through one bounce buffer and blocks the calling thread for the whole
+//! transfer, so the host copy and the PCIe transfer never overlap and one CPU thread does all the copying. Here
+//! the user's memory is split into chunks; worker threads copy chunks into pinned staging buffers (several at
+//! once, so the host copy runs at the speed of several threads) while the DMA engine moves the chunks staged
+//! before. Each worker owns whole chunks, round-robin, and double-buffers: it refills a staging buffer as soon as
+//! that buffer's previous copy has completed, which the buffer's tracker waits for.
+//!
+//! An upload returns once every chunk has been staged: the user's slice is no longer read, and the copies into
+//! the device run on the stream like any upload (the destination's tracker records them). A download returns
+//! once every chunk has been copied out into the user's slice.
+
+use std::sync::mpsc;
+
+use bytemuck::Pod;
+
+use crate::copy::{DeviceDestination, DeviceSource};
+use crate::driver_call;
+use crate::error::{Error, Result};
+use crate::memory::{Bytes, Pinned, PinnedPool};
+use crate::stream::Stream;
+
+/// How a staged transfer splits its work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StagingOptions {
+    /// Bytes per chunk (and per staging buffer). Default 8 MiB.
+    pub chunk_bytes: usize,
+    /// Worker threads copying between the user's memory and the staging buffers. Default: up to 4, fewer on
+    /// machines with fewer cores.
+    pub threads: usize,
+}
+
+impl Default for StagingOptions {
+    fn default() -> StagingOptions {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        StagingOptions {
+            chunk_bytes: 8 << 20,
+            threads: cores.clamp(1, 4),
+        }
+    }
+}
+
+impl StagingOptions {
+    fn check(&self) -> Result<()> {
+        if self.chunk_bytes == 0 || self.threads == 0 {
+            return Err(Error::invalid(format_args!(
+                "staging needs a chunk size and a thread count above zero, not {} bytes and {} threads",
+                self.chunk_bytes, self.threads
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Where staging buffers come from: a pinned buffer of at least the requested bytes.
+type Buffers<'a> = &'a (dyn Fn(usize) -> Result<Pinned<u8>> + Sync);
+
+/// A chunk handed between a worker and the enqueueing thread, with the staging buffer that holds it.
+struct Staged {
+    chunk: usize,
+    buffer: Pinned<u8>,
+}
+
+/// Staging buffers in circulation per worker: one being filled or drained while the other's chunk is on its way
+/// across the link.
+const BUFFERS_PER_WORKER: usize = 2;
+
+/// Uploads `src` into `dst` on `stream`, staged through buffers from `buffers`. Returns once `src` is no longer
+/// read; the device copies run on `stream`.
+fn upload<T: Pod>(
+    stream: &Stream,
+    buffers: Buffers<'_>,
+    options: StagingOptions,
+    src: &[T],
+    dst: &mut impl DeviceDestination<T>,
+) -> Result<()> {
+    options.check()?;
+    stream.check_context(dst)?;
+    check_lengths("staged upload", src.len(), dst.elements())?;
+    let bytes: &[u8] = bytemuck::cast_slice(src);
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    let chunk_bytes = options.chunk_bytes;
+    let chunks = bytes.len().div_ceil(chunk_bytes);
+    let workers = options.threads.min(chunks);
+    let (base, track) = (dst.device_ptr(), dst.track());
+    let result = std::thread::scope(|scope| -> Result<()> {
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<Staged>>();
+        let mut returns = Vec::with_capacity(workers);
+        for worker in 0..workers {
+            let (back_tx, back_rx) = mpsc::channel::<Pinned<u8>>();
+            returns.push(back_tx);
+            let ready = ready_tx.clone();
+            scope.spawn(move || {
+                let mut owned = 0;
+                for chunk in (worker..chunks).step_by(workers) {
+                    let part =
+                        &bytes[chunk * chunk_bytes..((chunk + 1) * chunk_bytes).min(bytes.len())];
+                    let taken = take_buffer(
+                        &back_rx,
+                        &mut owned,
+                        BUFFERS_PER_WORKER,
+                        buffers,
+                        chunk_bytes,
+                    );
+                    let staged = taken.and_then(|mut buffer| {
+                        // Waits for the buffer's previous upload to have read it.
+                        buffer.as_mut_slice()?[..part.len()].copy_from_slice(part);
+                        Ok(Staged { chunk, buffer })
+                    });
+                    let failed = staged.is_err();
+                    if ready.send(staged).is_err() || failed {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(ready_tx);
+        // Enqueue each staged chunk as it arrives (in any order: the chunks' device ranges are disjoint) and give
+        // its buffer back to its worker. An error returns at once, which closes the channels and stops the workers.
+        for staged in ready_rx {
+            let Staged { chunk, buffer } = staged?;
+            let offset = chunk * chunk_bytes;
+            let len = chunk_bytes.min(bytes.len() - offset);
+            stream.tracked(Some(buffer.track()), Some(track), || {
+                // SAFETY: `len` bytes of the staging buffer (at least `chunk_bytes` long) and of the destination
+                // from `offset` (within it: the lengths were checked); both trackers order the copy and keep both
+                // buffers alive until it has run.
+                unsafe {
+                    driver_call!(cuMemcpyHtoDAsync_v2(
+                        base + offset as u64,
+                        buffer.host_ptr(),
+                        len,
+                        stream.as_raw()
+                    ))
+                }
+            })?;
+            // A worker that has finished no longer listens; its buffer then goes back to where it came from.
+            let _ = returns[chunk % workers].send(buffer);
+        }
+        Ok(())
+    });
+    result.map_err(|e| {
+        e.context(format_args!(
+            "uploading {} staged through pinned memory",
+            Bytes(bytes.len())
+        ))
+    })
+}
+
+/// Downloads `src` into `dst` on `stream`, staged through buffers from `buffers`. Returns once every byte of
+/// `dst` has been written.
+fn download<T: Pod>(
+    stream: &Stream,
+    buffers: Buffers<'_>,
+    options: StagingOptions,
+    src: &impl DeviceSource<T>,
+    dst: &mut [T],
+) -> Result<()> {
+    options.check()?;
+    stream.check_context(src)?;
+    check_lengths("staged download", dst.len(), src.elements())?;
+    let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
+    let total = bytes.len();
+    if total == 0 {
+        return Ok(());
+    }
+    let chunk_bytes = options.chunk_bytes;
+    let chunks = total.div_ceil(chunk_bytes);
+    let workers = options.threads.min(chunks);
+    let (base, track) = (src.device_ptr(), src.track());
+    // Each worker copies out the chunks whose index is its own modulo `workers`, in order.
+    let mut parts: Vec<Vec<&mut [u8]>> = (0..workers).map(|_| Vec::new()).collect();
+    for (chunk, part) in bytes.chunks_mut(chunk_bytes).enumerate() {
+        parts[chunk % workers].push(part);
+    }
+    let result = std::thread::scope(|scope| -> Result<()> {
+        let (back_tx, back_rx) = mpsc::channel::<Pinned<u8>>();
+        let mut to_workers = Vec::with_capacity(workers);
+        let mut handles = Vec::with_capacity(workers);
+        for mine in parts {
+            let (tx, rx) = mpsc::channel::<Staged>();
+            to_workers.push(tx);
+            let back = back_tx.clone();
+            handles.push(scope.spawn(move || -> Result<()> {
+                // After an error, buffers still go back, so that the enqueueing thread never waits for one in
+                // vain; the first error is returned at the end.
+                let mut outcome = Ok(());
+                for (part, Staged { buffer, .. }) in mine.into_iter().zip(rx) {
+                    if outcome.is_ok() {
+                        // Waits for the buffer's download to have completed.
+                        outcome = buffer
+                            .as_slice()
+                            .map(|data| part.copy_from_slice(&data[..part.len()]));
+                    }
+                    let _ = back.send(buffer);
+                }
+                outcome
+            }));
+        }
+        drop(back_tx);
+        let mut owned = 0;
+        let mut enqueued: Result<()> = Ok(());
+        for chunk in 0..chunks {
+            let offset = chunk * chunk_bytes;
+            let len = chunk_bytes.min(total - offset);
+            let limit = BUFFERS_PER_WORKER * workers;
+            let step =
+                take_buffer(&back_rx, &mut owned, limit, buffers, chunk_bytes).and_then(|buffer| {
+                    let dst = buffer.host_ptr();
+                    stream.tracked(Some(track), Some(buffer.track()), || {
+                        // SAFETY: `len` bytes of the source from `offset` (within it: lengths checked) and of the
+                        // staging buffer; both trackers order the copy, and the worker reads the buffer only through
+                        // `as_slice`, which waits for it.
+                        unsafe {
+                            driver_call!(cuMemcpyDtoHAsync_v2(
+                                dst,
+                                base + offset as u64,
+                                len,
+                                stream.as_raw()
+                            ))
+                        }
+                    })?;
+                    Ok(Staged { chunk, buffer })
+                });
+            match step {
+                Ok(staged) => {
+                    if to_workers[chunk % workers].send(staged).is_err() {
+                        // The worker has stopped: its error is collected below.
+                        break;
+                    }
+                }
+                Err(e) => {
+                    enqueued = Err(e);
+                    break;
+                }
+            }
+        }
+        drop(to_workers);
+        for handle in handles {
+            handle
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+        }
+        enqueued
+    });
+    result.map_err(|e| {
+        e.context(format_args!(
+            "downloading {} staged through pinned memory",
+            Bytes(total)
+        ))
+    })
+}
+
+fn check_lengths(what: &str, host: usize, device: usize) -> Result<()> {
+    if host == device {
+        Ok(())
+    } else {
+        Err(Error::invalid(format_args!(
+            "{what}: the host memory has {host} elements and the device memory {device}; nothing was enqueued"
+        )))
+    }
+}
+
+/// A staging buffer: one given back already, else a new one while fewer than `limit` are in circulation
+/// (`owned` counts them), else the next one given back.
+fn take_buffer(
+    back: &mpsc::Receiver<Pinned<u8>>,
+    owned: &mut usize,
+    limit: usize,
+    buffers: Buffers<'_>,
+    bytes: usize,
+) -> Result<Pinned<u8>> {
+    if let Ok(buffer) = back.try_recv() {
+        return Ok(buffer);
+    }
+    if *owned < limit {
+        match buffers(bytes) {
+            Ok(buffer) => {
+                *owned += 1;
+                return Ok(buffer);
+            }
+            // A full pool still lets the transfer go on with the buffers it already has.
+            Err(Error::PoolExhausted { .. }) if *owned > 0 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    back.recv()
+        .map_err(|_| Error::invalid("staging: the other side of the transfer stopped"))
+}
+
+impl Stream {
+    /// Uploads ordinary (pageable) memory into `dst` through pinned staging buffers from `pool`: several threads
+    /// copy chunks into the buffers while the DMA engine moves the chunks staged before, so the host copy and the
+    /// transfer overlap. Returns once `src` is no longer read (every chunk staged); the device copies run on this
+    /// stream, ordered like [`Stream::upload`]. Default [`StagingOptions`].
+    ///
+    /// The pool should have room for `2 x threads x chunk` bytes (64 MiB by default); with less, the transfer
+    /// goes on with the buffers it could get.
+    ///
+    /// # Errors
+    /// An invalid-argument error if the lengths differ, with nothing enqueued; the pool's or the driver's.
+    pub fn upload_staged<T: Pod>(
+        &self,
+        pool: &PinnedPool,
+        src: &[T],
+        dst: &mut impl DeviceDestination<T>,
+    ) -> Result<()> {
+        self.upload_staged_with(pool, StagingOptions::default(), src, dst)
+    }
+
+    /// [`Stream::upload_staged`] with other chunk size or thread count.
+    ///
+    /// # Errors
+    /// As [`Stream::upload_staged`], and for a chunk size or thread count of zero.
+    pub fn upload_staged_with<T: Pod>(
+        &self,
+        pool: &PinnedPool,
+        options: StagingOptions,
+        src: &[T],
+        dst: &mut impl DeviceDestination<T>,
+    ) -> Result<()> {
+        upload(self, &|bytes| pool.alloc(bytes), options, src, dst)
+    }
+
+    /// Downloads `src` into ordinary (pageable) memory through pinned staging buffers from `pool`, with the DMA
+    /// of each chunk overlapping the copy-out of the chunks before on several threads. Returns once every byte of
+    /// `dst` has been written. Default [`StagingOptions`].
+    ///
+    /// # Errors
+    /// As [`Stream::upload_staged`].
+    pub fn download_staged<T: Pod>(
+        &self,
+        pool: &PinnedPool,
+        src: &impl DeviceSource<T>,
+        dst: &mut [T],
+    ) -> Result<()> {
+        self.download_staged_with(pool, StagingOptions::default(), src, dst)
+    }
+
+    /// [`Stream::download_staged`] with other chunk size or thread count.
+    ///
+    /// # Errors
+    /// As [`Stream::upload_staged_with`].
+    pub fn download_staged_with<T: Pod>(
+        &self,
+        pool: &PinnedPool,
+        options: StagingOptions,
+        src: &impl DeviceSource<T>,
+        dst: &mut [T],
+    ) -> Result<()> {
+        download(self, &|bytes| pool.alloc(bytes), options, src, dst)
+    }
+}
