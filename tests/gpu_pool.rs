@@ -1,0 +1,200 @@
+//! The pinned pool on a real GPU: hits and misses, reuse only after the device work on a block completes, the
+//! budget (failing or waiting), trim, both ways of pinning, and many threads sharing one pool.
+#![cfg(feature = "gpu")]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{data, serial};
+use cuda_pinned::kernels::spin;
+use cuda_pinned::{Context, DeviceBuffer, Error, PinnedPool, Pinning, Stream, WhenFull};
+
+fn context() -> Context {
+    Context::on(0).expect("a CUDA device under feature `gpu`")
+}
+
+#[test]
+fn hits_misses_and_size_classes() {
+    let _serial = serial();
+    let ctx = context();
+    let pool = PinnedPool::new(&ctx, 64 << 20);
+    let a = pool.alloc::<u8>(1 << 20).unwrap();
+    assert_eq!(a.len(), 1 << 20);
+    let first = a.as_ptr();
+    drop(a);
+    let b = pool.alloc::<u8>(1 << 20).unwrap();
+    assert_eq!(
+        b.as_ptr(),
+        first,
+        "an idle block of the same class is reused"
+    );
+    let c = pool.alloc::<u32>(300_001).unwrap(); // 1,200,004 bytes: a class of its own, under 12.5% over
+    let stats = pool.stats();
+    assert_eq!((stats.hits, stats.misses), (1, 2));
+    assert_eq!(stats.requested_in_use, (1 << 20) + 1_200_004);
+    assert!(stats.in_use >= stats.requested_in_use && stats.in_use - (1 << 20) < 1_200_004 * 9 / 8);
+    assert!(stats.pin_time > Duration::ZERO);
+    drop((b, c));
+    assert_eq!(pool.stats().in_use, 0);
+    // A zero-length buffer needs no block.
+    assert!(pool.alloc::<u64>(0).unwrap().is_empty());
+}
+
+/// A block given back while an upload still reads it must not be handed out again until the upload is done.
+#[test]
+fn a_block_is_reused_only_after_its_copy_completes() {
+    let _serial = serial();
+    let ctx = context();
+    let stream = Stream::new(&ctx).unwrap();
+    let pool = PinnedPool::new(&ctx, 64 << 20);
+    let len = 1 << 20;
+    let want = data(len, 1);
+    let mut device = DeviceBuffer::<u32>::zeroed(&stream, len).unwrap();
+    let mut src = pool.alloc::<u32>(len).unwrap();
+    src.as_mut_slice().unwrap().copy_from_slice(&want);
+    let block = src.as_ptr();
+    spin(&stream, Duration::from_millis(100)).unwrap();
+    stream.upload(&src, &mut device).unwrap();
+    drop(src); // back to the pool, pending
+    let mut other = pool.alloc::<u32>(len).unwrap(); // must not be the pending block
+    assert_ne!(
+        other.as_ptr(),
+        block,
+        "a block was reused while an upload still read it"
+    );
+    other.as_mut_slice().unwrap().fill(0xdead_beef);
+    let mut back = vec![0u32; len];
+    stream.download_pageable(&device, &mut back).unwrap();
+    assert_eq!(back, want);
+    drop(other);
+    // Now both are idle: the next request of the class is a hit.
+    let hits = pool.stats().hits;
+    let _again = pool.alloc::<u32>(len).unwrap();
+    assert_eq!(pool.stats().hits, hits + 1);
+}
+
+#[test]
+fn the_budget_is_never_exceeded_failing_or_waiting() {
+    let _serial = serial();
+    let ctx = context();
+    let pool = PinnedPool::new(&ctx, 4 << 20);
+    let held = pool.alloc::<u8>(3 << 20).unwrap();
+    let e = pool.alloc::<u8>(3 << 20).unwrap_err();
+    assert!(matches!(e, Error::PoolExhausted { .. }), "{e}");
+    assert!(
+        e.to_string().contains("within its budget of 4.0 MiB"),
+        "{e}"
+    );
+    assert!(
+        matches!(pool.alloc::<u8>(5 << 20), Err(Error::PoolExhausted { .. })),
+        "larger than the budget"
+    );
+    drop(held);
+    assert!(pool.stats().peak_reserved <= 4 << 20);
+
+    // Waiting: for a holder on another thread to give its buffer back...
+    let waiting = PinnedPool::builder(&ctx, 4 << 20)
+        .when_full(WhenFull::Wait)
+        .build();
+    let held = waiting.alloc::<u8>(3 << 20).unwrap();
+    let giver = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        drop(held);
+    });
+    let got = waiting.alloc::<u8>(3 << 20).unwrap();
+    giver.join().unwrap();
+    // ...and for the device work on a given-back block to complete.
+    let stream = Stream::new(&ctx).unwrap();
+    let mut device = DeviceBuffer::<u8>::uninit(&stream, 3 << 20).unwrap();
+    spin(&stream, Duration::from_millis(50)).unwrap();
+    stream.upload(&got, &mut device).unwrap();
+    drop(got);
+    let again = waiting.alloc::<u8>(3 << 20).unwrap();
+    assert!(
+        stream.query().unwrap(),
+        "the block came back only after the upload completed"
+    );
+    drop(again);
+    assert!(waiting.stats().peak_reserved <= 4 << 20);
+    ctx.check_deferred_errors().unwrap();
+}
+
+#[test]
+fn trim_unpins_idle_blocks_and_both_pinnings_work() {
+    let _serial = serial();
+    let ctx = context();
+    let stream = Stream::new(&ctx).unwrap();
+    for pinning in [Pinning::HostAlloc, Pinning::Register, Pinning::Auto] {
+        let pool = PinnedPool::builder(&ctx, 256 << 20)
+            .pinning(pinning)
+            .build();
+        let len = 10_000_019;
+        let want = data(len, 7);
+        let mut host = pool.alloc::<u32>(len).unwrap();
+        assert!(
+            host.as_slice().unwrap().iter().all(|&x| x == 0),
+            "{pinning:?}: a new block is zeroed"
+        );
+        host.as_mut_slice().unwrap().copy_from_slice(&want);
+        let mut device = DeviceBuffer::<u32>::uninit(&stream, len).unwrap();
+        stream.upload(&host, &mut device).unwrap();
+        let mut back = pool.alloc::<u32>(len).unwrap();
+        stream.download(&device, &mut back).unwrap();
+        assert_eq!(back.as_slice().unwrap(), &want[..], "{pinning:?}");
+        drop((host, back));
+        stream.synchronize().unwrap();
+        pool.trim().unwrap();
+        let stats = pool.stats();
+        assert_eq!(
+            (stats.cached, stats.reserved),
+            (0, 0),
+            "{pinning:?}: {stats:?}"
+        );
+    }
+}
+
+/// Eight threads share one pool (waiting when full), each round-tripping data of random sizes through pooled
+/// buffers on a stream of its own. Every buffer's data must come back intact: a block handed to two holders at
+/// once, or reused under a copy, would mix the threads' patterns.
+#[test]
+fn many_threads_share_one_pool() {
+    let _serial = serial();
+    let ctx = context();
+    let pool = PinnedPool::builder(&ctx, 96 << 20)
+        .when_full(WhenFull::Wait)
+        .build();
+    std::thread::scope(|scope| {
+        for thread in 0..8u64 {
+            let (pool, ctx) = (pool.clone(), ctx.clone());
+            scope.spawn(move || {
+                let stream = Stream::new(&ctx).unwrap();
+                let mut state = thread + 1;
+                for round in 0..60u64 {
+                    state = state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let len = 1 + (state >> 33) as usize % (3 << 20);
+                    let want = data(len, thread * 1000 + round);
+                    let mut src = pool.alloc::<u32>(len).unwrap();
+                    src.as_mut_slice().unwrap().copy_from_slice(&want);
+                    let mut device = DeviceBuffer::<u32>::uninit(&stream, len).unwrap();
+                    stream.upload(&src, &mut device).unwrap();
+                    drop(src); // pending while the upload runs
+                    let mut back = pool.alloc::<u32>(len).unwrap();
+                    stream.download(&device, &mut back).unwrap();
+                    assert_eq!(
+                        back.as_slice().unwrap(),
+                        &want[..],
+                        "thread {thread}, round {round}"
+                    );
+                }
+            });
+        }
+    });
+    let stats = pool.stats();
+    println!("{stats:?}");
+    assert!(stats.peak_reserved <= 96 << 20 && stats.in_use == 0);
+    assert!(stats.hits > 0);
+    ctx.check_deferred_errors().unwrap();
+}
