@@ -4,14 +4,16 @@
 //! transfer, so the host copy and the PCIe transfer never overlap and one CPU thread does all the copying. Here
 //! the user's memory is split into chunks; worker threads copy chunks into pinned staging buffers (several at
 //! once, so the host copy runs at the speed of several threads) while the DMA engine moves the chunks staged
-//! before. Each worker owns whole chunks, round-robin, and double-buffers: it refills a staging buffer as soon as
-//! that buffer's previous copy has completed, which the buffer's tracker waits for.
+//! before. Each worker owns whole chunks, round-robin. The buffers (two per worker at most) circulate among all
+//! threads of the transfer: a buffer is refilled as soon as its previous copy has completed, which its tracker
+//! waits for, and a pool with room for fewer buffers still serves, with less overlap.
 //!
 //! An upload returns once every chunk has been staged: the user's slice is no longer read, and the copies into
 //! the device run on the stream like any upload (the destination's tracker records them). A download returns
 //! once every chunk has been copied out into the user's slice.
 
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError, mpsc};
 
 use bytemuck::Pod;
 
@@ -53,8 +55,9 @@ impl StagingOptions {
     }
 }
 
-/// Where staging buffers come from: a pinned buffer of at least the requested bytes.
-type Buffers<'a> = &'a (dyn Fn(usize) -> Result<Pinned<u8>> + Sync);
+/// Where staging buffers come from: a pinned buffer of at least the requested bytes. The flag says whether the
+/// source may wait for room: only for a transfer's first buffer, since the others it could wait for are its own.
+type Buffers<'a> = &'a (dyn Fn(usize, bool) -> Result<Pinned<u8>> + Sync);
 
 /// A chunk handed between a worker and the enqueueing thread, with the staging buffer that holds it.
 struct Staged {
@@ -86,26 +89,17 @@ fn upload<T: Pod>(
     let chunks = bytes.len().div_ceil(chunk_bytes);
     let workers = options.threads.min(chunks);
     let (base, track) = (dst.device_ptr(), dst.track());
+    let (back_tx, back_rx) = mpsc::channel::<Pinned<u8>>();
+    let circulation = Circulation::new(back_rx, BUFFERS_PER_WORKER * workers, buffers, chunk_bytes);
     let result = std::thread::scope(|scope| -> Result<()> {
         let (ready_tx, ready_rx) = mpsc::channel::<Result<Staged>>();
-        let mut returns = Vec::with_capacity(workers);
         for worker in 0..workers {
-            let (back_tx, back_rx) = mpsc::channel::<Pinned<u8>>();
-            returns.push(back_tx);
-            let ready = ready_tx.clone();
+            let (ready, circulation) = (ready_tx.clone(), &circulation);
             scope.spawn(move || {
-                let mut owned = 0;
                 for chunk in (worker..chunks).step_by(workers) {
                     let part =
                         &bytes[chunk * chunk_bytes..((chunk + 1) * chunk_bytes).min(bytes.len())];
-                    let taken = take_buffer(
-                        &back_rx,
-                        &mut owned,
-                        BUFFERS_PER_WORKER,
-                        buffers,
-                        chunk_bytes,
-                    );
-                    let staged = taken.and_then(|mut buffer| {
+                    let staged = circulation.take().and_then(|mut buffer| {
                         // Waits for the buffer's previous upload to have read it.
                         buffer.as_mut_slice()?[..part.len()].copy_from_slice(part);
                         Ok(Staged { chunk, buffer })
@@ -118,8 +112,9 @@ fn upload<T: Pod>(
             });
         }
         drop(ready_tx);
-        // Enqueue each staged chunk as it arrives (in any order: the chunks' device ranges are disjoint) and give
-        // its buffer back to its worker. An error returns at once, which closes the channels and stops the workers.
+        // Enqueue each staged chunk as it arrives (in any order: the chunks' device ranges are disjoint) and put
+        // its buffer back in circulation. An error returns at once, which closes the channels and stops the
+        // workers.
         for staged in ready_rx {
             let Staged { chunk, buffer } = staged?;
             let offset = chunk * chunk_bytes;
@@ -137,11 +132,12 @@ fn upload<T: Pod>(
                     ))
                 }
             })?;
-            // A worker that has finished no longer listens; its buffer then goes back to where it came from.
-            let _ = returns[chunk % workers].send(buffer);
+            // After the last chunk no one takes it: it goes back to its pool, with its tracker, when dropped.
+            let _ = back_tx.send(buffer);
         }
         Ok(())
     });
+    drop(back_tx);
     result.map_err(|e| {
         e.context(format_args!(
             "uploading {} staged through pinned memory",
@@ -176,8 +172,9 @@ fn download<T: Pod>(
     for (chunk, part) in bytes.chunks_mut(chunk_bytes).enumerate() {
         parts[chunk % workers].push(part);
     }
+    let (back_tx, back_rx) = mpsc::channel::<Pinned<u8>>();
+    let circulation = Circulation::new(back_rx, BUFFERS_PER_WORKER * workers, buffers, chunk_bytes);
     let result = std::thread::scope(|scope| -> Result<()> {
-        let (back_tx, back_rx) = mpsc::channel::<Pinned<u8>>();
         let mut to_workers = Vec::with_capacity(workers);
         let mut handles = Vec::with_capacity(workers);
         for mine in parts {
@@ -201,30 +198,27 @@ fn download<T: Pod>(
             }));
         }
         drop(back_tx);
-        let mut owned = 0;
         let mut enqueued: Result<()> = Ok(());
         for chunk in 0..chunks {
             let offset = chunk * chunk_bytes;
             let len = chunk_bytes.min(total - offset);
-            let limit = BUFFERS_PER_WORKER * workers;
-            let step =
-                take_buffer(&back_rx, &mut owned, limit, buffers, chunk_bytes).and_then(|buffer| {
-                    let dst = buffer.host_ptr();
-                    stream.tracked(Some(track), Some(buffer.track()), || {
-                        // SAFETY: `len` bytes of the source from `offset` (within it: lengths checked) and of the
-                        // staging buffer; both trackers order the copy, and the worker reads the buffer only through
-                        // `as_slice`, which waits for it.
-                        unsafe {
-                            driver_call!(cuMemcpyDtoHAsync_v2(
-                                dst,
-                                base + offset as u64,
-                                len,
-                                stream.as_raw()
-                            ))
-                        }
-                    })?;
-                    Ok(Staged { chunk, buffer })
-                });
+            let step = circulation.take().and_then(|buffer| {
+                let dst = buffer.host_ptr();
+                stream.tracked(Some(track), Some(buffer.track()), || {
+                    // SAFETY: `len` bytes of the source from `offset` (within it: lengths checked) and of the
+                    // staging buffer; both trackers order the copy, and the worker reads the buffer only through
+                    // `as_slice`, which waits for it.
+                    unsafe {
+                        driver_call!(cuMemcpyDtoHAsync_v2(
+                            dst,
+                            base + offset as u64,
+                            len,
+                            stream.as_raw()
+                        ))
+                    }
+                })?;
+                Ok(Staged { chunk, buffer })
+            });
             match step {
                 Ok(staged) => {
                     if to_workers[chunk % workers].send(staged).is_err() {
@@ -264,31 +258,59 @@ fn check_lengths(what: &str, host: usize, device: usize) -> Result<()> {
     }
 }
 
-/// A staging buffer: one given back already, else a new one while fewer than `limit` are in circulation
-/// (`owned` counts them), else the next one given back.
-fn take_buffer(
-    back: &mpsc::Receiver<Pinned<u8>>,
-    owned: &mut usize,
+/// The staging buffers of one transfer: at most `limit` in circulation, passed back through `back` and shared
+/// by every thread that needs one.
+struct Circulation<'a> {
+    back: Mutex<mpsc::Receiver<Pinned<u8>>>,
+    owned: AtomicUsize,
     limit: usize,
-    buffers: Buffers<'_>,
+    buffers: Buffers<'a>,
     bytes: usize,
-) -> Result<Pinned<u8>> {
-    if let Ok(buffer) = back.try_recv() {
-        return Ok(buffer);
-    }
-    if *owned < limit {
-        match buffers(bytes) {
-            Ok(buffer) => {
-                *owned += 1;
-                return Ok(buffer);
-            }
-            // A full pool still lets the transfer go on with the buffers it already has.
-            Err(Error::PoolExhausted { .. }) if *owned > 0 => {}
-            Err(e) => return Err(e),
+}
+
+impl<'a> Circulation<'a> {
+    fn new(
+        back: mpsc::Receiver<Pinned<u8>>,
+        limit: usize,
+        buffers: Buffers<'a>,
+        bytes: usize,
+    ) -> Circulation<'a> {
+        Circulation {
+            back: Mutex::new(back),
+            owned: AtomicUsize::new(0),
+            limit,
+            buffers,
+            bytes,
         }
     }
-    back.recv()
-        .map_err(|_| Error::invalid("staging: the other side of the transfer stopped"))
+
+    /// A buffer given back already, else a new one while fewer than `limit` are in circulation, else the next
+    /// one given back. Only the transfer's first buffer may wait for room in the pool; when the pool has no room
+    /// for another, the transfer goes on with the buffers it has.
+    fn take(&self) -> Result<Pinned<u8>> {
+        if let Ok(buffer) = self.lock().try_recv() {
+            return Ok(buffer);
+        }
+        let before = self.owned.fetch_add(1, Ordering::Relaxed);
+        if before < self.limit {
+            match (self.buffers)(self.bytes, before == 0) {
+                Ok(buffer) => return Ok(buffer),
+                Err(Error::PoolExhausted { .. }) if before > 0 => {}
+                Err(e) => {
+                    self.owned.fetch_sub(1, Ordering::Relaxed);
+                    return Err(e);
+                }
+            }
+        }
+        self.owned.fetch_sub(1, Ordering::Relaxed);
+        self.lock()
+            .recv()
+            .map_err(|_| Error::invalid("staging: the other side of the transfer stopped"))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, mpsc::Receiver<Pinned<u8>>> {
+        self.back.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 impl Stream {
@@ -322,7 +344,13 @@ impl Stream {
         src: &[T],
         dst: &mut impl DeviceDestination<T>,
     ) -> Result<()> {
-        upload(self, &|bytes| pool.alloc(bytes), options, src, dst)
+        upload(
+            self,
+            &|bytes, may_wait| pool_buffer(pool, bytes, may_wait),
+            options,
+            src,
+            dst,
+        )
     }
 
     /// Downloads `src` into ordinary (pageable) memory through pinned staging buffers from `pool`, with the DMA
@@ -351,6 +379,21 @@ impl Stream {
         src: &impl DeviceSource<T>,
         dst: &mut [T],
     ) -> Result<()> {
-        download(self, &|bytes| pool.alloc(bytes), options, src, dst)
+        download(
+            self,
+            &|bytes, may_wait| pool_buffer(pool, bytes, may_wait),
+            options,
+            src,
+            dst,
+        )
+    }
+}
+
+/// A staging buffer from `pool`: waiting for room only where the caller may wait.
+fn pool_buffer(pool: &PinnedPool, bytes: usize, may_wait: bool) -> Result<Pinned<u8>> {
+    if may_wait {
+        pool.alloc(bytes)
+    } else {
+        pool.try_alloc(bytes)
     }
 }

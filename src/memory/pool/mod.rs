@@ -171,6 +171,19 @@ impl PinnedPool {
     #[doc(alias = "cuMemHostAlloc")]
     #[doc(alias = "cuMemHostRegister")]
     pub fn alloc<T: Pod>(&self, len: usize) -> Result<Pinned<T>> {
+        self.alloc_when_full(len, self.0.when_full)
+    }
+
+    /// [`PinnedPool::alloc`] that never waits: [`Error::PoolExhausted`] when the budget leaves no room, whatever
+    /// the pool's [`WhenFull`].
+    ///
+    /// # Errors
+    /// As [`PinnedPool::alloc`] with [`WhenFull::Fail`].
+    pub fn try_alloc<T: Pod>(&self, len: usize) -> Result<Pinned<T>> {
+        self.alloc_when_full(len, WhenFull::Fail)
+    }
+
+    fn alloc_when_full<T: Pod>(&self, len: usize, when_full: WhenFull) -> Result<Pinned<T>> {
         let bytes = byte_len::<T>(len, "allocating from the pinned pool")?;
         let shared = &self.0;
         if bytes == 0 {
@@ -204,7 +217,7 @@ impl PinnedPool {
                     };
                 }
                 Take::TooLarge => return Err(shared.exhausted(&state, bytes)),
-                Take::Exhausted => match shared.when_full {
+                Take::Exhausted => match when_full {
                     WhenFull::Fail => return Err(shared.exhausted(&state, bytes)),
                     WhenFull::Wait => {
                         if !state.wait_for_any(&Gpu)? {
@@ -220,14 +233,18 @@ impl PinnedPool {
         }
     }
 
-    /// Unpins every idle cached block, giving its memory back to the system. Blocks in use or with device work
-    /// pending stay.
+    /// Unpins every idle block, giving its memory back to the system: cached blocks, and blocks given back
+    /// whose device work has completed by now. Blocks in use or with work still pending stay.
     ///
     /// # Errors
-    /// The driver's, if unpinning fails (the block is then kept out of the pool, as leaked).
+    /// The driver's, from querying events or unpinning (a block that fails to unpin is leaked).
     pub fn trim(&self) -> Result<()> {
-        let blocks = self.0.lock().trim();
         let _current = self.0.context.enter()?;
+        let blocks = {
+            let mut state = self.0.lock();
+            state.poll_pending(&Gpu)?;
+            state.trim()
+        };
         for block in blocks {
             block.unpin(&self.0.context);
         }

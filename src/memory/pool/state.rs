@@ -406,7 +406,7 @@ impl<B, S: Clone + Eq, E> PoolState<B, S, E> {
 
     /// Polls every pending block, caching the idle ones; how many it cached. On error, the rest are still
     /// polled, and the first error is returned.
-    fn poll_pending<T>(&mut self, t: &T) -> Result<usize, T::Error>
+    pub(crate) fn poll_pending<T>(&mut self, t: &T) -> Result<usize, T::Error>
     where
         T: Timeline<Stream = S, Event = E>,
     {
