@@ -1,0 +1,388 @@
+//! Bandwidth of each way of holding the host side of a copy, per size and direction, through the safe layer and
+//! through the raw driver call on the same memory; and an upload and a download at the same time.
+//!
+//! Every figure is checked once: the source is filled with a pattern of its own seed before the copies, and
+//! after them the destination must hold exactly that pattern (a download's destination is overwritten first,
+//! so a copy that did nothing shows).
+
+use std::ffi::c_void;
+
+use cuda_pinned::{
+    Context, DeviceBuffer, DeviceView, DeviceViewMut, Event, Pinned, PinnedBuilder, Registered,
+    Stream, driver_call,
+};
+
+use crate::results::{Api, Bandwidth, Bidirectional, Direction, Method, size_label};
+use crate::timing::{Plan, Stopwatch, Timed, fill_pattern, median, pattern_mismatch};
+use crate::{Bench, Outcome};
+
+/// What a download's destination holds before the copy: not the pattern, not zeros.
+const POISON: u8 = 0xA5;
+
+/// The host memory of one method, one transfer long.
+enum Host {
+    /// A `Vec` the driver stages through its own pinned buffer.
+    Pageable(Vec<u8>),
+    /// `cuMemHostAlloc` memory, default or write-combined.
+    Pinned(Pinned<u8>),
+    /// A `Vec` pinned in place.
+    Registered(Registered<u8>),
+}
+
+impl Host {
+    /// Allocates `bytes` of `method`'s host memory.
+    fn new(context: &Context, method: Method, bytes: usize) -> Outcome<Host> {
+        Ok(match method {
+            Method::Pageable => Host::Pageable(vec![0u8; bytes]),
+            Method::Pinned => Host::Pinned(Pinned::zeroed(context, bytes)?),
+            Method::PinnedWriteCombined => Host::Pinned(
+                PinnedBuilder::new(context)
+                    .write_combined(true)
+                    .zeroed(bytes)?,
+            ),
+            Method::Registered => Host::Registered(Registered::new(context, vec![0u8; bytes])?),
+        })
+    }
+
+    /// The memory, for the host to write (waits for device work on it).
+    fn write(&mut self) -> Outcome<&mut [u8]> {
+        Ok(match self {
+            Host::Pageable(v) => v,
+            Host::Pinned(p) => p.as_mut_slice()?,
+            Host::Registered(r) => r.as_mut_slice()?,
+        })
+    }
+
+    /// The memory, for the host to read (waits for device writes to it). Slow for write-combined memory.
+    fn read(&self) -> Outcome<&[u8]> {
+        Ok(match self {
+            Host::Pageable(v) => v,
+            Host::Pinned(p) => p.as_slice()?,
+            Host::Registered(r) => r.as_slice()?,
+        })
+    }
+
+    /// Whether the CPU reads the memory at normal speed (write-combined memory is uncached).
+    fn readable(&self) -> bool {
+        !matches!(self, Host::Pinned(p) if p.is_write_combined())
+    }
+
+    /// Enqueues an upload of all of it through the safe layer (a pageable one returns when done).
+    fn upload(&self, stream: &Stream, dst: &mut DeviceViewMut<'_, u8>) -> cuda_pinned::Result<()> {
+        match self {
+            Host::Pageable(v) => stream.upload_pageable(v, dst),
+            Host::Pinned(p) => stream.upload(p, dst),
+            Host::Registered(r) => stream.upload(r, dst),
+        }
+    }
+
+    /// Enqueues a download into all of it through the safe layer (a pageable one returns when done).
+    fn download(&mut self, stream: &Stream, src: &DeviceView<'_, u8>) -> cuda_pinned::Result<()> {
+        match self {
+            Host::Pageable(v) => stream.download_pageable(src, v),
+            Host::Pinned(p) => stream.download(src, p),
+            Host::Registered(r) => stream.download(src, r),
+        }
+    }
+
+    /// The address of the page-locked memory for a raw copy that writes it (after waiting for device work).
+    fn raw_ptr(&mut self) -> Outcome<*mut c_void> {
+        match self {
+            Host::Pageable(_) => Err("a raw asynchronous copy needs page-locked memory".into()),
+            Host::Pinned(p) => Ok(p.as_mut_slice()?.as_mut_ptr().cast()),
+            Host::Registered(r) => Ok(r.as_mut_slice()?.as_mut_ptr().cast()),
+        }
+    }
+}
+
+/// The estimated seconds of one bandwidth figure, for the progress bar.
+fn estimate(method: Method, bytes: usize, plan: &Plan) -> f64 {
+    let speed = if method == Method::Pageable {
+        8e9
+    } else {
+        45e9
+    };
+    let copies = (plan.min_samples + 2) as f64 * bytes as f64 / speed;
+    // Filling and checking the data runs at a few GB/s on the host.
+    plan.min_seconds.max(copies) + 0.002 + 3.0 * bytes as f64 / 4e9
+}
+
+/// The estimated seconds of [`bandwidth`].
+pub fn estimate_all(plan: &Plan) -> f64 {
+    let mut total = 0.0;
+    for method in Method::MEASURED {
+        let apis = if method.has_raw() { 2.0 } else { 1.0 };
+        for &bytes in &plan.sizes {
+            total += 2.0 * apis * estimate(method, bytes, plan);
+        }
+    }
+    total
+}
+
+/// Every method, size, direction and API of the plan.
+pub fn bandwidth(bench: &mut Bench) -> Outcome<Vec<Bandwidth>> {
+    let plan = bench.plan.clone();
+    let stream = bench.stream.clone();
+    let mut device = DeviceBuffer::<u8>::uninit(&stream, plan.max_size())?;
+    let mut check = vec![0u8; plan.max_size()];
+    let watch = Stopwatch::new(&stream)?;
+    let mut rows = Vec::new();
+    for method in Method::MEASURED {
+        let apis: &[Api] = if method.has_raw() {
+            &[Api::Safe, Api::Raw]
+        } else {
+            &[Api::Safe]
+        };
+        for &bytes in &plan.sizes {
+            let mut host = Host::new(&bench.context, method, bytes)?;
+            for direction in Direction::BOTH {
+                for &api in apis {
+                    bench.progress.show(&format!(
+                        "{} {} {} {}",
+                        method.label(),
+                        api.key(),
+                        direction.key(),
+                        size_label(bytes)
+                    ));
+                    let seed = bench.next_seed();
+                    let figure = Figure {
+                        stream: &stream,
+                        watch: &watch,
+                        plan: &plan,
+                        bytes,
+                        seed,
+                    };
+                    let measured = match direction {
+                        Direction::Upload => figure.upload(api, &mut host, &mut device, &mut check),
+                        Direction::Download => {
+                            figure.download(api, &mut host, &mut device, &mut check)
+                        }
+                    };
+                    let (timed, verified) = match measured {
+                        Ok(m) => m,
+                        Err(e) => {
+                            // A raw copy is not tracked: the host memory may only go once the stream is idle,
+                            // and if that cannot be known it must never go.
+                            if stream.synchronize().is_err() {
+                                std::mem::forget(host);
+                            }
+                            return Err(e);
+                        }
+                    };
+                    rows.push(Bandwidth {
+                        method,
+                        api,
+                        direction,
+                        bytes,
+                        seconds: timed.seconds,
+                        samples: timed.samples,
+                        batch: timed.batch,
+                        verified,
+                    });
+                    bench.progress.advance(estimate(method, bytes, &plan));
+                }
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// One figure being measured: where, how long, and the seed of its data.
+struct Figure<'a> {
+    stream: &'a Stream,
+    watch: &'a Stopwatch,
+    plan: &'a Plan,
+    bytes: usize,
+    seed: u64,
+}
+
+impl Figure<'_> {
+    /// Times uploads of `host` into the start of `device`, then checks what arrived through `check`.
+    fn upload(
+        &self,
+        api: Api,
+        host: &mut Host,
+        device: &mut DeviceBuffer<u8>,
+        check: &mut [u8],
+    ) -> Outcome<(Timed, bool)> {
+        let (stream, bytes) = (self.stream, self.bytes);
+        fill_pattern(host.write()?, self.seed);
+        let mut dst = device.slice_mut(..bytes)?;
+        let timed = match api {
+            Api::Safe => self
+                .watch
+                .copies(self.plan, || Ok(host.upload(stream, &mut dst)?))?,
+            Api::Raw => {
+                let (src, d) = (host.raw_ptr()?.cast_const(), dst.as_raw());
+                self.watch.copies(self.plan, || {
+                    // SAFETY: `src` is `bytes` bytes of page-locked memory owned by `host` and `d` the first
+                    // `bytes` bytes of `device`, both alive until the stream is idle: `copies` waits for its
+                    // last batch, and on an error `bandwidth` synchronises the stream or leaks the host memory.
+                    // Nothing else touches either meanwhile, and later work on `device` runs on this stream.
+                    unsafe { driver_call!(cuMemcpyHtoDAsync_v2(d, src, bytes, stream.as_raw())) }?;
+                    Ok(())
+                })?
+            }
+        };
+        let check = &mut check[..bytes];
+        stream.download_pageable(&device.slice(..bytes)?, check)?;
+        Ok((timed, pattern_mismatch(check, self.seed).is_none()))
+    }
+
+    /// Times downloads of the start of `device` into `host`, then checks what arrived.
+    fn download(
+        &self,
+        api: Api,
+        host: &mut Host,
+        device: &mut DeviceBuffer<u8>,
+        check: &mut [u8],
+    ) -> Outcome<(Timed, bool)> {
+        let (stream, bytes) = (self.stream, self.bytes);
+        fill_pattern(host.write()?, self.seed);
+        host.upload(stream, &mut device.slice_mut(..bytes)?)?;
+        host.write()?.fill(POISON);
+        let src = device.slice(..bytes)?;
+        let timed = match api {
+            Api::Safe => self
+                .watch
+                .copies(self.plan, || Ok(host.download(stream, &src)?))?,
+            Api::Raw => {
+                let (dst, s) = (host.raw_ptr()?, src.as_raw());
+                self.watch.copies(self.plan, || {
+                    // SAFETY: as in `upload`, the other way round: `dst` is `bytes` bytes of page-locked memory
+                    // of `host`, which the host does not touch until the stream is idle.
+                    unsafe { driver_call!(cuMemcpyDtoHAsync_v2(dst, s, bytes, stream.as_raw())) }?;
+                    Ok(())
+                })?
+            }
+        };
+        stream.synchronize()?;
+        let verified = if host.readable() {
+            pattern_mismatch(host.read()?, self.seed).is_none()
+        } else {
+            // Reading write-combined memory with the CPU crawls: send it back up and check it from there.
+            host.upload(stream, &mut device.slice_mut(..bytes)?)?;
+            let check = &mut check[..bytes];
+            stream.download_pageable(&device.slice(..bytes)?, check)?;
+            pattern_mismatch(check, self.seed).is_none()
+        };
+        Ok((timed, verified))
+    }
+}
+
+/// The estimated seconds of [`bidirectional`], for the progress bar.
+pub fn estimate_bidirectional(plan: &Plan) -> f64 {
+    let copies = (3 * plan.bidirectional_samples + 8) as f64;
+    plan.bidirectional_sizes
+        .iter()
+        .map(|&b| 0.05 + b as f64 * (copies / 45e9 + 6.0 / 4e9))
+        .sum()
+}
+
+/// An upload on one stream and a download on another at the same time, from and to pinned memory, and each
+/// alone with the same buffers, per size of the plan. `under_load` is called once while both directions run
+/// (to read the PCIe link when it is busy).
+pub fn bidirectional(
+    bench: &mut Bench,
+    under_load: &mut dyn FnMut(),
+) -> Outcome<Vec<Bidirectional>> {
+    let plan = bench.plan.clone();
+    let Some(max) = plan.bidirectional_sizes.iter().copied().max() else {
+        return Ok(Vec::new());
+    };
+    let context = bench.context.clone();
+    let pair = Pair {
+        up: Stream::new(&context)?,
+        down: Stream::new(&context)?,
+        start: Event::new(&context)?,
+        end: Event::new(&context)?,
+        down_done: Event::without_timing(&context)?,
+    };
+    let (up, down) = (&pair.up, &pair.down);
+    let mut src = Pinned::<u8>::zeroed(&context, max)?;
+    let mut dst = Pinned::<u8>::zeroed(&context, max)?;
+    let mut to_device = DeviceBuffer::<u8>::uninit(up, max)?;
+    let mut from_device = DeviceBuffer::<u8>::uninit(down, max)?;
+    let (watch_up, watch_down) = (Stopwatch::new(up)?, Stopwatch::new(down)?);
+    let mut rows = Vec::new();
+    let mut read_link = Some(under_load);
+    for &bytes in &plan.bidirectional_sizes {
+        bench
+            .progress
+            .show(&format!("both directions at once, {}", size_label(bytes)));
+        let (seed_up, seed_down) = (bench.next_seed(), bench.next_seed());
+        fill_pattern(&mut src.as_mut_slice()?[..bytes], seed_up);
+        fill_pattern(&mut dst.as_mut_slice()?[..bytes], seed_down);
+        down.upload(&dst.slice(..bytes)?, &mut from_device.slice_mut(..bytes)?)?;
+        dst.as_mut_slice()?[..bytes].fill(POISON);
+
+        let samples = plan.bidirectional_samples;
+        let (mut both, mut alone_up, mut alone_down) = (Vec::new(), Vec::new(), Vec::new());
+        {
+            let (s, mut d) = (src.slice(..bytes)?, dst.slice_mut(..bytes)?);
+            let (mut to, from) = (to_device.slice_mut(..bytes)?, from_device.slice(..bytes)?);
+            // Warm-up, long enough to bring the link to its working speed and read it there.
+            for _ in 0..4 {
+                pair.enqueue(&s, &mut to, &from, &mut d)?;
+            }
+            if let Some(read) = read_link.take() {
+                read();
+            }
+            pair.end.synchronize()?;
+            for _ in 0..samples {
+                pair.enqueue(&s, &mut to, &from, &mut d)?;
+                pair.end.synchronize()?;
+                both.push(pair.end.elapsed_since(&pair.start)?.as_secs_f64());
+                alone_up.push(watch_up.time(|| Ok(up.upload(&s, &mut to)?))?);
+                alone_down.push(watch_down.time(|| Ok(down.download(&from, &mut d)?))?);
+            }
+        }
+        let mut check = vec![0u8; bytes];
+        up.download_pageable(&to_device.slice(..bytes)?, &mut check)?;
+        let verified = pattern_mismatch(&check, seed_up).is_none()
+            && pattern_mismatch(&dst.as_slice()?[..bytes], seed_down).is_none();
+        rows.push(Bidirectional {
+            bytes,
+            both_seconds: median(both),
+            upload_seconds: median(alone_up),
+            download_seconds: median(alone_down),
+            samples,
+            verified,
+        });
+        bench.progress.advance(estimate_bidirectional(&Plan {
+            bidirectional_sizes: vec![bytes],
+            ..plan.clone()
+        }));
+    }
+    Ok(rows)
+}
+
+/// Two streams and the events that time an upload on one and a download on the other, started together.
+struct Pair {
+    up: Stream,
+    down: Stream,
+    start: Event,
+    end: Event,
+    down_done: Event,
+}
+
+impl Pair {
+    /// Enqueues both copies between `start` and `end` (on `up`; `down` waits for `start`, and `up` for the end
+    /// of `down`'s copy before `end`). Returns at once.
+    fn enqueue(
+        &self,
+        src: &cuda_pinned::PinnedView<'_, u8>,
+        to: &mut DeviceViewMut<'_, u8>,
+        from: &DeviceView<'_, u8>,
+        dst: &mut cuda_pinned::PinnedViewMut<'_, u8>,
+    ) -> Outcome<()> {
+        self.start.record(&self.up)?;
+        self.down.wait(&self.start)?;
+        self.up.upload(src, to)?;
+        self.down.download(from, dst)?;
+        self.down_done.record(&self.down)?;
+        self.up.wait(&self.down_done)?;
+        self.end.record(&self.up)?;
+        Ok(())
+    }
+}

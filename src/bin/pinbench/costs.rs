@@ -1,0 +1,141 @@
+//! What using pinned memory costs the host: allocating and registering it, and enqueueing a small copy.
+
+use std::ffi::c_void;
+use std::time::Instant;
+
+use cuda_pinned::{DeviceBuffer, Pinned, Registered, Stream, driver_call};
+
+use crate::results::{Alloc, Allocation, Enqueue, size_label};
+use crate::timing::{Plan, fill_pattern, median};
+use crate::{Bench, Outcome};
+
+/// Size of the per-call allocation figure.
+const PER_CALL_BYTES: usize = 1 << 20;
+/// Size of the enqueued copy.
+const SMALL: usize = 64;
+/// Small copies per timed batch: few enough that the driver's queue never fills and blocks the enqueue.
+const ENQUEUE_BATCH: usize = 500;
+
+/// The estimated seconds of [`allocation`], for the progress bar.
+pub fn estimate_allocation(plan: &Plan) -> f64 {
+    let gib = plan.alloc_bytes as f64 / f64::from(1u32 << 30);
+    // About 0.4 s per GiB to pin, 0.3 s to touch or fault in, 0.1 s to release.
+    plan.alloc_samples as f64 * gib * (0.5 + 0.8 + 1.1) + plan.per_call_samples as f64 * 0.001
+}
+
+/// The estimated seconds of [`enqueue`].
+pub fn estimate_enqueue(plan: &Plan) -> f64 {
+    0.01 + 3.0 * plan.enqueue_samples as f64 * ENQUEUE_BATCH as f64 * 4e-6
+}
+
+/// Host time of allocating pinned memory and of pinning a `Vec` in place. Every call is timed on its own with
+/// the host clock; each figure is the median.
+pub fn allocation(bench: &mut Bench) -> Outcome<Vec<Allocation>> {
+    let plan = bench.plan.clone();
+    let context = bench.context.clone();
+    let large = plan.alloc_bytes;
+    let mut rows = Vec::new();
+    let mut row = |what: Alloc, bytes: usize, times: Vec<f64>| {
+        rows.push(Allocation {
+            what,
+            bytes,
+            samples: times.len(),
+            seconds: median(times),
+        });
+    };
+
+    bench
+        .progress
+        .show(&format!("Pinned::zeroed of {}", size_label(large)));
+    let mut times = Vec::new();
+    for _ in 0..plan.alloc_samples {
+        let begin = Instant::now();
+        let pinned = Pinned::<u8>::zeroed(&context, large)?;
+        times.push(begin.elapsed().as_secs_f64());
+        drop(pinned);
+    }
+    row(Alloc::PinnedCold, large, times);
+
+    bench.progress.show("Pinned::zeroed of 1 MiB");
+    // Kept until all are made, so that no call gets back memory a previous one freed.
+    let mut kept = Vec::with_capacity(plan.per_call_samples);
+    let mut times = Vec::new();
+    for _ in 0..plan.per_call_samples {
+        let begin = Instant::now();
+        kept.push(Pinned::<u8>::zeroed(&context, PER_CALL_BYTES)?);
+        times.push(begin.elapsed().as_secs_f64());
+    }
+    drop(kept);
+    row(Alloc::PinnedPerCall, PER_CALL_BYTES, times);
+
+    for (what, touch) in [
+        (Alloc::RegisterTouched, true),
+        (Alloc::RegisterUntouched, false),
+    ] {
+        bench
+            .progress
+            .show(&format!("{} of {}", what.label(), size_label(large)));
+        let mut times = Vec::new();
+        for _ in 0..plan.alloc_samples {
+            // calloc: fresh pages from the OS, not yet touched, which registering must fault in.
+            let mut vec = vec![0u8; large];
+            if touch {
+                fill_pattern(&mut vec, bench.next_seed());
+            }
+            let begin = Instant::now();
+            let registered = Registered::new(&context, vec)?;
+            times.push(begin.elapsed().as_secs_f64());
+            drop(registered);
+        }
+        row(what, large, times);
+    }
+    bench.progress.advance(estimate_allocation(&plan));
+    Ok(rows)
+}
+
+/// Host time per enqueued 64-byte upload from pinned memory: the raw driver call, the safe layer on one stream
+/// (the tracker's fast path, which records no event), and the safe layer alternating two streams (each copy
+/// then waits on the device for the other stream's previous one).
+pub fn enqueue(bench: &mut Bench) -> Outcome<Enqueue> {
+    bench.progress.show("enqueue overhead of a 64-byte upload");
+    let context = bench.context.clone();
+    let samples = bench.plan.enqueue_samples;
+    let stream = &bench.stream;
+    let other = Stream::new(&context)?;
+    let small = Pinned::from_slice(&context, &[7u8; SMALL])?;
+    let mut device = DeviceBuffer::<u8>::zeroed(stream, SMALL)?;
+    stream.synchronize()?;
+    let batches = |enqueue: &mut dyn FnMut(usize) -> cuda_pinned::Result<()>| -> Outcome<f64> {
+        let mut times = Vec::new();
+        for batch in 0..2 + samples {
+            let begin = Instant::now();
+            let enqueued = (0..ENQUEUE_BATCH).try_for_each(&mut *enqueue);
+            let took = begin.elapsed();
+            // Even after a failed enqueue: the raw copies are untracked, so nothing may go before they finish.
+            context.synchronize()?;
+            enqueued?;
+            if batch >= 2 {
+                times.push(took.as_secs_f64() / ENQUEUE_BATCH as f64);
+            }
+        }
+        Ok(median(times))
+    };
+    let (dst, src) = (device.as_raw(), small.as_ptr().cast::<c_void>());
+    let raw = batches(&mut |_| {
+        // SAFETY: 64 bytes of live pinned and device memory; the context is synchronised after each batch,
+        // before either buffer can be touched or dropped.
+        unsafe { driver_call!(cuMemcpyHtoDAsync_v2(dst, src, SMALL, stream.as_raw())) }
+    })?;
+    let same_stream = batches(&mut |_| stream.upload(&small, &mut device))?;
+    let cross_stream =
+        batches(&mut |i| if i % 2 == 0 { stream } else { &other }.upload(&small, &mut device))?;
+    bench.progress.advance(estimate_enqueue(&bench.plan));
+    Ok(Enqueue {
+        raw,
+        same_stream,
+        cross_stream,
+        bytes: SMALL,
+        batch: ENQUEUE_BATCH,
+        samples,
+    })
+}

@@ -1,0 +1,275 @@
+//! The readable report: the header, then one table per direction of GB/s per size and method (safe-layer
+//! figures with their ratio to the raw driver call on the same memory), then the other sections.
+
+use std::fmt::Write;
+
+use crate::results::{Api, Direction, Method, Report, size_label};
+
+/// The whole report as text.
+pub fn table(report: &Report) -> String {
+    let mut out = String::new();
+    header(&mut out, report);
+    for direction in Direction::BOTH {
+        bandwidth(&mut out, report, direction);
+    }
+    bidirectional(&mut out, report);
+    allocation(&mut out, report);
+    enqueue(&mut out, report);
+    overlap(&mut out, report);
+    let failures = report.failures();
+    if !failures.is_empty() {
+        out.push_str("\nDATA CHECK FAILED (figures marked !): the data that arrived differs from the source:\n");
+        for f in failures {
+            let _ = writeln!(out, "  {f}");
+        }
+    }
+    out
+}
+
+fn header(out: &mut String, report: &Report) {
+    let h = &report.header;
+    let d = &h.device;
+    let _ = writeln!(
+        out,
+        "pinbench {} ({} run, {:.1} s)",
+        env!("CARGO_PKG_VERSION"),
+        if report.quick { "quick" } else { "full" },
+        report.wall_seconds
+    );
+    let _ = writeln!(
+        out,
+        "device {}: {}, compute capability {}.{}, {:.1} GiB, PCI {}, {} copy engines ({} CUDA device{})",
+        d.ordinal,
+        d.name,
+        d.compute_capability.0,
+        d.compute_capability.1,
+        d.memory_bytes as f64 / f64::from(1u32 << 30),
+        d.pci_bus_id,
+        d.copy_engines,
+        h.device_count,
+        if h.device_count == 1 { "" } else { "s" }
+    );
+    let _ = writeln!(
+        out,
+        "driver: NVIDIA {}, supports CUDA {} ({})",
+        h.nvidia_driver
+            .as_deref()
+            .unwrap_or("release unknown (NVML unavailable)"),
+        h.cuda_version_text(),
+        h.driver_library
+    );
+    match &h.pcie {
+        Some(l) => {
+            let _ = writeln!(
+                out,
+                "PCIe: gen {} x{} under load (the GPU supports up to gen {} x{})",
+                l.generation, l.width, l.max_generation, l.max_width
+            );
+        }
+        None => out.push_str("PCIe: unknown (NVML, libnvidia-ml.so.1, could not be read)\n"),
+    }
+}
+
+/// A column of a bandwidth table: a method, safe or raw.
+fn columns() -> Vec<(Method, Api, String)> {
+    let mut columns = Vec::new();
+    for method in Method::MEASURED {
+        if method == Method::Pinned {
+            columns.push((method, Api::Raw, "raw pinned".to_string()));
+        }
+        columns.push((method, Api::Safe, method.label().to_string()));
+    }
+    columns
+}
+
+fn bandwidth(out: &mut String, report: &Report, direction: Direction) {
+    let sizes = report.sizes();
+    if sizes.is_empty() {
+        return;
+    }
+    let what = match direction {
+        Direction::Upload => "upload (host to device)",
+        Direction::Download => "download (device to host)",
+    };
+    let _ = writeln!(
+        out,
+        "\n{what}, GB/s, median per copy (event-timed); (x) = ratio to the raw driver call on the same memory"
+    );
+    let columns = columns();
+    let _ = write!(out, "{:>8}", "size");
+    for (_, _, title) in &columns {
+        let _ = write!(out, " {title:>15}");
+    }
+    out.push('\n');
+    for &bytes in &sizes {
+        let _ = write!(out, "{:>8}", size_label(bytes));
+        for &(method, api, _) in &columns {
+            let cell = match report.find(method, api, direction, bytes) {
+                None => "-".to_string(),
+                Some(b) => {
+                    let mut cell = format!("{:.2}", b.gb_per_s());
+                    if let Some(r) = report.ratio_to_raw(b) {
+                        let _ = write!(cell, " ({r:.2})");
+                    }
+                    if !b.verified {
+                        cell.push('!');
+                    }
+                    cell
+                }
+            };
+            let _ = write!(out, " {cell:>15}");
+        }
+        out.push('\n');
+    }
+}
+
+fn bidirectional(out: &mut String, report: &Report) {
+    if report.bidirectional.is_empty() {
+        return;
+    }
+    out.push_str(
+        "\nboth directions at once: pinned upload and download on two streams, GB/s (median)\n",
+    );
+    let _ = writeln!(
+        out,
+        "{:>8} {:>10} {:>10} {:>16} {:>14}",
+        "size", "up alone", "down alone", "both, aggregate", "of up + down"
+    );
+    for b in &report.bidirectional {
+        let _ = writeln!(
+            out,
+            "{:>8} {:>10.2} {:>10.2} {:>16} {:>14}",
+            size_label(b.bytes),
+            crate::results::gb_per_s(b.bytes, b.upload_seconds),
+            crate::results::gb_per_s(b.bytes, b.download_seconds),
+            format!(
+                "{:.2}{}",
+                b.aggregate_gb_per_s(),
+                if b.verified { "" } else { "!" }
+            ),
+            format!("{:.2}x", b.ratio_to_sum())
+        );
+    }
+}
+
+fn allocation(out: &mut String, report: &Report) {
+    if report.allocation.is_empty() {
+        return;
+    }
+    out.push_str("\nallocation (host time, median):\n");
+    for a in &report.allocation {
+        let figure = if a.what.per_call() {
+            format!("{:.3} ms per call", a.seconds * 1e3)
+        } else {
+            format!("{:.3} s per GiB", a.seconds_per_gib())
+        };
+        let _ = writeln!(
+            out,
+            "  {:<32} {:>8}  {figure:<18} (median of {})",
+            a.what.label(),
+            size_label(a.bytes),
+            a.samples
+        );
+    }
+}
+
+fn enqueue(out: &mut String, report: &Report) {
+    let e = &report.enqueue;
+    let _ = writeln!(
+        out,
+        "\nenqueueing a {}-byte upload from pinned memory (host time per call, median of {} batches of {}):",
+        e.bytes, e.samples, e.batch
+    );
+    let _ = writeln!(
+        out,
+        "  {:<44} {:>8.2} us",
+        "raw cuMemcpyHtoDAsync_v2",
+        e.raw * 1e6
+    );
+    for (label, seconds) in [
+        ("Stream::upload, one stream (no event)", e.same_stream),
+        ("Stream::upload, alternating two streams", e.cross_stream),
+    ] {
+        let _ = writeln!(
+            out,
+            "  {label:<44} {:>8.2} us  ({:.2}x raw)",
+            seconds * 1e6,
+            seconds / e.raw
+        );
+    }
+}
+
+fn overlap(out: &mut String, report: &Report) {
+    let Some(o) = &report.overlap else {
+        out.push_str("\noverlap: not built in (build with --features gpu)\n");
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "\noverlap: {} uploads of {}, each followed by a kernel of {:.3} ms (median of {}):",
+        o.chunks,
+        size_label(o.chunk_bytes),
+        o.spin_seconds * 1e3,
+        o.samples
+    );
+    let _ = writeln!(
+        out,
+        "  copies alone {:.2} ms, kernels alone {:.2} ms, ideal max(copies, kernels) {:.2} ms",
+        o.copy_seconds * 1e3,
+        o.kernel_seconds * 1e3,
+        o.ideal_seconds() * 1e3
+    );
+    for (label, seconds) in [
+        ("one stream", o.one_stream_seconds),
+        (
+            "copy + compute streams, double-buffered",
+            o.two_streams_seconds,
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "  {label:<44} {:>8.2} ms  ({:.2}x ideal)",
+            seconds * 1e3,
+            seconds / o.ideal_seconds()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testdata::sample_report;
+
+    #[test]
+    fn the_table_has_every_section_and_ratios() {
+        let text = table(&sample_report());
+        for needle in [
+            "device 0: Test GPU <&>, compute capability 9.0",
+            "NVIDIA 580.1",
+            "supports CUDA 13.0",
+            "PCIe: gen 5 x16 under load (the GPU supports up to gen 5 x16)",
+            "upload (host to device)",
+            "download (device to host)",
+            "raw pinned",
+            "(0.50)",
+            "both directions at once",
+            "Pinned::zeroed, cold",
+            "0.400 s per GiB",
+            "(2.00x raw)",
+            "overlap: not built in (build with --features gpu)",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+        }
+        assert!(!text.contains("DATA CHECK FAILED"));
+    }
+
+    #[test]
+    fn failed_checks_are_marked_and_listed() {
+        let mut report = sample_report();
+        report.bandwidth[0].verified = false;
+        let text = table(&report);
+        assert!(text.contains("DATA CHECK FAILED"), "{text}");
+        assert!(text.contains("pageable safe upload of 4 KiB"), "{text}");
+        assert!(text.contains('!'));
+    }
+}

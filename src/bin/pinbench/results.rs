@@ -1,0 +1,458 @@
+//! What a run measured: plain data, filled by the measuring modules and read by the table, the JSON document
+//! and the plot. Times are seconds (`f64`), sizes bytes; bandwidth is decimal GB/s (1e9 bytes per second).
+
+use crate::nvml::Link;
+
+/// Which way data moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Host to device.
+    Upload,
+    /// Device to host.
+    Download,
+}
+
+impl Direction {
+    /// Both, in the order they are measured and shown.
+    pub const BOTH: [Direction; 2] = [Direction::Upload, Direction::Download];
+
+    /// The name in tables, JSON and the plot.
+    pub fn key(self) -> &'static str {
+        match self {
+            Direction::Upload => "upload",
+            Direction::Download => "download",
+        }
+    }
+}
+
+/// A way of holding the host side of a transfer: one row family of the bandwidth tables.
+///
+/// Extension point for the staged pageable path (`Stream::upload_staged` / `download_staged`: a `Vec` copied
+/// through the crate's own pinned chunks) and for transfers from a warm `PinnedPool` block (`PinnedPool::alloc`
+/// of a size returned earlier): add a variant here and to [`Method::MEASURED`], its host memory to
+/// `bandwidth::Host` (a staged method can reuse `Host::Pageable` with its own copy calls in `Host::upload` and
+/// `Host::download`), say in [`Method::has_raw`] whether a raw reference applies, and give it a line in
+/// `plot::series`. Rows exist only for measured methods, so nothing is printed for a method before it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// A `Vec<u8>` through `Stream::upload_pageable` / `download_pageable`: the driver stages it through a
+    /// pinned buffer of its own, and the call blocks.
+    Pageable,
+    /// `Pinned::zeroed`: `cuMemHostAlloc` with default flags.
+    Pinned,
+    /// `PinnedBuilder::write_combined(true)`: uncached for the CPU, meant for upload staging.
+    PinnedWriteCombined,
+    /// `Registered::new`: a `Vec` pinned in place with `cuMemHostRegister`.
+    Registered,
+}
+
+impl Method {
+    /// The methods a run measures, in the order they are shown.
+    pub const MEASURED: [Method; 4] = [
+        Method::Pageable,
+        Method::Pinned,
+        Method::PinnedWriteCombined,
+        Method::Registered,
+    ];
+
+    /// The key in JSON and the plot's legend.
+    pub fn key(self) -> &'static str {
+        match self {
+            Method::Pageable => "pageable",
+            Method::Pinned => "pinned",
+            Method::PinnedWriteCombined => "pinned_write_combined",
+            Method::Registered => "registered",
+        }
+    }
+
+    /// The column title in the table.
+    pub fn label(self) -> &'static str {
+        match self {
+            Method::Pageable => "pageable",
+            Method::Pinned => "pinned",
+            Method::PinnedWriteCombined => "write-combined",
+            Method::Registered => "registered",
+        }
+    }
+
+    /// Whether the host memory is page-locked, so that the raw `cuMemcpy*Async` can be timed on the same memory
+    /// as a reference.
+    pub fn has_raw(self) -> bool {
+        !matches!(self, Method::Pageable)
+    }
+}
+
+/// Who makes the copy call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// The crate's safe layer (`Stream::upload` and friends), with its tracking.
+    Safe,
+    /// `cuMemcpyHtoDAsync_v2` / `cuMemcpyDtoHAsync_v2` through `driver_call!`, untracked: the reference.
+    Raw,
+}
+
+impl Api {
+    /// The key in JSON.
+    pub fn key(self) -> &'static str {
+        match self {
+            Api::Safe => "safe",
+            Api::Raw => "raw",
+        }
+    }
+}
+
+/// One bandwidth figure: a method, a direction and a size.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bandwidth {
+    /// How the host memory was held.
+    pub method: Method,
+    /// Safe layer or raw driver call.
+    pub api: Api,
+    /// Which way.
+    pub direction: Direction,
+    /// Bytes per copy.
+    pub bytes: usize,
+    /// The median device time of one copy, in seconds.
+    pub seconds: f64,
+    /// How many timed batches the median is taken over.
+    pub samples: usize,
+    /// Copies per timed batch (small copies are timed in batches, so that the event resolution does not matter).
+    pub batch: usize,
+    /// Whether the data arrived intact (checked once, after timing).
+    pub verified: bool,
+}
+
+impl Bandwidth {
+    /// Decimal GB/s.
+    pub fn gb_per_s(&self) -> f64 {
+        gb_per_s(self.bytes, self.seconds)
+    }
+}
+
+/// `bytes` moved in `seconds`, in decimal GB/s.
+pub fn gb_per_s(bytes: usize, seconds: f64) -> f64 {
+    bytes as f64 / seconds / 1e9
+}
+
+/// An upload and a download at the same time, on two streams, from and to pinned memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bidirectional {
+    /// Bytes each way.
+    pub bytes: usize,
+    /// Median time for both to complete, in seconds.
+    pub both_seconds: f64,
+    /// Median time of the upload alone, same buffers.
+    pub upload_seconds: f64,
+    /// Median time of the download alone, same buffers.
+    pub download_seconds: f64,
+    /// Repetitions the medians are taken over.
+    pub samples: usize,
+    /// Whether both copies' data arrived intact.
+    pub verified: bool,
+}
+
+impl Bidirectional {
+    /// Both directions' bytes over the time both took, in GB/s.
+    pub fn aggregate_gb_per_s(&self) -> f64 {
+        gb_per_s(2 * self.bytes, self.both_seconds)
+    }
+
+    /// The aggregate as a fraction of the two directions' speeds alone added up: 1.0 is full duplex.
+    pub fn ratio_to_sum(&self) -> f64 {
+        self.aggregate_gb_per_s()
+            / (gb_per_s(self.bytes, self.upload_seconds)
+                + gb_per_s(self.bytes, self.download_seconds))
+    }
+}
+
+/// What an allocation figure times.
+///
+/// Extension point for the pool's warm path: `PinnedPool::alloc` of a block the pool already holds (the reason
+/// for pooling) belongs here as a variant such as `PoolWarm`, timed in `costs::allocation` beside
+/// [`Alloc::PinnedPerCall`] (same 1 MiB size), so that it reads as a ratio to the cold call. Only measured kinds
+/// produce rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alloc {
+    /// One cold `Pinned::zeroed` of a large size (cuMemHostAlloc plus the zeroing), scaled per GiB.
+    PinnedCold,
+    /// `Pinned::zeroed` of 1 MiB, per call.
+    PinnedPerCall,
+    /// `Registered::new` of a `Vec` whose pages were already written, scaled per GiB.
+    RegisterTouched,
+    /// `Registered::new` of a fresh `vec![0u8; n]` (calloc: pages not yet touched), scaled per GiB.
+    RegisterUntouched,
+}
+
+impl Alloc {
+    /// The key in JSON.
+    pub fn key(self) -> &'static str {
+        match self {
+            Alloc::PinnedCold => "pinned_zeroed_cold",
+            Alloc::PinnedPerCall => "pinned_zeroed_per_call",
+            Alloc::RegisterTouched => "registered_new_touched",
+            Alloc::RegisterUntouched => "registered_new_untouched",
+        }
+    }
+
+    /// The row title in the table.
+    pub fn label(self) -> &'static str {
+        match self {
+            Alloc::PinnedCold => "Pinned::zeroed, cold",
+            Alloc::PinnedPerCall => "Pinned::zeroed, per call",
+            Alloc::RegisterTouched => "Registered::new, touched Vec",
+            Alloc::RegisterUntouched => "Registered::new, untouched Vec",
+        }
+    }
+
+    /// Whether the figure is shown per call (small buffers) rather than per GiB.
+    pub fn per_call(self) -> bool {
+        matches!(self, Alloc::PinnedPerCall)
+    }
+}
+
+/// One allocation figure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Allocation {
+    /// What was timed.
+    pub what: Alloc,
+    /// Bytes per call.
+    pub bytes: usize,
+    /// Calls the median is taken over.
+    pub samples: usize,
+    /// Median host time of one call, in seconds.
+    pub seconds: f64,
+}
+
+impl Allocation {
+    /// The median time scaled to one GiB, in seconds.
+    pub fn seconds_per_gib(&self) -> f64 {
+        self.seconds * (1u64 << 30) as f64 / self.bytes as f64
+    }
+}
+
+/// Host time to enqueue a 64-byte upload from pinned memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Enqueue {
+    /// `cuMemcpyHtoDAsync_v2` through `driver_call!`, seconds per call.
+    pub raw: f64,
+    /// `Stream::upload`, always on one stream (the tracker's no-event path).
+    pub same_stream: f64,
+    /// `Stream::upload`, alternating two streams (an event and a device-side wait per copy).
+    pub cross_stream: f64,
+    /// Bytes per copy.
+    pub bytes: usize,
+    /// Copies per timed batch.
+    pub batch: usize,
+    /// Batches the medians are taken over.
+    pub samples: usize,
+}
+
+/// A pipeline of uploads and kernels, on two streams and on one (feature `gpu` only).
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(not(feature = "gpu"), allow(dead_code))]
+pub struct Overlap {
+    /// Chunks uploaded.
+    pub chunks: usize,
+    /// Bytes per chunk.
+    pub chunk_bytes: usize,
+    /// The kernel time asked for per chunk, in seconds (the chunk's copy time).
+    pub spin_seconds: f64,
+    /// All uploads alone, one stream.
+    pub copy_seconds: f64,
+    /// All kernels alone, one stream.
+    pub kernel_seconds: f64,
+    /// Upload, kernel, upload, kernel... on one stream.
+    pub one_stream_seconds: f64,
+    /// A copy stream and a compute stream, double-buffered, ordered by events.
+    pub two_streams_seconds: f64,
+    /// Repetitions the medians are taken over.
+    pub samples: usize,
+}
+
+impl Overlap {
+    /// The best a pipeline can do: the longer of all copies and all kernels.
+    pub fn ideal_seconds(&self) -> f64 {
+        self.copy_seconds.max(self.kernel_seconds)
+    }
+}
+
+/// One CUDA device as the header describes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceInfo {
+    /// The driver's ordinal.
+    pub ordinal: usize,
+    /// Such as `NVIDIA H100 80GB HBM3`.
+    pub name: String,
+    /// (major, minor).
+    pub compute_capability: (u32, u32),
+    /// Device memory, bytes.
+    pub memory_bytes: usize,
+    /// Such as `0000:65:00.0`.
+    pub pci_bus_id: String,
+    /// Copy engines: with two or more, an upload and a download run at once.
+    pub copy_engines: u32,
+}
+
+/// What every report starts with: the machine the figures belong to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Header {
+    /// The device measured (device 0).
+    pub device: DeviceInfo,
+    /// How many CUDA devices the driver sees.
+    pub device_count: usize,
+    /// The NVIDIA driver release from NVML, such as `580.159.04`, where NVML could be read.
+    pub nvidia_driver: Option<String>,
+    /// The CUDA version the driver supports, as `cuDriverGetVersion` reports it (`1000 * major + 10 * minor`).
+    pub cuda_version: i32,
+    /// Where libcuda was loaded from.
+    pub driver_library: String,
+    /// The PCIe link, read while copies ran, where NVML could be read.
+    pub pcie: Option<Link>,
+}
+
+impl Header {
+    /// `13.0` from `13000`.
+    pub fn cuda_version_text(&self) -> String {
+        format!(
+            "{}.{}",
+            self.cuda_version / 1000,
+            self.cuda_version % 1000 / 10
+        )
+    }
+}
+
+/// A whole run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    /// `--quick` or not.
+    pub quick: bool,
+    /// The machine.
+    pub header: Header,
+    /// Every bandwidth figure, safe and raw.
+    pub bandwidth: Vec<Bandwidth>,
+    /// Both directions at once.
+    pub bidirectional: Vec<Bidirectional>,
+    /// Allocation and registration costs.
+    pub allocation: Vec<Allocation>,
+    /// Enqueue overhead.
+    pub enqueue: Enqueue,
+    /// The overlap pipeline; `None` where pinbench was built without feature `gpu`.
+    pub overlap: Option<Overlap>,
+    /// The wall time of the whole run, in seconds.
+    pub wall_seconds: f64,
+}
+
+impl Report {
+    /// The figure for (method, api, direction, bytes), if measured.
+    pub fn find(
+        &self,
+        method: Method,
+        api: Api,
+        direction: Direction,
+        bytes: usize,
+    ) -> Option<&Bandwidth> {
+        self.bandwidth.iter().find(|b| {
+            b.method == method && b.api == api && b.direction == direction && b.bytes == bytes
+        })
+    }
+
+    /// A safe-layer figure as a ratio to the raw driver call on the same memory, direction and size: 1.0 means
+    /// the safe layer costs nothing. `None` for pageable memory (no raw reference) or where not measured.
+    pub fn ratio_to_raw(&self, b: &Bandwidth) -> Option<f64> {
+        if b.api != Api::Safe || !b.method.has_raw() {
+            return None;
+        }
+        let raw = self.find(b.method, Api::Raw, b.direction, b.bytes)?;
+        Some(b.gb_per_s() / raw.gb_per_s())
+    }
+
+    /// The sizes measured, ascending.
+    pub fn sizes(&self) -> Vec<usize> {
+        let mut sizes: Vec<usize> = self.bandwidth.iter().map(|b| b.bytes).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        sizes
+    }
+
+    /// What did not arrive intact, one line each; empty when everything was verified.
+    pub fn failures(&self) -> Vec<String> {
+        let mut failures: Vec<String> = self
+            .bandwidth
+            .iter()
+            .filter(|b| !b.verified)
+            .map(|b| {
+                format!(
+                    "{} {} {} of {}",
+                    b.method.key(),
+                    b.api.key(),
+                    b.direction.key(),
+                    size_label(b.bytes)
+                )
+            })
+            .collect();
+        failures.extend(
+            self.bidirectional
+                .iter()
+                .filter(|b| !b.verified)
+                .map(|b| format!("both directions at once, {}", size_label(b.bytes))),
+        );
+        failures
+    }
+}
+
+/// `4 KiB`, `256 MiB`, `1 GiB`: sizes as tables show them (powers of two only print whole).
+pub fn size_label(bytes: usize) -> String {
+    const UNITS: [(&str, usize); 4] = [
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+        ("B", 1),
+    ];
+    for (unit, scale) in UNITS {
+        if bytes >= scale && bytes.is_multiple_of(scale) {
+            return format!("{} {unit}", bytes / scale);
+        }
+    }
+    format!("{bytes} B")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testdata::sample_report;
+
+    #[test]
+    fn ratios_are_to_the_raw_call_on_the_same_memory() {
+        let report = sample_report();
+        let safe = report
+            .find(Method::Pinned, Api::Safe, Direction::Upload, 4096)
+            .unwrap();
+        assert!((report.ratio_to_raw(safe).unwrap() - 0.5).abs() < 1e-9);
+        let pageable = report
+            .find(Method::Pageable, Api::Safe, Direction::Upload, 4096)
+            .unwrap();
+        assert_eq!(report.ratio_to_raw(pageable), None);
+        let raw = report
+            .find(Method::Pinned, Api::Raw, Direction::Upload, 4096)
+            .unwrap();
+        assert_eq!(report.ratio_to_raw(raw), None);
+        assert_eq!(report.sizes(), vec![4096, 1 << 20, 64 << 20]);
+        let b = &report.bidirectional[0];
+        assert!((b.ratio_to_sum() - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn sizes_are_labelled_in_binary_units() {
+        assert_eq!(size_label(4096), "4 KiB");
+        assert_eq!(size_label(256 << 20), "256 MiB");
+        assert_eq!(size_label(1 << 30), "1 GiB");
+        assert_eq!(size_label(64), "64 B");
+        assert_eq!(size_label(1536), "1536 B");
+        assert_eq!(size_label(0), "0 B");
+    }
+
+    #[test]
+    fn bandwidth_is_decimal_gigabytes() {
+        assert!((gb_per_s(1_000_000_000, 0.5) - 2.0).abs() < 1e-12);
+    }
+}
