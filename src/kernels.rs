@@ -90,6 +90,8 @@ mod launch {
         }
         let bytes = bytemuck::bytes_of(&value);
         let s = stream.as_raw();
+        // The runtime launches into the thread's current context: make it the stream's.
+        let _current = stream.context().enter()?;
         stream.tracked(None, Some(dst.track()), || {
             // SAFETY: `ptr` is `n` elements of `size_of::<T>()` bytes of live device memory (aligned to the
             // element size: allocations are 256-byte aligned and views start at whole elements), ordered by
@@ -147,6 +149,7 @@ mod launch {
         if n == 0 {
             return Ok(());
         }
+        let _current = stream.context().enter()?;
         stream.tracked(Some(x.track()), Some(y.track()), || {
             // SAFETY: two ranges of `n` floats of live device memory, ordered by the trackers.
             let code = unsafe {
@@ -177,6 +180,7 @@ mod launch {
         }
         let bytes = data.elements() * size_of::<T>();
         let (dp, op) = (data.device_ptr(), out.device_ptr());
+        let _current = stream.context().enter()?;
         stream.tracked(Some(data.track()), Some(out.track()), || {
             // SAFETY: `bytes` bytes of live device memory read, one u64 written, ordered by the trackers.
             let code = unsafe {
