@@ -1,15 +1,19 @@
 //! Bandwidth of each way of holding the host side of a copy, per size and direction, through the safe layer and
 //! through the raw driver call on the same memory; and an upload and a download at the same time.
 //!
+//! The staged method copies a `Vec` through pinned buffers of the bench's `PinnedPool`, which is warmed before
+//! its first figure (and by every figure's warm-up copy), so that pinning is never timed.
+//!
 //! Every figure is checked once: the source is filled with a pattern of its own seed before the copies, and
 //! after them the destination must hold exactly that pattern (a download's destination is overwritten first,
 //! so a copy that did nothing shows).
 
 use std::ffi::c_void;
 
+use cuda_pinned::staging::StagingOptions;
 use cuda_pinned::{
-    Context, DeviceBuffer, DeviceView, DeviceViewMut, Event, Pinned, PinnedBuilder, Registered,
-    Stream, driver_call,
+    Context, DeviceBuffer, DeviceView, DeviceViewMut, Error, Event, Pinned, PinnedBuilder,
+    PinnedPool, Registered, Stream, driver_call,
 };
 
 use crate::results::{Api, Bandwidth, Bidirectional, Direction, Method, size_label};
@@ -19,10 +23,27 @@ use crate::{Bench, Outcome};
 /// What a download's destination holds before the copy: not the pattern, not zeros.
 const POISON: u8 = 0xA5;
 
+/// The budget of the bench's staging pool ([`crate::Bench::pool`]).
+pub const STAGING_POOL_BYTES: usize = 256 << 20;
+
+/// Staging buffers one worker thread of a staged transfer keeps in circulation (the library's
+/// `BUFFERS_PER_WORKER`: its docs ask for room for `2 x threads x chunk` bytes).
+const BUFFERS_PER_THREAD: usize = 2;
+
 /// The host memory of one method, one transfer long.
-enum Host {
+pub enum Host {
     /// A `Vec` the driver stages through its own pinned buffer.
     Pageable(Vec<u8>),
+    /// A `Vec` staged by the crate through buffers of `pool`: with `upload_staged` / `download_staged` where
+    /// `options` is `None` (the default options), else with `upload_staged_with` / `download_staged_with`.
+    Staged {
+        /// The user's memory.
+        data: Vec<u8>,
+        /// Where the staging buffers come from.
+        pool: PinnedPool,
+        /// Chunk size and threads other than the defaults.
+        options: Option<StagingOptions>,
+    },
     /// `cuMemHostAlloc` memory, default or write-combined.
     Pinned(Pinned<u8>),
     /// A `Vec` pinned in place.
@@ -30,10 +51,16 @@ enum Host {
 }
 
 impl Host {
-    /// Allocates `bytes` of `method`'s host memory.
-    fn new(context: &Context, method: Method, bytes: usize) -> Outcome<Host> {
+    /// Allocates `bytes` of `method`'s host memory; a staged method stages through `pool`.
+    pub fn new(
+        context: &Context,
+        pool: &PinnedPool,
+        method: Method,
+        bytes: usize,
+    ) -> Outcome<Host> {
         Ok(match method {
             Method::Pageable => Host::Pageable(vec![0u8; bytes]),
+            Method::Staged => Host::staged(pool, None, bytes),
             Method::Pinned => Host::Pinned(Pinned::zeroed(context, bytes)?),
             Method::PinnedWriteCombined => Host::Pinned(
                 PinnedBuilder::new(context)
@@ -44,10 +71,19 @@ impl Host {
         })
     }
 
+    /// `bytes` of ordinary memory staged through `pool` with `options` (`None`: the defaults).
+    pub fn staged(pool: &PinnedPool, options: Option<StagingOptions>, bytes: usize) -> Host {
+        Host::Staged {
+            data: vec![0u8; bytes],
+            pool: pool.clone(),
+            options,
+        }
+    }
+
     /// The memory, for the host to write (waits for device work on it).
     fn write(&mut self) -> Outcome<&mut [u8]> {
         Ok(match self {
-            Host::Pageable(v) => v,
+            Host::Pageable(v) | Host::Staged { data: v, .. } => v,
             Host::Pinned(p) => p.as_mut_slice()?,
             Host::Registered(r) => r.as_mut_slice()?,
         })
@@ -56,7 +92,7 @@ impl Host {
     /// The memory, for the host to read (waits for device writes to it). Slow for write-combined memory.
     fn read(&self) -> Outcome<&[u8]> {
         Ok(match self {
-            Host::Pageable(v) => v,
+            Host::Pageable(v) | Host::Staged { data: v, .. } => v,
             Host::Pinned(p) => p.as_slice()?,
             Host::Registered(r) => r.as_slice()?,
         })
@@ -67,19 +103,40 @@ impl Host {
         !matches!(self, Host::Pinned(p) if p.is_write_combined())
     }
 
-    /// Enqueues an upload of all of it through the safe layer (a pageable one returns when done).
+    /// Enqueues an upload of all of it through the safe layer (a pageable one returns when done, a staged one
+    /// once every chunk is staged).
     fn upload(&self, stream: &Stream, dst: &mut DeviceViewMut<'_, u8>) -> cuda_pinned::Result<()> {
         match self {
             Host::Pageable(v) => stream.upload_pageable(v, dst),
+            Host::Staged {
+                data,
+                pool,
+                options: None,
+            } => stream.upload_staged(pool, data, dst),
+            Host::Staged {
+                data,
+                pool,
+                options: Some(options),
+            } => stream.upload_staged_with(pool, *options, data, dst),
             Host::Pinned(p) => stream.upload(p, dst),
             Host::Registered(r) => stream.upload(r, dst),
         }
     }
 
-    /// Enqueues a download into all of it through the safe layer (a pageable one returns when done).
+    /// Enqueues a download into all of it through the safe layer (a pageable or staged one returns when done).
     fn download(&mut self, stream: &Stream, src: &DeviceView<'_, u8>) -> cuda_pinned::Result<()> {
         match self {
             Host::Pageable(v) => stream.download_pageable(src, v),
+            Host::Staged {
+                data,
+                pool,
+                options: None,
+            } => stream.download_staged(pool, src, data),
+            Host::Staged {
+                data,
+                pool,
+                options: Some(options),
+            } => stream.download_staged_with(pool, *options, src, data),
             Host::Pinned(p) => stream.download(src, p),
             Host::Registered(r) => stream.download(src, r),
         }
@@ -88,7 +145,9 @@ impl Host {
     /// The address of the page-locked memory for a raw copy that writes it (after waiting for device work).
     fn raw_ptr(&mut self) -> Outcome<*mut c_void> {
         match self {
-            Host::Pageable(_) => Err("a raw asynchronous copy needs page-locked memory".into()),
+            Host::Pageable(_) | Host::Staged { .. } => {
+                Err("a raw asynchronous copy needs page-locked memory".into())
+            }
             Host::Pinned(p) => Ok(p.as_mut_slice()?.as_mut_ptr().cast()),
             Host::Registered(r) => Ok(r.as_mut_slice()?.as_mut_ptr().cast()),
         }
@@ -96,20 +155,45 @@ impl Host {
 }
 
 /// The estimated seconds of one bandwidth figure, for the progress bar.
-fn estimate(method: Method, bytes: usize, plan: &Plan) -> f64 {
-    let speed = if method == Method::Pageable {
-        8e9
-    } else {
-        45e9
+pub fn estimate(method: Method, bytes: usize, plan: &Plan) -> f64 {
+    let speed = match method {
+        Method::Pageable => 8e9,
+        // Downloads are slower than uploads; this is about the slower.
+        Method::Staged => 12e9,
+        _ => 45e9,
     };
+    estimate_at(speed, bytes, plan)
+}
+
+/// The estimated seconds of one bandwidth figure of copies at about `speed` bytes per second.
+pub fn estimate_at(speed: f64, bytes: usize, plan: &Plan) -> f64 {
     let copies = (plan.min_samples + 2) as f64 * bytes as f64 / speed;
     // Filling and checking the data runs at a few GB/s on the host.
     plan.min_seconds.max(copies) + 0.002 + 3.0 * bytes as f64 / 4e9
 }
 
+/// The bytes of staging buffers one staged transfer of `bytes` with `options` takes from its pool at most: two
+/// per worker thread, one per chunk at most.
+pub fn staging_bytes(options: StagingOptions, bytes: usize) -> usize {
+    let chunk = options.chunk_bytes.max(1);
+    let chunks = bytes.div_ceil(chunk).max(1);
+    let buffers = (BUFFERS_PER_THREAD * options.threads.min(chunks)).min(chunks);
+    buffers * chunk
+}
+
+/// The estimated seconds of warming a staging pool for transfers of up to `bytes` with `options`
+/// ([`warm_pool`]), and of measuring once per process which way of pinning is faster (`Pinning::Auto`: four
+/// pins of 32 MiB).
+pub fn estimate_warm(options: StagingOptions, bytes: usize) -> f64 {
+    0.05 + 2.0 * staging_bytes(options, bytes) as f64 * 0.5 / f64::from(1u32 << 30)
+}
+
 /// The estimated seconds of [`bandwidth`].
 pub fn estimate_all(plan: &Plan) -> f64 {
     let mut total = 0.0;
+    if Method::MEASURED.contains(&Method::Staged) {
+        total += estimate_warm(StagingOptions::default(), plan.max_size());
+    }
     for method in Method::MEASURED {
         let apis = if method.has_raw() { 2.0 } else { 1.0 };
         for &bytes in &plan.sizes {
@@ -133,8 +217,15 @@ pub fn bandwidth(bench: &mut Bench) -> Outcome<Vec<Bandwidth>> {
         } else {
             &[Api::Safe]
         };
+        if method == Method::Staged {
+            bench.progress.show("warming the staging pool");
+            warm_pool(&bench.pool, StagingOptions::default(), plan.max_size())?;
+            bench
+                .progress
+                .advance(estimate_warm(StagingOptions::default(), plan.max_size()));
+        }
         for &bytes in &plan.sizes {
-            let mut host = Host::new(&bench.context, method, bytes)?;
+            let mut host = Host::new(&bench.context, &bench.pool, method, bytes)?;
             for direction in Direction::BOTH {
                 for &api in apis {
                     bench.progress.show(&format!(
@@ -152,12 +243,8 @@ pub fn bandwidth(bench: &mut Bench) -> Outcome<Vec<Bandwidth>> {
                         bytes,
                         seed,
                     };
-                    let measured = match direction {
-                        Direction::Upload => figure.upload(api, &mut host, &mut device, &mut check),
-                        Direction::Download => {
-                            figure.download(api, &mut host, &mut device, &mut check)
-                        }
-                    };
+                    let measured =
+                        figure.measure(direction, api, &mut host, &mut device, &mut check);
                     let (timed, verified) = match measured {
                         Ok(m) => m,
                         Err(e) => {
@@ -187,16 +274,58 @@ pub fn bandwidth(bench: &mut Bench) -> Outcome<Vec<Bandwidth>> {
     Ok(rows)
 }
 
+/// Pins the staging buffers that two staged transfers of up to `bytes` with `options` may hold at once (or as
+/// many as `pool` has room for) and gives them back to the pool, so that no timed copy pins: a transfer's last
+/// buffers may still be in flight, so not yet reusable, when the next transfer takes its own. The first pin of
+/// a `Pinning::Auto` pool also measures which way of pinning is faster.
+///
+/// # Errors
+/// The pool's or the driver's, other than the pool being full.
+pub fn warm_pool(pool: &PinnedPool, options: StagingOptions, bytes: usize) -> Outcome<()> {
+    let wanted = 2 * staging_bytes(options, bytes) / options.chunk_bytes.max(1);
+    let mut held = Vec::with_capacity(wanted);
+    for _ in 0..wanted {
+        match pool.try_alloc::<u8>(options.chunk_bytes) {
+            Ok(buffer) => held.push(buffer),
+            Err(Error::PoolExhausted { .. }) => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
 /// One figure being measured: where, how long, and the seed of its data.
-struct Figure<'a> {
-    stream: &'a Stream,
-    watch: &'a Stopwatch,
-    plan: &'a Plan,
-    bytes: usize,
-    seed: u64,
+pub struct Figure<'a> {
+    /// The stream the copies run on.
+    pub stream: &'a Stream,
+    /// Events on that stream.
+    pub watch: &'a Stopwatch,
+    /// How long to measure.
+    pub plan: &'a Plan,
+    /// Bytes per copy.
+    pub bytes: usize,
+    /// The seed of the data pattern.
+    pub seed: u64,
 }
 
 impl Figure<'_> {
+    /// Times copies of `direction` between `host` and the start of `device` through `api`, then checks what
+    /// arrived (through `check`, as long as the largest copy): the median and whether the data arrived intact.
+    /// After an error, device work with `host` may still be in flight.
+    pub fn measure(
+        &self,
+        direction: Direction,
+        api: Api,
+        host: &mut Host,
+        device: &mut DeviceBuffer<u8>,
+        check: &mut [u8],
+    ) -> Outcome<(Timed, bool)> {
+        match direction {
+            Direction::Upload => self.upload(api, host, device, check),
+            Direction::Download => self.download(api, host, device, check),
+        }
+    }
+
     /// Times uploads of `host` into the start of `device`, then checks what arrived through `check`.
     fn upload(
         &self,

@@ -15,6 +15,9 @@ pub struct Options {
     pub plot: Option<PathBuf>,
     /// `--progress`: draw the progress bar on stderr even when it is not a terminal.
     pub progress: bool,
+    /// `--staging-sweep`: also measure staged transfers of 256 MiB for every chunk size and thread count of a
+    /// small grid, to tune `StagingOptions::default()`.
+    pub staging_sweep: bool,
     /// `--help`: print the usage and exit.
     pub help: bool,
 }
@@ -35,12 +38,15 @@ impl std::error::Error for UsageError {}
 pub const USAGE: &str = "\
 pinbench: what this machine's host<->GPU link delivers, and what each way of using it costs
 
-Usage: pinbench [--quick] [--json] [--plot FILE.svg] [--progress]
+Usage: pinbench [--quick] [--json] [--plot FILE.svg] [--progress] [--staging-sweep]
 
 Measures device 0: bandwidth of uploads and downloads from 4 KiB to 1 GiB from pageable memory (through the
-driver), pinned memory (default and write-combined) and registered memory, each safe-layer figure also as a
-ratio to the raw driver call on the same memory; both directions at once; the cost of pinning memory; the
-host time to enqueue a small copy; and (built with --features gpu) how well copies overlap a kernel.
+driver), pageable memory staged by the crate through a pinned pool (Stream::upload_staged / download_staged,
+default options, also as a ratio to the driver's pageable path), pinned memory (default and write-combined)
+and registered memory, each pinned figure also as a ratio to the raw driver call on the same memory; both
+directions at once; the cost of pinning memory (Pinned::zeroed, Registered::new, and PinnedPool::alloc warm
+and cold, the cold ones as a ratio to Pinned::zeroed); the host time to enqueue a small copy; and (built with
+--features gpu) how well copies overlap a kernel.
 Times are medians of CUDA-event-timed repetitions after warm-up. Every copy's data is verified once.
 
 Options:
@@ -48,6 +54,8 @@ Options:
   --json            print one JSON document on stdout (every figure, its units and the header)
   --plot FILE.svg   write an SVG chart of bandwidth (GB/s) against size per method and direction
   --progress        draw the progress bar on stderr even when stderr is not a terminal
+  --staging-sweep   also time staged uploads and downloads of 256 MiB for chunks of 2, 4, 8, 16 and 32 MiB
+                    x 1, 2, 4 and 8 threads, beside the driver's pageable path (adds 20 to 30 seconds)
   -h, --help        print this help
 
 Exit status: 0 when the run completed (low figures are reported, never failures), 1 on a CUDA error, a
@@ -71,6 +79,7 @@ where
             "--quick" => options.quick = true,
             "--json" => options.json = true,
             "--progress" => options.progress = true,
+            "--staging-sweep" => options.staging_sweep = true,
             "-h" | "--help" => options.help = true,
             "--plot" => {
                 let file = args
@@ -117,8 +126,17 @@ mod tests {
 
     #[test]
     fn every_flag_is_understood() {
-        let o = parsed(&["--quick", "--json", "--plot", "out.svg", "--progress"]).unwrap();
-        assert!(o.quick && o.json && o.progress && !o.help);
+        let o = parsed(&[
+            "--quick",
+            "--json",
+            "--plot",
+            "out.svg",
+            "--progress",
+            "--staging-sweep",
+        ])
+        .unwrap();
+        assert!(o.quick && o.json && o.progress && o.staging_sweep && !o.help);
+        assert!(!parsed(&["--quick"]).unwrap().staging_sweep);
         assert_eq!(o.plot, Some(PathBuf::from("out.svg")));
         assert!(parsed(&["-h"]).unwrap().help);
         assert!(parsed(&["--help"]).unwrap().help);
@@ -149,7 +167,14 @@ mod tests {
 
     #[test]
     fn usage_names_every_flag() {
-        for flag in ["--quick", "--json", "--plot", "--progress", "--help"] {
+        for flag in [
+            "--quick",
+            "--json",
+            "--plot",
+            "--progress",
+            "--staging-sweep",
+            "--help",
+        ] {
             assert!(USAGE.contains(flag), "{flag}");
         }
     }

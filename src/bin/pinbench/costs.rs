@@ -1,9 +1,10 @@
-//! What using pinned memory costs the host: allocating and registering it, and enqueueing a small copy.
+//! What using pinned memory costs the host: allocating and registering it (directly, and through a
+//! `PinnedPool`, warm and cold), and enqueueing a small copy.
 
 use std::ffi::c_void;
 use std::time::Instant;
 
-use cuda_pinned::{DeviceBuffer, Pinned, Registered, Stream, driver_call};
+use cuda_pinned::{DeviceBuffer, Pinned, PinnedPool, Pinning, Registered, Stream, driver_call};
 
 use crate::results::{Alloc, Allocation, Enqueue, size_label};
 use crate::timing::{Plan, fill_pattern, median};
@@ -11,6 +12,11 @@ use crate::{Bench, Outcome};
 
 /// Size of the per-call allocation figure.
 const PER_CALL_BYTES: usize = 1 << 20;
+/// Warm pool allocations per timed batch: one clock read per batch, so that the clock's own cost (tens of
+/// nanoseconds) is spread over a thousand calls of a fraction of a microsecond.
+pub const POOL_WARM_BATCH: usize = 1000;
+/// Untimed batches before the timed ones of the warm pool allocation.
+const POOL_WARM_WARMUP: usize = 2;
 /// Size of the enqueued copy.
 const SMALL: usize = 64;
 /// Small copies per timed batch: few enough that the driver's queue never fills and blocks the enqueue.
@@ -19,8 +25,13 @@ const ENQUEUE_BATCH: usize = 500;
 /// The estimated seconds of [`allocation`], for the progress bar.
 pub fn estimate_allocation(plan: &Plan) -> f64 {
     let gib = plan.alloc_bytes as f64 / f64::from(1u32 << 30);
-    // About 0.4 s per GiB to pin, 0.3 s to touch or fault in, 0.1 s to release.
-    plan.alloc_samples as f64 * gib * (0.5 + 0.8 + 1.1) + plan.per_call_samples as f64 * 0.001
+    // About 0.4 s per GiB to pin, 0.3 s to touch or fault in, 0.1 s to release; the pool's two cold pins
+    // (threads touch or zero the pages) about 0.6 s per GiB each with the release.
+    let batches = (POOL_WARM_WARMUP + plan.pool_warm_samples) as f64;
+    plan.alloc_samples as f64 * gib * (0.5 + 0.8 + 1.1 + 1.2)
+        + plan.per_call_samples as f64 * 0.001
+        + 0.01
+        + batches * POOL_WARM_BATCH as f64 * 1e-6
 }
 
 /// The estimated seconds of [`enqueue`].
@@ -28,18 +39,20 @@ pub fn estimate_enqueue(plan: &Plan) -> f64 {
     0.01 + 3.0 * plan.enqueue_samples as f64 * ENQUEUE_BATCH as f64 * 4e-6
 }
 
-/// Host time of allocating pinned memory and of pinning a `Vec` in place. Every call is timed on its own with
-/// the host clock; each figure is the median.
+/// Host time of allocating pinned memory, of pinning a `Vec` in place, and of `PinnedPool::alloc` warm (from
+/// the bench's pool) and cold (from a fresh pool per sample, each way of pinning). Every call is timed on its
+/// own with the host clock, except the warm pool's, timed in batches; each figure is the median.
 pub fn allocation(bench: &mut Bench) -> Outcome<Vec<Allocation>> {
     let plan = bench.plan.clone();
     let context = bench.context.clone();
     let large = plan.alloc_bytes;
     let mut rows = Vec::new();
-    let mut row = |what: Alloc, bytes: usize, times: Vec<f64>| {
+    let mut row = |what: Alloc, bytes: usize, batch: usize, times: Vec<f64>| {
         rows.push(Allocation {
             what,
             bytes,
             samples: times.len(),
+            batch,
             seconds: median(times),
         });
     };
@@ -54,7 +67,7 @@ pub fn allocation(bench: &mut Bench) -> Outcome<Vec<Allocation>> {
         times.push(begin.elapsed().as_secs_f64());
         drop(pinned);
     }
-    row(Alloc::PinnedCold, large, times);
+    row(Alloc::PinnedCold, large, 1, times);
 
     bench.progress.show("Pinned::zeroed of 1 MiB");
     // Kept until all are made, so that no call gets back memory a previous one freed.
@@ -66,7 +79,49 @@ pub fn allocation(bench: &mut Bench) -> Outcome<Vec<Allocation>> {
         times.push(begin.elapsed().as_secs_f64());
     }
     drop(kept);
-    row(Alloc::PinnedPerCall, PER_CALL_BYTES, times);
+    row(Alloc::PinnedPerCall, PER_CALL_BYTES, 1, times);
+
+    bench
+        .progress
+        .show("PinnedPool::alloc + drop of 1 MiB, warm");
+    let pool = bench.pool.clone();
+    let mut times = Vec::new();
+    for batch in 0..POOL_WARM_WARMUP + plan.pool_warm_samples {
+        // The first call of the first warm-up batch pins the block every later call reuses.
+        let begin = Instant::now();
+        for _ in 0..POOL_WARM_BATCH {
+            drop(std::hint::black_box(pool.alloc::<u8>(PER_CALL_BYTES)?));
+        }
+        let took = begin.elapsed().as_secs_f64();
+        if batch >= POOL_WARM_WARMUP {
+            times.push(took / POOL_WARM_BATCH as f64);
+        }
+    }
+    row(Alloc::PoolWarm, PER_CALL_BYTES, POOL_WARM_BATCH, times);
+
+    for (what, pinning) in [
+        (Alloc::PoolColdRegister, Pinning::Register),
+        (Alloc::PoolColdHostAlloc, Pinning::HostAlloc),
+    ] {
+        bench
+            .progress
+            .show(&format!("{} of {}", what.label(), size_label(large)));
+        let mut times = Vec::new();
+        for _ in 0..plan.alloc_samples {
+            // A fresh pool each time, so that every sample pins: a block's class is at most the power of two
+            // above the request.
+            let pool = PinnedPool::builder(&context, large.next_power_of_two())
+                .pinning(pinning)
+                .build();
+            let begin = Instant::now();
+            let block = pool.alloc::<u8>(large)?;
+            times.push(begin.elapsed().as_secs_f64());
+            drop(block);
+            pool.trim()?;
+            drop(pool);
+        }
+        row(what, large, 1, times);
+    }
 
     for (what, touch) in [
         (Alloc::RegisterTouched, true),
@@ -87,7 +142,7 @@ pub fn allocation(bench: &mut Bench) -> Outcome<Vec<Allocation>> {
             times.push(begin.elapsed().as_secs_f64());
             drop(registered);
         }
-        row(what, large, times);
+        row(what, large, 1, times);
     }
     bench.progress.advance(estimate_allocation(&plan));
     Ok(rows)

@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use crate::results::{Report, gb_per_s};
+use crate::results::{Bandwidth, Report, StagingSweep, gb_per_s};
 
 /// A JSON value.
 #[derive(Debug, Clone, PartialEq)]
@@ -121,6 +121,55 @@ fn opt<T>(value: Option<T>, f: impl FnOnce(T) -> Json) -> Json {
     value.map_or(Json::Null, f)
 }
 
+/// `--staging-sweep`'s figures: the pageable reference each way, and one entry per direction, chunk size and
+/// thread count.
+fn staging_sweep(sweep: &StagingSweep) -> Json {
+    let figure = |b: &Bandwidth| {
+        [
+            ("direction", Json::str(b.direction.key())),
+            ("gb_per_s", Json::Num(b.gb_per_s())),
+            ("seconds", Json::Num(b.seconds)),
+            ("samples", Json::int(b.samples)),
+            ("batch", Json::int(b.batch)),
+            ("verified", Json::Bool(b.verified)),
+        ]
+    };
+    let pageable = sweep
+        .pageable
+        .iter()
+        .map(|b| Json::obj(figure(b)))
+        .collect();
+    let points = sweep
+        .points
+        .iter()
+        .map(|p| {
+            let mut fields = vec![
+                ("chunk_bytes".to_string(), Json::int(p.chunk_bytes)),
+                ("threads".to_string(), Json::int(p.threads)),
+            ];
+            fields.extend(figure(&p.figure).map(|(k, v)| (k.to_string(), v)));
+            fields.push((
+                "ratio_to_pageable".to_string(),
+                opt(sweep.ratio_to_pageable(p), Json::Num),
+            ));
+            Json::Obj(fields)
+        })
+        .collect();
+    Json::obj([
+        ("bytes", Json::int(sweep.bytes)),
+        ("pool_budget_bytes", Json::int(sweep.pool_budget)),
+        (
+            "default",
+            Json::obj([
+                ("chunk_bytes", Json::int(sweep.default_chunk_bytes)),
+                ("threads", Json::int(sweep.default_threads)),
+            ]),
+        ),
+        ("pageable", Json::Arr(pageable)),
+        ("points", Json::Arr(points)),
+    ])
+}
+
 /// The report as a JSON value: `pinbench --json` prints `document(report).pretty()`.
 pub fn document(report: &Report, plot: Option<&str>) -> Json {
     let h = &report.header;
@@ -172,6 +221,10 @@ pub fn document(report: &Report, plot: Option<&str>) -> Json {
                 ("gb_per_s", Json::Num(b.gb_per_s())),
                 ("seconds", Json::Num(b.seconds)),
                 ("ratio_to_raw", opt(report.ratio_to_raw(b), Json::Num)),
+                (
+                    "ratio_to_pageable",
+                    opt(report.ratio_to_pageable(b), Json::Num),
+                ),
                 ("samples", Json::int(b.samples)),
                 ("batch", Json::int(b.batch)),
                 ("verified", Json::Bool(b.verified)),
@@ -204,12 +257,16 @@ pub fn document(report: &Report, plot: Option<&str>) -> Json {
         .allocation
         .iter()
         .map(|a| {
+            let speedup = report.alloc_speedup(a);
             Json::obj([
                 ("what", Json::str(a.what.key())),
                 ("bytes", Json::int(a.bytes)),
                 ("seconds", Json::Num(a.seconds)),
                 ("seconds_per_gib", Json::Num(a.seconds_per_gib())),
                 ("samples", Json::int(a.samples)),
+                ("batch", Json::int(a.batch)),
+                ("speedup_over", opt(speedup, |(r, _)| Json::str(r.key()))),
+                ("speedup", opt(speedup, |(_, x)| Json::Num(x))),
             ])
         })
         .collect();
@@ -281,10 +338,26 @@ pub fn document(report: &Report, plot: Option<&str>) -> Json {
                         "safe-layer GB/s over the raw driver call's GB/s on the same memory, direction and size; for enqueue, time over the raw call's time",
                     ),
                 ),
+                (
+                    "ratio_to_pageable",
+                    Json::str(
+                        "staged GB/s over the driver's pageable GB/s at the same direction and size, same run",
+                    ),
+                ),
+                (
+                    "speedup",
+                    Json::str(
+                        "allocation: the time per GiB of the figure named by speedup_over over this one's",
+                    ),
+                ),
             ]),
         ),
         ("header", header),
         ("bandwidth", Json::Arr(bandwidth)),
+        (
+            "staging_sweep",
+            opt(report.staging_sweep.as_ref(), staging_sweep),
+        ),
         ("bidirectional", Json::Arr(bidirectional)),
         ("allocation", Json::Arr(allocation)),
         ("enqueue", enqueue),
@@ -375,6 +448,19 @@ mod tests {
             "\"gb_per_s\"",
             "\"ratio_to_raw\": 0.5",
             "\"ratio_to_raw\": null",
+            "\"ratio_to_pageable\": 3.5",
+            "\"ratio_to_pageable\": null",
+            "\"method\": \"staged\"",
+            "\"staging_sweep\"",
+            "\"pool_budget_bytes\": 536870912",
+            "\"chunk_bytes\": 8388608",
+            "\"ratio_to_pageable\": 4",
+            "\"what\": \"pool_alloc_warm\"",
+            "\"what\": \"pool_alloc_cold_register\"",
+            "\"what\": \"pool_alloc_cold_host_alloc\"",
+            "\"speedup_over\": \"pinned_zeroed_cold\"",
+            "\"speedup\": 4",
+            "\"batch\": 1000",
             "\"name\": \"Test GPU <&>\"",
             "\"cuda_version\": \"13.0\"",
             "\"nvidia_driver\": \"580.1\"",
@@ -386,5 +472,16 @@ mod tests {
         }
         let bandwidth_rows = text.matches("\"method\":").count();
         assert_eq!(bandwidth_rows, report.bandwidth.len());
+        let sweep = report.staging_sweep.as_ref().unwrap();
+        assert_eq!(text.matches("\"threads\":").count(), sweep.points.len() + 1);
+    }
+
+    #[test]
+    fn without_a_sweep_the_document_says_null() {
+        let mut report = sample_report();
+        report.staging_sweep = None;
+        let text = document(&report, None).pretty();
+        assert!(valid(&text), "{text}");
+        assert!(text.contains("\"staging_sweep\": null"), "{text}");
     }
 }

@@ -2,12 +2,16 @@
 //!
 //! On device 0 it measures, and reports as a table (`--json`: one JSON document; `--plot FILE.svg`: a chart):
 //! - the machine: device, compute capability, NVIDIA driver release and CUDA version, PCIe link under load;
-//! - bandwidth of uploads and downloads from 4 KiB to 1 GiB for pageable memory (through the driver),
-//!   [`Pinned`](cuda_pinned::Pinned) memory (default and write-combined) and
-//!   [`Registered`](cuda_pinned::Registered) memory, each pinned figure also timed through the raw driver call
-//!   on the same memory, so the safe layer's cost reads as a ratio (`bandwidth.rs`);
+//! - bandwidth of uploads and downloads from 4 KiB to 1 GiB for pageable memory (through the driver), pageable
+//!   memory staged by the crate through a [`PinnedPool`](cuda_pinned::PinnedPool) (`Stream::upload_staged`,
+//!   as a ratio to the driver's pageable path), [`Pinned`](cuda_pinned::Pinned) memory (default and
+//!   write-combined) and [`Registered`](cuda_pinned::Registered) memory, each pinned figure also timed through
+//!   the raw driver call on the same memory, so the safe layer's cost reads as a ratio (`bandwidth.rs`);
+//! - with `--staging-sweep`, staged transfers of 256 MiB for a grid of chunk sizes and thread counts
+//!   (`sweep.rs`);
 //! - an upload and a download at the same time on two streams (`bandwidth.rs`);
-//! - the host time of pinning memory and of enqueueing a small copy (`costs.rs`);
+//! - the host time of pinning memory (`Pinned`, `Registered`, and the pool's warm and cold allocations) and of
+//!   enqueueing a small copy (`costs.rs`);
 //! - with feature `gpu`, how well a two-stream pipeline overlaps uploads with a kernel (`overlap.rs`).
 //!
 //! Device times come from CUDA events after warm-up, repeated until stable, as medians (`timing.rs`). Every copy's
@@ -26,6 +30,7 @@ mod plot;
 mod progress;
 mod report;
 mod results;
+mod sweep;
 #[cfg(test)]
 mod testdata;
 mod timing;
@@ -34,7 +39,7 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use cuda_pinned::{Context, Device, Stream, sys};
+use cuda_pinned::{Context, Device, PinnedPool, Pinning, Stream, WhenFull, sys};
 
 use crate::cli::Options;
 use crate::progress::Progress;
@@ -44,13 +49,17 @@ use crate::timing::Plan;
 /// pinbench's own failures (data that did not arrive intact, a file that cannot be written) beside the crate's.
 pub type Outcome<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-/// What every measurement needs: the device's context, a stream, the plan, the progress bar, and fresh seeds for
-/// the data pattern.
+/// What every measurement needs: the device's context, a stream, the staging pool, the plan, the progress bar,
+/// and fresh seeds for the data pattern.
 pub struct Bench {
     /// Device 0's primary context.
     pub context: Context,
     /// The stream single-stream figures run on.
     pub stream: Stream,
+    /// The pool staged transfers take their buffers from ([`bandwidth::STAGING_POOL_BYTES`], `Pinning::Auto`),
+    /// made once and warmed before the first staged figure. A transfer waits for buffers still in flight rather
+    /// than fail when it is full.
+    pub pool: PinnedPool,
     /// How much to measure.
     pub plan: Plan,
     /// The bar on stderr.
@@ -126,9 +135,13 @@ fn run(options: &Options) -> Outcome<Vec<String>> {
         Plan::full()
     };
     let context = Context::new(device)?;
-    let total = estimate(&plan);
+    let total = estimate(&plan, options);
     let mut bench = Bench {
         stream: Stream::new(&context)?,
+        pool: PinnedPool::builder(&context, bandwidth::STAGING_POOL_BYTES)
+            .pinning(Pinning::Auto)
+            .when_full(WhenFull::Wait)
+            .build(),
         context,
         progress: Progress::new(options.progress, total),
         plan,
@@ -137,6 +150,11 @@ fn run(options: &Options) -> Outcome<Vec<String>> {
 
     let bandwidth = bandwidth::bandwidth(&mut bench)?;
     bench.context.synchronize()?;
+    let staging_sweep = if options.staging_sweep {
+        Some(sweep::sweep(&mut bench)?)
+    } else {
+        None
+    };
     let mut link = None;
     let bidirectional = bandwidth::bidirectional(&mut bench, &mut || {
         link = nvml.as_ref().and_then(|n| n.pcie_link(&info.pci_bus_id));
@@ -162,6 +180,7 @@ fn run(options: &Options) -> Outcome<Vec<String>> {
             pcie: link,
         },
         bandwidth,
+        staging_sweep,
         bidirectional,
         allocation,
         enqueue,
@@ -185,8 +204,8 @@ fn run(options: &Options) -> Outcome<Vec<String>> {
     Ok(report.failures())
 }
 
-/// The estimated seconds of the whole plan, for the progress bar.
-fn estimate(plan: &Plan) -> f64 {
+/// The estimated seconds of the whole plan and options, for the progress bar.
+fn estimate(plan: &Plan, options: &Options) -> f64 {
     let overlap = {
         #[cfg(feature = "gpu")]
         {
@@ -197,7 +216,13 @@ fn estimate(plan: &Plan) -> f64 {
             0.0
         }
     };
+    let sweep = if options.staging_sweep {
+        sweep::estimate(plan)
+    } else {
+        0.0
+    };
     bandwidth::estimate_all(plan)
+        + sweep
         + bandwidth::estimate_bidirectional(plan)
         + costs::estimate_enqueue(plan)
         + costs::estimate_allocation(plan)

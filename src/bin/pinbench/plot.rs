@@ -30,6 +30,7 @@ pub struct Series {
 fn color(method: Method) -> &'static str {
     match method {
         Method::Pageable => "#d62728",
+        Method::Staged => "#ff7f0e",
         Method::Pinned => "#1f77b4",
         Method::PinnedWriteCombined => "#2ca02c",
         Method::Registered => "#9467bd",
@@ -67,6 +68,7 @@ pub fn series(report: &Report, direction: Direction) -> Vec<Series> {
         }
         let label = match method {
             Method::Pageable => "pageable (driver-staged)",
+            Method::Staged => "pageable, staged through PinnedPool",
             Method::Pinned => "pinned",
             Method::PinnedWriteCombined => "pinned write-combined",
             Method::Registered => "registered Vec",
@@ -450,15 +452,17 @@ mod tests {
             "pageable (driver-staged)",
             "raw cuMemcpy*Async (pinned)",
             "registered Vec",
+            "pageable, staged through PinnedPool",
+            "#ff7f0e",
             "stroke-dasharray",
         ] {
             assert!(svg.contains(needle), "missing {needle:?}");
         }
         // Methods without figures get no line and no legend entry.
         assert!(!svg.contains("write-combined"));
-        // One line per measured series (pageable, raw pinned, pinned, registered) and a marker per point.
+        // One line per measured series (pageable, staged, raw pinned, pinned, registered) and a marker per point.
         let lines = series(&report, Direction::Upload).len();
-        assert_eq!(lines, 4);
+        assert_eq!(lines, 5);
         assert_eq!(svg.matches("<circle").count(), 2 * lines * 3);
         // Every element opened is closed: each tag is self-closing or has its end tag.
         assert_eq!(svg.matches("<text").count(), svg.matches("</text>").count());

@@ -1,9 +1,10 @@
 //! The readable report: the header, then one table per direction of GB/s per size and method (safe-layer
-//! figures with their ratio to the raw driver call on the same memory), then the other sections.
+//! figures with their ratio to the raw driver call on the same memory, staged ones with their ratio to the
+//! driver's pageable path), then the other sections.
 
 use std::fmt::Write;
 
-use crate::results::{Api, Direction, Method, Report, size_label};
+use crate::results::{Api, Direction, Method, Report, StagingSweep, size_label};
 
 /// The whole report as text.
 pub fn table(report: &Report) -> String {
@@ -11,6 +12,9 @@ pub fn table(report: &Report) -> String {
     header(&mut out, report);
     for direction in Direction::BOTH {
         bandwidth(&mut out, report, direction);
+    }
+    if let Some(sweep) = &report.staging_sweep {
+        staging_sweep(&mut out, sweep);
     }
     bidirectional(&mut out, report);
     allocation(&mut out, report);
@@ -93,7 +97,8 @@ fn bandwidth(out: &mut String, report: &Report, direction: Direction) {
     };
     let _ = writeln!(
         out,
-        "\n{what}, GB/s, median per copy (event-timed); (x) = ratio to the raw driver call on the same memory"
+        "\n{what}, GB/s, median per copy (event-timed); (0.99) = ratio to the raw driver call on the same \
+         memory; (3.50x) = staged / the driver's pageable path at the same size"
     );
     let columns = columns();
     let _ = write!(out, "{:>8}", "size");
@@ -111,6 +116,9 @@ fn bandwidth(out: &mut String, report: &Report, direction: Direction) {
                     if let Some(r) = report.ratio_to_raw(b) {
                         let _ = write!(cell, " ({r:.2})");
                     }
+                    if let Some(r) = report.ratio_to_pageable(b) {
+                        let _ = write!(cell, " ({r:.2}x)");
+                    }
                     if !b.verified {
                         cell.push('!');
                     }
@@ -120,6 +128,66 @@ fn bandwidth(out: &mut String, report: &Report, direction: Direction) {
             let _ = write!(out, " {cell:>15}");
         }
         out.push('\n');
+    }
+}
+
+fn staging_sweep(out: &mut String, sweep: &StagingSweep) {
+    let (chunks, threads) = (sweep.chunk_sizes(), sweep.thread_counts());
+    if chunks.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nstaging sweep: staged transfers of {}, GB/s, median per copy; (3.50x) = ratio to the driver's \
+         pageable path at the same size; * = the default ({} chunks, {} threads); pool budget {}",
+        size_label(sweep.bytes),
+        size_label(sweep.default_chunk_bytes),
+        sweep.default_threads,
+        size_label(sweep.pool_budget)
+    );
+    for direction in Direction::BOTH {
+        let pageable = sweep.pageable(direction).map_or("-".to_string(), |b| {
+            format!("{:.2}{}", b.gb_per_s(), if b.verified { "" } else { "!" })
+        });
+        let _ = writeln!(out, "{} (pageable: {pageable} GB/s)", direction.key());
+        let _ = write!(out, "{:>8}", "chunk");
+        for &t in &threads {
+            let title = format!("{t} thread{}", if t == 1 { "" } else { "s" });
+            let _ = write!(out, " {title:>15}");
+        }
+        out.push('\n');
+        for &chunk in &chunks {
+            let _ = write!(out, "{:>8}", size_label(chunk));
+            for &t in &threads {
+                let cell = match sweep.find(direction, chunk, t) {
+                    None => "-".to_string(),
+                    Some(p) => {
+                        let mut cell = format!("{:.2}", p.figure.gb_per_s());
+                        if let Some(r) = sweep.ratio_to_pageable(p) {
+                            let _ = write!(cell, " ({r:.2}x)");
+                        }
+                        if (chunk, t) == (sweep.default_chunk_bytes, sweep.default_threads) {
+                            cell.push('*');
+                        }
+                        if !p.figure.verified {
+                            cell.push('!');
+                        }
+                        cell
+                    }
+                };
+                let _ = write!(out, " {cell:>15}");
+            }
+            out.push('\n');
+        }
+        if let Some(best) = sweep.best(direction) {
+            let _ = writeln!(
+                out,
+                "  fastest: {} chunks, {} threads, {:.2} GB/s",
+                size_label(best.chunk_bytes),
+                best.threads,
+                best.figure.gb_per_s()
+            );
+        }
     }
 }
 
@@ -156,20 +224,44 @@ fn allocation(out: &mut String, report: &Report) {
     if report.allocation.is_empty() {
         return;
     }
-    out.push_str("\nallocation (host time, median):\n");
+    out.push_str(
+        "\nallocation (host time, median; [4.00x] = how many times faster than the Pinned::zeroed figure \
+         of the same kind):\n",
+    );
     for a in &report.allocation {
         let figure = if a.what.per_call() {
-            format!("{:.3} ms per call", a.seconds * 1e3)
+            format!("{} per call", per_call(a.seconds))
         } else {
             format!("{:.3} s per GiB", a.seconds_per_gib())
         };
-        let _ = writeln!(
+        let samples = if a.batch > 1 {
+            format!("(median of {} batches of {})", a.samples, a.batch)
+        } else {
+            format!("(median of {})", a.samples)
+        };
+        let _ = write!(
             out,
-            "  {:<32} {:>8}  {figure:<18} (median of {})",
+            "  {:<34} {:>8}  {figure:<18} {samples:<32}",
             a.what.label(),
             size_label(a.bytes),
-            a.samples
         );
+        if let Some((reference, speedup)) = report.alloc_speedup(a) {
+            let _ = write!(out, " [{speedup:.2}x: {} / this]", reference.label());
+        }
+        let end = out.trim_end_matches(' ').len();
+        out.truncate(end);
+        out.push('\n');
+    }
+}
+
+/// A time per call in the unit that suits it: `85.3 ns`, `12.40 us`, `0.412 ms`.
+fn per_call(seconds: f64) -> String {
+    if seconds < 1e-6 {
+        format!("{:.1} ns", seconds * 1e9)
+    } else if seconds < 1e-4 {
+        format!("{:.2} us", seconds * 1e6)
+    } else {
+        format!("{:.3} ms", seconds * 1e3)
     }
 }
 
@@ -256,11 +348,59 @@ mod tests {
             "Pinned::zeroed, cold",
             "0.400 s per GiB",
             "(2.00x raw)",
+            " staged ",
+            "(3.50x)",
+            "(3.50x) = staged / the driver's pageable path",
+            "PinnedPool::alloc + drop, warm",
+            "125.0 ns per call",
+            "0.250 ms per call",
+            "(median of 25 batches of 1000)",
+            "[2000.00x: Pinned::zeroed, per call / this]",
+            "PinnedPool::alloc, cold, Register",
+            "[4.00x: Pinned::zeroed, cold / this]",
+            "PinnedPool::alloc, cold, HostAlloc",
+            "[2.00x: Pinned::zeroed, cold / this]",
+            "staging sweep: staged transfers of 256 MiB",
+            "* = the default (8 MiB chunks, 4 threads); pool budget 512 MiB",
+            "upload (pageable: 8.00 GB/s)",
+            "download (pageable: 8.00 GB/s)",
+            "32.00 (4.00x)*",
+            "fastest: 8 MiB chunks, 4 threads, 32.00 GB/s",
             "overlap: not built in (build with --features gpu)",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in\n{text}");
         }
         assert!(!text.contains("DATA CHECK FAILED"));
+    }
+
+    #[test]
+    fn the_sweep_table_has_a_row_per_chunk_and_a_column_per_thread_count() {
+        let text = table(&sample_report());
+        let start = text.find("staging sweep").unwrap();
+        let sweep = &text[start..text.find("both directions at once").unwrap()];
+        assert_eq!(
+            sweep
+                .matches("   chunk        1 thread       4 threads")
+                .count(),
+            2,
+            "{sweep}"
+        );
+        assert_eq!(sweep.matches("   4 MiB ").count(), 2, "{sweep}");
+        assert_eq!(
+            sweep.matches('*').count(),
+            3,
+            "the legend and one cell per direction: {sweep}"
+        );
+        let mut report = sample_report();
+        report.staging_sweep = None;
+        assert!(!table(&report).contains("staging sweep"));
+    }
+
+    #[test]
+    fn times_per_call_take_the_unit_that_suits_them() {
+        assert_eq!(per_call(85.3e-9), "85.3 ns");
+        assert_eq!(per_call(12.4e-6), "12.40 us");
+        assert_eq!(per_call(0.412e-3), "0.412 ms");
     }
 
     #[test]

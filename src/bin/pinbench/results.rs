@@ -27,10 +27,9 @@ impl Direction {
 
 /// A way of holding the host side of a transfer: one row family of the bandwidth tables.
 ///
-/// Extension point for the staged pageable path (`Stream::upload_staged` / `download_staged`: a `Vec` copied
-/// through the crate's own pinned chunks) and for transfers from a warm `PinnedPool` block (`PinnedPool::alloc`
-/// of a size returned earlier): add a variant here and to [`Method::MEASURED`], its host memory to
-/// `bandwidth::Host` (a staged method can reuse `Host::Pageable` with its own copy calls in `Host::upload` and
+/// Extension point for transfers from a warm `PinnedPool` block (`PinnedPool::alloc` of a size returned
+/// earlier) and other ways: add a variant here and to [`Method::MEASURED`], its host memory to
+/// `bandwidth::Host` (a staged method keeps a `Vec` with its own copy calls in `Host::upload` and
 /// `Host::download`), say in [`Method::has_raw`] whether a raw reference applies, and give it a line in
 /// `plot::series`. Rows exist only for measured methods, so nothing is printed for a method before it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +37,10 @@ pub enum Method {
     /// A `Vec<u8>` through `Stream::upload_pageable` / `download_pageable`: the driver stages it through a
     /// pinned buffer of its own, and the call blocks.
     Pageable,
+    /// A `Vec<u8>` through `Stream::upload_staged` / `download_staged` with the default `StagingOptions`:
+    /// worker threads copy chunks through pinned buffers of a warm `PinnedPool` while the DMA engine moves the
+    /// chunks staged before. No raw reference; compared with [`Method::Pageable`] instead.
+    Staged,
     /// `Pinned::zeroed`: `cuMemHostAlloc` with default flags.
     Pinned,
     /// `PinnedBuilder::write_combined(true)`: uncached for the CPU, meant for upload staging.
@@ -48,8 +51,9 @@ pub enum Method {
 
 impl Method {
     /// The methods a run measures, in the order they are shown.
-    pub const MEASURED: [Method; 4] = [
+    pub const MEASURED: [Method; 5] = [
         Method::Pageable,
+        Method::Staged,
         Method::Pinned,
         Method::PinnedWriteCombined,
         Method::Registered,
@@ -59,6 +63,7 @@ impl Method {
     pub fn key(self) -> &'static str {
         match self {
             Method::Pageable => "pageable",
+            Method::Staged => "staged",
             Method::Pinned => "pinned",
             Method::PinnedWriteCombined => "pinned_write_combined",
             Method::Registered => "registered",
@@ -69,6 +74,7 @@ impl Method {
     pub fn label(self) -> &'static str {
         match self {
             Method::Pageable => "pageable",
+            Method::Staged => "staged",
             Method::Pinned => "pinned",
             Method::PinnedWriteCombined => "write-combined",
             Method::Registered => "registered",
@@ -78,7 +84,13 @@ impl Method {
     /// Whether the host memory is page-locked, so that the raw `cuMemcpy*Async` can be timed on the same memory
     /// as a reference.
     pub fn has_raw(self) -> bool {
-        !matches!(self, Method::Pageable)
+        !matches!(self, Method::Pageable | Method::Staged)
+    }
+
+    /// Whether the figure is compared with the driver's pageable path at the same size and direction: the
+    /// methods that, like it, take ordinary memory.
+    pub fn against_pageable(self) -> bool {
+        matches!(self, Method::Staged)
     }
 }
 
@@ -167,16 +179,27 @@ impl Bidirectional {
 
 /// What an allocation figure times.
 ///
-/// Extension point for the pool's warm path: `PinnedPool::alloc` of a block the pool already holds (the reason
-/// for pooling) belongs here as a variant such as `PoolWarm`, timed in `costs::allocation` beside
-/// [`Alloc::PinnedPerCall`] (same 1 MiB size), so that it reads as a ratio to the cold call. Only measured kinds
-/// produce rows.
+/// Extension point: a new kind of allocation gets a variant here, is timed in `costs::allocation`, and names
+/// the figure it reads as a ratio to in [`Alloc::reference`]. Only measured kinds produce rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[expect(
+    clippy::enum_variant_names,
+    reason = "`PoolColdHostAlloc` ends in `Pinning::HostAlloc`, not in this enum's name"
+)]
 pub enum Alloc {
     /// One cold `Pinned::zeroed` of a large size (cuMemHostAlloc plus the zeroing), scaled per GiB.
     PinnedCold,
     /// `Pinned::zeroed` of 1 MiB, per call.
     PinnedPerCall,
+    /// `PinnedPool::alloc` of 1 MiB from a pool that holds an idle block of that size, and its drop (the block
+    /// goes back to the pool), per call: the reason for pooling. Timed in batches, one clock read per batch.
+    PoolWarm,
+    /// The first `PinnedPool::alloc` of a large size from a fresh pool built with `Pinning::Register`: pages
+    /// touched on several threads, then `cuMemHostRegister`. Scaled per GiB.
+    PoolColdRegister,
+    /// The first `PinnedPool::alloc` of a large size from a fresh pool built with `Pinning::HostAlloc`:
+    /// `cuMemHostAlloc`, then the zeroing on several threads. Scaled per GiB.
+    PoolColdHostAlloc,
     /// `Registered::new` of a `Vec` whose pages were already written, scaled per GiB.
     RegisterTouched,
     /// `Registered::new` of a fresh `vec![0u8; n]` (calloc: pages not yet touched), scaled per GiB.
@@ -189,6 +212,9 @@ impl Alloc {
         match self {
             Alloc::PinnedCold => "pinned_zeroed_cold",
             Alloc::PinnedPerCall => "pinned_zeroed_per_call",
+            Alloc::PoolWarm => "pool_alloc_warm",
+            Alloc::PoolColdRegister => "pool_alloc_cold_register",
+            Alloc::PoolColdHostAlloc => "pool_alloc_cold_host_alloc",
             Alloc::RegisterTouched => "registered_new_touched",
             Alloc::RegisterUntouched => "registered_new_untouched",
         }
@@ -199,6 +225,9 @@ impl Alloc {
         match self {
             Alloc::PinnedCold => "Pinned::zeroed, cold",
             Alloc::PinnedPerCall => "Pinned::zeroed, per call",
+            Alloc::PoolWarm => "PinnedPool::alloc + drop, warm",
+            Alloc::PoolColdRegister => "PinnedPool::alloc, cold, Register",
+            Alloc::PoolColdHostAlloc => "PinnedPool::alloc, cold, HostAlloc",
             Alloc::RegisterTouched => "Registered::new, touched Vec",
             Alloc::RegisterUntouched => "Registered::new, untouched Vec",
         }
@@ -206,7 +235,17 @@ impl Alloc {
 
     /// Whether the figure is shown per call (small buffers) rather than per GiB.
     pub fn per_call(self) -> bool {
-        matches!(self, Alloc::PinnedPerCall)
+        matches!(self, Alloc::PinnedPerCall | Alloc::PoolWarm)
+    }
+
+    /// The figure this one is compared with, as `reference time / this time` (how many times faster): the
+    /// pool's against `Pinned::zeroed` of the same kind (per call, or cold per GiB).
+    pub fn reference(self) -> Option<Alloc> {
+        match self {
+            Alloc::PoolWarm => Some(Alloc::PinnedPerCall),
+            Alloc::PoolColdRegister | Alloc::PoolColdHostAlloc => Some(Alloc::PinnedCold),
+            _ => None,
+        }
     }
 }
 
@@ -217,8 +256,10 @@ pub struct Allocation {
     pub what: Alloc,
     /// Bytes per call.
     pub bytes: usize,
-    /// Calls the median is taken over.
+    /// Timed calls, or batches of calls, the median is taken over.
     pub samples: usize,
+    /// Calls per timed batch (1: each call timed on its own).
+    pub batch: usize,
     /// Median host time of one call, in seconds.
     pub seconds: f64,
 }
@@ -227,6 +268,84 @@ impl Allocation {
     /// The median time scaled to one GiB, in seconds.
     pub fn seconds_per_gib(&self) -> f64 {
         self.seconds * (1u64 << 30) as f64 / self.bytes as f64
+    }
+}
+
+/// `--staging-sweep`: staged transfers of one size for each chunk size and thread count, beside the driver's
+/// pageable path at the same size, measured in the same sweep.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StagingSweep {
+    /// Bytes per transfer.
+    pub bytes: usize,
+    /// The budget of the sweep's pool: room for two transfers' worth of staging buffers at every point.
+    pub pool_budget: usize,
+    /// `StagingOptions::default().chunk_bytes` on this machine.
+    pub default_chunk_bytes: usize,
+    /// `StagingOptions::default().threads` on this machine.
+    pub default_threads: usize,
+    /// The driver's pageable path at `bytes`, one figure per direction: the reference.
+    pub pageable: Vec<Bandwidth>,
+    /// One staged figure per direction, chunk size and thread count.
+    pub points: Vec<SweepPoint>,
+}
+
+/// One point of the staging sweep.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweepPoint {
+    /// `StagingOptions::chunk_bytes`.
+    pub chunk_bytes: usize,
+    /// `StagingOptions::threads`.
+    pub threads: usize,
+    /// The figure ([`Method::Staged`], through `upload_staged_with` / `download_staged_with`).
+    pub figure: Bandwidth,
+}
+
+impl StagingSweep {
+    /// The chunk sizes measured, ascending.
+    pub fn chunk_sizes(&self) -> Vec<usize> {
+        let mut v: Vec<usize> = self.points.iter().map(|p| p.chunk_bytes).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// The thread counts measured, ascending.
+    pub fn thread_counts(&self) -> Vec<usize> {
+        let mut v: Vec<usize> = self.points.iter().map(|p| p.threads).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// The point for (direction, chunk size, threads), if measured.
+    pub fn find(
+        &self,
+        direction: Direction,
+        chunk_bytes: usize,
+        threads: usize,
+    ) -> Option<&SweepPoint> {
+        self.points.iter().find(|p| {
+            p.figure.direction == direction && p.chunk_bytes == chunk_bytes && p.threads == threads
+        })
+    }
+
+    /// The driver's pageable figure of `direction`.
+    pub fn pageable(&self, direction: Direction) -> Option<&Bandwidth> {
+        self.pageable.iter().find(|b| b.direction == direction)
+    }
+
+    /// A point's GB/s over the driver's pageable GB/s in the same direction.
+    pub fn ratio_to_pageable(&self, point: &SweepPoint) -> Option<f64> {
+        let pageable = self.pageable(point.figure.direction)?;
+        Some(point.figure.gb_per_s() / pageable.gb_per_s())
+    }
+
+    /// The fastest point of `direction`.
+    pub fn best(&self, direction: Direction) -> Option<&SweepPoint> {
+        self.points
+            .iter()
+            .filter(|p| p.figure.direction == direction)
+            .max_by(|a, b| a.figure.gb_per_s().total_cmp(&b.figure.gb_per_s()))
     }
 }
 
@@ -330,6 +449,8 @@ pub struct Report {
     pub header: Header,
     /// Every bandwidth figure, safe and raw.
     pub bandwidth: Vec<Bandwidth>,
+    /// `--staging-sweep`'s figures; `None` where it was not asked for.
+    pub staging_sweep: Option<StagingSweep>,
     /// Both directions at once.
     pub bidirectional: Vec<Bidirectional>,
     /// Allocation and registration costs.
@@ -366,6 +487,25 @@ impl Report {
         Some(b.gb_per_s() / raw.gb_per_s())
     }
 
+    /// A figure of a method that takes ordinary memory (staged) as a ratio to the driver's pageable path at the
+    /// same size and direction: 3.5 means three and a half times as fast. `None` for other methods, raw figures,
+    /// or where the pageable figure was not measured.
+    pub fn ratio_to_pageable(&self, b: &Bandwidth) -> Option<f64> {
+        if b.api != Api::Safe || !b.method.against_pageable() {
+            return None;
+        }
+        let pageable = self.find(Method::Pageable, Api::Safe, b.direction, b.bytes)?;
+        Some(b.gb_per_s() / pageable.gb_per_s())
+    }
+
+    /// An allocation figure's speed-up over its reference ([`Alloc::reference`]): the reference's time per GiB
+    /// over this one's (equal to the per-call ratio at equal sizes). `None` where either was not measured.
+    pub fn alloc_speedup(&self, a: &Allocation) -> Option<(Alloc, f64)> {
+        let reference = a.what.reference()?;
+        let r = self.allocation.iter().find(|r| r.what == reference)?;
+        Some((reference, r.seconds_per_gib() / a.seconds_per_gib()))
+    }
+
     /// The sizes measured, ascending.
     pub fn sizes(&self) -> Vec<usize> {
         let mut sizes: Vec<usize> = self.bandwidth.iter().map(|b| b.bytes).collect();
@@ -396,6 +536,24 @@ impl Report {
                 .filter(|b| !b.verified)
                 .map(|b| format!("both directions at once, {}", size_label(b.bytes))),
         );
+        if let Some(sweep) = &self.staging_sweep {
+            failures.extend(sweep.pageable.iter().filter(|b| !b.verified).map(|b| {
+                format!(
+                    "staging sweep: pageable {} of {}",
+                    b.direction.key(),
+                    size_label(b.bytes)
+                )
+            }));
+            failures.extend(sweep.points.iter().filter(|p| !p.figure.verified).map(|p| {
+                format!(
+                    "staging sweep: staged {} of {}, chunks of {}, {} threads",
+                    p.figure.direction.key(),
+                    size_label(p.figure.bytes),
+                    size_label(p.chunk_bytes),
+                    p.threads
+                )
+            }));
+        }
         failures
     }
 }
@@ -439,6 +597,93 @@ mod tests {
         assert_eq!(report.sizes(), vec![4096, 1 << 20, 64 << 20]);
         let b = &report.bidirectional[0];
         assert!((b.ratio_to_sum() - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn staged_figures_are_compared_with_the_drivers_pageable_path() {
+        let mut report = sample_report();
+        for (bytes, direction) in [(4096, Direction::Upload), (64 << 20, Direction::Download)] {
+            let staged = report
+                .find(Method::Staged, Api::Safe, direction, bytes)
+                .unwrap();
+            assert!((report.ratio_to_pageable(staged).unwrap() - 3.5).abs() < 1e-9);
+            assert_eq!(report.ratio_to_raw(staged), None);
+        }
+        let pinned = report
+            .find(Method::Pinned, Api::Safe, Direction::Upload, 4096)
+            .unwrap();
+        assert_eq!(report.ratio_to_pageable(pinned), None);
+        let pageable = report
+            .find(Method::Pageable, Api::Safe, Direction::Upload, 4096)
+            .unwrap();
+        assert_eq!(report.ratio_to_pageable(pageable), None);
+        // Without the pageable figure at that size, no ratio.
+        report
+            .bandwidth
+            .retain(|b| !(b.method == Method::Pageable && b.bytes == 4096));
+        let staged = report
+            .find(Method::Staged, Api::Safe, Direction::Upload, 4096)
+            .unwrap();
+        assert_eq!(report.ratio_to_pageable(staged), None);
+        assert!(!Method::Staged.has_raw() && Method::Staged.against_pageable());
+        assert!(Method::MEASURED.contains(&Method::Staged));
+    }
+
+    #[test]
+    fn pool_allocations_are_compared_with_pinned_zeroed_of_the_same_kind() {
+        let report = sample_report();
+        let speedup = |what| {
+            let a = report.allocation.iter().find(|a| a.what == what).unwrap();
+            report.alloc_speedup(a)
+        };
+        // Cold: per GiB (the pool's figures are of 256 MiB, Pinned::zeroed's of 1 GiB).
+        let (reference, x) = speedup(Alloc::PoolColdRegister).unwrap();
+        assert_eq!(reference, Alloc::PinnedCold);
+        assert!((x - 4.0).abs() < 1e-9);
+        let (_, x) = speedup(Alloc::PoolColdHostAlloc).unwrap();
+        assert!((x - 2.0).abs() < 1e-9);
+        // Warm: per call, against Pinned::zeroed of the same 1 MiB.
+        let (reference, x) = speedup(Alloc::PoolWarm).unwrap();
+        assert_eq!(reference, Alloc::PinnedPerCall);
+        assert!((x - 2000.0).abs() < 1e-6);
+        assert_eq!(speedup(Alloc::PinnedCold), None);
+        assert!(Alloc::PoolWarm.per_call() && !Alloc::PoolColdRegister.per_call());
+    }
+
+    #[test]
+    fn the_sweep_finds_points_ratios_and_the_fastest() {
+        let sweep = crate::testdata::sample_sweep();
+        assert_eq!(sweep.chunk_sizes(), vec![4 << 20, 8 << 20]);
+        assert_eq!(sweep.thread_counts(), vec![1, 4]);
+        let p = sweep.find(Direction::Upload, 8 << 20, 4).unwrap();
+        assert!((p.figure.gb_per_s() - 32.0).abs() < 1e-9);
+        assert!((sweep.ratio_to_pageable(p).unwrap() - 4.0).abs() < 1e-9);
+        assert_eq!(sweep.find(Direction::Upload, 2 << 20, 4), None);
+        let best = sweep.best(Direction::Download).unwrap();
+        assert_eq!((best.chunk_bytes, best.threads), (8 << 20, 4));
+        assert_eq!(best.figure.direction, Direction::Download);
+    }
+
+    #[test]
+    fn failed_sweep_checks_are_listed() {
+        let mut report = sample_report();
+        assert!(report.failures().is_empty());
+        let sweep = report.staging_sweep.as_mut().unwrap();
+        sweep.points[3].figure.verified = false;
+        sweep.pageable[0].verified = false;
+        let failures = report.failures();
+        assert_eq!(failures.len(), 2, "{failures:?}");
+        assert!(
+            failures
+                .iter()
+                .any(|f| f.contains("pageable upload of 256 MiB"))
+        );
+        assert!(
+            failures
+                .iter()
+                .any(|f| f.contains("staged download of 256 MiB, chunks of 4 MiB, 4 threads")),
+            "{failures:?}"
+        );
     }
 
     #[test]

@@ -33,6 +33,8 @@ pub struct Plan {
     pub alloc_samples: usize,
     /// Repetitions of the 1 MiB per-call allocation.
     pub per_call_samples: usize,
+    /// Timed batches of the warm pool allocation (each of `costs::POOL_WARM_BATCH` calls).
+    pub pool_warm_samples: usize,
     /// Batches of the enqueue-overhead figure.
     pub enqueue_samples: usize,
     /// Chunks of the overlap pipeline.
@@ -64,6 +66,7 @@ impl Plan {
             alloc_bytes: GIB,
             alloc_samples: 3,
             per_call_samples: 20,
+            pool_warm_samples: 25,
             enqueue_samples: 10,
             overlap_chunks: 16,
             overlap_chunk_bytes: 16 * MIB,
@@ -86,6 +89,7 @@ impl Plan {
             alloc_bytes: 256 * MIB,
             alloc_samples: 1,
             per_call_samples: 10,
+            pool_warm_samples: 11,
             enqueue_samples: 5,
             overlap_chunks: 8,
             overlap_chunk_bytes: 16 * MIB,
