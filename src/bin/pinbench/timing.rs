@@ -68,8 +68,9 @@ impl Plan {
             per_call_samples: 20,
             pool_warm_samples: 25,
             enqueue_samples: 10,
-            overlap_chunks: 16,
-            overlap_chunk_bytes: 16 * MIB,
+            // 32 chunks: the first copy, which no kernel can overlap, is 1/32 of the pipeline.
+            overlap_chunks: 32,
+            overlap_chunk_bytes: 8 * MIB,
             overlap_samples: 5,
         }
     }
