@@ -1,6 +1,6 @@
 //! Overlap of copies with compute (feature `gpu`, which builds the crate's kernels): a pipeline uploads chunks
 //! and after each runs `kernels::spin` for about the chunk's copy time. On one stream the two alternate; with a
-//! copy stream and a compute stream, double-buffered and ordered by events, chunk i+1's upload runs while chunk
+//! copy stream and a compute stream, three device buffers deep and ordered by events, chunk i+1's upload runs while chunk
 //! i's kernel does, so the pipeline approaches the longer of all copies and all kernels.
 
 use std::time::Duration;
@@ -11,6 +11,8 @@ use crate::results::{Overlap, size_label};
 use crate::timing::{Plan, Stopwatch, fill_pattern, median};
 use crate::{Bench, Outcome};
 
+/// Device buffers the pipeline cycles through.
+const SLOTS: usize = 3;
 /// The estimated seconds of [`overlap`], for the progress bar.
 pub fn estimate(plan: &Plan) -> f64 {
     let total = (plan.overlap_chunks * plan.overlap_chunk_bytes) as f64;
@@ -30,18 +32,15 @@ pub fn overlap(bench: &mut Bench) -> Outcome<Overlap> {
     let compute = Stream::new(&context)?;
     let mut host = Pinned::<u8>::zeroed(&context, chunks * chunk)?;
     fill_pattern(host.as_mut_slice()?, bench.next_seed());
-    let mut slots = [
-        DeviceBuffer::<u8>::uninit(&copy, chunk)?,
-        DeviceBuffer::<u8>::uninit(&copy, chunk)?,
-    ];
-    let copied = [
-        Event::without_timing(&context)?,
-        Event::without_timing(&context)?,
-    ];
-    let computed = [
-        Event::without_timing(&context)?,
-        Event::without_timing(&context)?,
-    ];
+    // Three device slots: a copy may run two chunks ahead of the kernels, so that a kernel a little longer than
+    // its copy does not stall the copy stream at once.
+    let mut slots = Vec::with_capacity(SLOTS);
+    let (mut copied, mut computed) = (Vec::with_capacity(SLOTS), Vec::with_capacity(SLOTS));
+    for _ in 0..SLOTS {
+        slots.push(DeviceBuffer::<u8>::uninit(&copy, chunk)?);
+        copied.push(Event::without_timing(&context)?);
+        computed.push(Event::without_timing(&context)?);
+    }
     let watch = Stopwatch::new(&copy)?;
     let samples = plan.overlap_samples;
     let repeat = |run: &mut dyn FnMut() -> Outcome<()>| -> Outcome<f64> {
@@ -55,7 +54,10 @@ pub fn overlap(bench: &mut Bench) -> Outcome<Overlap> {
 
     let copy_seconds = repeat(&mut || {
         for i in 0..chunks {
-            copy.upload(&host.slice(i * chunk..(i + 1) * chunk)?, &mut slots[i % 2])?;
+            copy.upload(
+                &host.slice(i * chunk..(i + 1) * chunk)?,
+                &mut slots[i % SLOTS],
+            )?;
         }
         Ok(())
     })?;
@@ -68,7 +70,10 @@ pub fn overlap(bench: &mut Bench) -> Outcome<Overlap> {
     })?;
     let one_stream_seconds = repeat(&mut || {
         for i in 0..chunks {
-            copy.upload(&host.slice(i * chunk..(i + 1) * chunk)?, &mut slots[i % 2])?;
+            copy.upload(
+                &host.slice(i * chunk..(i + 1) * chunk)?,
+                &mut slots[i % SLOTS],
+            )?;
             kernels::spin(&copy, spin)?;
         }
         Ok(())
@@ -80,8 +85,8 @@ pub fn overlap(bench: &mut Bench) -> Outcome<Overlap> {
         start.record(&copy)?;
         compute.wait(&start)?;
         for i in 0..chunks {
-            let slot = i % 2;
-            if i >= 2 {
+            let slot = i % SLOTS;
+            if i >= SLOTS {
                 copy.wait(&computed[slot])?;
             }
             copy.upload(&host.slice(i * chunk..(i + 1) * chunk)?, &mut slots[slot])?;
@@ -92,7 +97,7 @@ pub fn overlap(bench: &mut Bench) -> Outcome<Overlap> {
         }
         // The stopwatch's end event is on the copy stream: make it wait for the last kernel.
         if let Some(last) = chunks.checked_sub(1) {
-            copy.wait(&computed[last % 2])?;
+            copy.wait(&computed[last % SLOTS])?;
         }
         Ok(())
     })?;

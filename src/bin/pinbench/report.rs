@@ -313,10 +313,7 @@ fn overlap(out: &mut String, report: &Report) {
     );
     for (label, seconds) in [
         ("one stream", o.one_stream_seconds),
-        (
-            "copy + compute streams, double-buffered",
-            o.two_streams_seconds,
-        ),
+        ("copy + compute streams, 3 buffers", o.two_streams_seconds),
     ] {
         let _ = writeln!(
             out,

@@ -20,7 +20,7 @@ pub const BYTES: usize = 256 * MIB;
 /// `StagingOptions::chunk_bytes` of the grid.
 pub const CHUNKS: [usize; 5] = [2 * MIB, 4 * MIB, 8 * MIB, 16 * MIB, 32 * MIB];
 /// `StagingOptions::threads` of the grid.
-pub const THREADS: [usize; 4] = [1, 2, 4, 8];
+pub const THREADS: [usize; 5] = [1, 2, 4, 8, 16];
 
 /// The grid's options, chunk size outer.
 fn grid() -> impl Iterator<Item = StagingOptions> {

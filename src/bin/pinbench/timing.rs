@@ -68,9 +68,9 @@ impl Plan {
             per_call_samples: 20,
             pool_warm_samples: 25,
             enqueue_samples: 10,
-            // 32 chunks: the first copy, which no kernel can overlap, is 1/32 of the pipeline.
-            overlap_chunks: 32,
-            overlap_chunk_bytes: 8 * MIB,
+            // 64 chunks: the first copy, which no kernel can overlap, is 1/64 of the pipeline.
+            overlap_chunks: 64,
+            overlap_chunk_bytes: 4 * MIB,
             overlap_samples: 5,
         }
     }
