@@ -1,7 +1,7 @@
 //! Overlap of copies with compute (feature `gpu`, which builds the crate's kernels): a pipeline uploads chunks
 //! and after each runs `kernels::spin` for about the chunk's copy time. On one stream the two alternate; with a
-//! copy stream and a compute stream, three device buffers deep and ordered by events, chunk i+1's upload runs while chunk
-//! i's kernel does, so the pipeline approaches the longer of all copies and all kernels.
+//! copy stream and a compute stream, three device buffers deep and ordered by events, chunk i+1's upload runs
+//! while chunk i's kernel does, so the pipeline approaches the longer of all copies and all kernels.
 
 use std::time::Duration;
 
