@@ -3,7 +3,7 @@
 //! On device 0 it measures, and reports as a table (`--json`: one JSON document; `--plot FILE.svg`: a chart):
 //! - the machine: device, compute capability, NVIDIA driver release and CUDA version, PCIe link under load;
 //! - bandwidth of uploads and downloads from 4 KiB to 1 GiB for pageable memory (through the driver), pageable
-//!   memory staged by the crate through a [`PinnedPool`](cuda_pinned::PinnedPool) (`Stream::upload_staged`,
+//!   memory staged by the crate through a [`PinnedPool`] (`Stream::upload_staged`,
 //!   as a ratio to the driver's pageable path), [`Pinned`](cuda_pinned::Pinned) memory (default and
 //!   write-combined) and [`Registered`](cuda_pinned::Registered) memory, each pinned figure also timed through
 //!   the raw driver call on the same memory, so the safe layer's cost reads as a ratio (`bandwidth.rs`);
