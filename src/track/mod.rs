@@ -339,4 +339,6 @@ where
 }
 
 #[cfg(test)]
+pub(crate) mod sim;
+#[cfg(test)]
 mod tests;

@@ -1,11 +1,10 @@
 //! The tracker's unit tests and its property test against a simulated device.
 
+use super::sim::{self, Counts, Injected, Op, Payload};
 use super::*;
 use proptest::prelude::*;
-use std::cell::RefCell;
-use std::collections::VecDeque;
 
-// ---- A simulated device ----------------------------------------------------------------------------
+// ---- The simulated device --------------------------------------------------------------------------
 
 /// How a use touches a buffer on the simulated device; `Free` is the stream-ordered release.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,279 +28,54 @@ fn conflicts(a: Kind, b: Kind) -> bool {
     !(a == Kind::Read && b == Kind::Read)
 }
 
-/// One operation queued on a simulated stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Op {
-    /// Index into `Device::uses`.
-    Use(usize),
-    /// Completes the event.
-    Record(usize),
-    /// Blocks the stream until the event has completed.
-    Wait(usize),
-}
-
-/// A use of a buffer enqueued on the simulated device.
+/// What a use enqueued on the simulated device does: the buffer it touches and how.
 #[derive(Debug)]
-struct Use {
+struct Touch {
     buffer: u32,
-    stream: usize,
     kind: Kind,
-    executed: bool,
 }
 
-/// The error of an injected failure.
-#[derive(Debug, PartialEq, Eq)]
-struct Injected;
-
-/// How often the tracker called each `Timeline` method (failed calls included).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Counts {
-    records: usize,
-    waits: usize,
-    queries: usize,
-    syncs: usize,
+impl Payload for Touch {
+    /// The happens-before check: a use may run only after every conflicting use of its buffer enqueued
+    /// before it, whichever streams they were on and whatever order the test advanced them in.
+    fn before_execute(uses: &[sim::Use<Self>], id: usize) {
+        let this = &uses[id];
+        for (earlier_id, earlier) in uses[..id].iter().enumerate() {
+            assert!(
+                earlier.payload.buffer != this.payload.buffer
+                    || !conflicts(earlier.payload.kind, this.payload.kind)
+                    || earlier.executed,
+                "race on buffer {}: use {id} ({:?} on stream {}) ran before use {earlier_id} ({:?} on stream {})",
+                this.payload.buffer,
+                this.payload.kind,
+                this.stream,
+                earlier.payload.kind,
+                earlier.stream
+            );
+        }
+    }
 }
 
-/// Streams as FIFO queues that run only when the test advances them, so the test picks the schedule.
-#[derive(Debug)]
-struct Device {
-    queues: Vec<VecDeque<Op>>,
-    event_complete: Vec<bool>,
-    event_stream: Vec<usize>,
-    /// Every use ever enqueued, in enqueue order.
-    uses: Vec<Use>,
-    counts: Counts,
-    /// Fail the `Timeline` call after this many more succeed.
-    fail_after: Option<usize>,
-    /// Fail each `Timeline` call with probability 1/`fail_one_in` (0: never), drawn from `rng`.
-    fail_one_in: u64,
-    rng: u64,
-}
-
-/// The `Timeline` over a `Device`: streams and events are indices.
-struct Sim(RefCell<Device>);
-
-/// xorshift64: the simulator's own randomness, seeded by proptest.
-fn next_random(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
-}
+/// The shared simulated device, its uses touching the tracked buffers.
+type Sim = sim::Sim<Touch>;
 
 impl Sim {
-    fn new(streams: usize) -> Self {
-        Self::with_failures(streams, 0, 1)
-    }
-
-    fn with_failures(streams: usize, fail_one_in: u64, seed: u64) -> Self {
-        Sim(RefCell::new(Device {
-            queues: vec![VecDeque::new(); streams],
-            event_complete: Vec::new(),
-            event_stream: Vec::new(),
-            uses: Vec::new(),
-            counts: Counts::default(),
-            fail_after: None,
-            fail_one_in,
-            // xorshift must not start at 0.
-            rng: seed | 1,
-        }))
-    }
-
-    fn counts(&self) -> Counts {
-        self.0.borrow().counts
-    }
-
-    fn fail_after(&self, calls: usize) {
-        self.0.borrow_mut().fail_after = Some(calls);
-    }
-
-    fn fail_next(&self) {
-        self.fail_after(0);
-    }
-
-    fn executed(&self, id: usize) -> bool {
-        self.0.borrow().uses[id].executed
-    }
-
-    fn queue(&self, stream: usize) -> Vec<Op> {
-        self.0.borrow().queues[stream].iter().copied().collect()
-    }
-
     /// Enqueues a use of `buffer` on `stream`, as the buffers do between `prepare` and `record_use`.
-    fn enqueue(&self, buffer: u32, stream: usize, kind: Kind) -> usize {
-        let mut d = self.0.borrow_mut();
-        let id = d.uses.len();
-        d.uses.push(Use {
-            buffer,
-            stream,
-            kind,
-            executed: false,
-        });
-        d.queues[stream].push_back(Op::Use(id));
-        id
-    }
-
-    /// Runs the next op of `stream` unless it is blocked or idle; whether it ran one.
-    fn advance(&self, stream: usize) -> bool {
-        self.0.borrow_mut().advance(stream)
-    }
-
-    /// Runs every queue to the end, picking among the runnable streams at random.
-    fn drain(&self, seed: u64) {
-        let mut rng = seed | 1;
-        let mut d = self.0.borrow_mut();
-        loop {
-            let runnable: Vec<usize> = (0..d.queues.len()).filter(|&s| d.runnable(s)).collect();
-            if runnable.is_empty() {
-                assert!(
-                    d.queues.iter().all(VecDeque::is_empty),
-                    "deadlock: every non-empty stream waits for an event that cannot complete: {:?}",
-                    d.queues
-                );
-                return;
-            }
-            let pick = runnable[(next_random(&mut rng) % runnable.len() as u64) as usize];
-            d.advance(pick);
-        }
+    fn touch(&self, buffer: u32, stream: usize, kind: Kind) -> usize {
+        self.enqueue(stream, Touch { buffer, kind })
     }
 
     /// Asserts that every use of `buffer` conflicting with `kind` has executed: what a host access of that
     /// kind (or, for `Free`, a release) must see.
     fn assert_host_ordered(&self, buffer: u32, kind: Kind, what: &str) {
-        let d = self.0.borrow();
-        for (id, u) in d.uses.iter().enumerate() {
+        for (id, u) in self.uses().iter().enumerate() {
             assert!(
-                u.buffer != buffer || !conflicts(u.kind, kind) || u.executed,
+                u.payload.buffer != buffer || !conflicts(u.payload.kind, kind) || u.executed,
                 "{what} on buffer {buffer} returned while use {id} ({:?} on stream {}) had not run",
-                u.kind,
+                u.payload.kind,
                 u.stream
             );
         }
-    }
-}
-
-impl Device {
-    fn inject(&mut self) -> Result<(), Injected> {
-        match self.fail_after {
-            Some(0) => {
-                self.fail_after = None;
-                return Err(Injected);
-            }
-            Some(ref mut calls) => *calls -= 1,
-            None => {}
-        }
-        if self.fail_one_in > 0 && next_random(&mut self.rng).is_multiple_of(self.fail_one_in) {
-            return Err(Injected);
-        }
-        Ok(())
-    }
-
-    fn runnable(&self, stream: usize) -> bool {
-        match self.queues[stream].front() {
-            None => false,
-            Some(Op::Wait(event)) => self.event_complete[*event],
-            Some(_) => true,
-        }
-    }
-
-    fn advance(&mut self, stream: usize) -> bool {
-        if !self.runnable(stream) {
-            return false;
-        }
-        match self.queues[stream].pop_front() {
-            Some(Op::Use(id)) => self.execute(id),
-            Some(Op::Record(event)) => self.event_complete[event] = true,
-            Some(Op::Wait(_)) | None => {}
-        }
-        true
-    }
-
-    /// The happens-before check: a use may run only after every conflicting use of its buffer enqueued
-    /// before it, whichever streams they were on and whatever order the test advanced them in.
-    fn execute(&mut self, id: usize) {
-        let this = &self.uses[id];
-        for (earlier_id, earlier) in self.uses[..id].iter().enumerate() {
-            assert!(
-                earlier.buffer != this.buffer
-                    || !conflicts(earlier.kind, this.kind)
-                    || earlier.executed,
-                "race on buffer {}: use {id} ({:?} on stream {}) ran before use {earlier_id} ({:?} on stream {})",
-                this.buffer,
-                this.kind,
-                this.stream,
-                earlier.kind,
-                earlier.stream
-            );
-        }
-        self.uses[id].executed = true;
-    }
-
-    /// Advances only the streams `event` depends on until it completes, as a blocking host wait would.
-    fn run_until(&mut self, event: usize, depth: usize) {
-        // Waits only point at events recorded earlier, so a chain longer than the streams is a cycle.
-        assert!(
-            depth <= self.queues.len(),
-            "wait cycle reaching event {event}"
-        );
-        while !self.event_complete[event] {
-            let stream = self.event_stream[event];
-            match self.queues[stream].front().copied() {
-                Some(Op::Wait(blocker)) if !self.event_complete[blocker] => {
-                    self.run_until(blocker, depth + 1)
-                }
-                Some(_) => {
-                    self.advance(stream);
-                }
-                None => {
-                    unreachable!("event {event} is incomplete but its stream {stream} is empty")
-                }
-            }
-        }
-    }
-}
-
-impl Timeline for Sim {
-    type Stream = usize;
-    type Event = usize;
-    type Error = Injected;
-
-    fn record(&self, stream: &usize) -> Result<usize, Injected> {
-        let mut d = self.0.borrow_mut();
-        d.counts.records += 1;
-        d.inject()?;
-        let event = d.event_complete.len();
-        // On an idle stream an event is complete at once, as in CUDA.
-        let idle = d.queues[*stream].is_empty();
-        d.event_complete.push(idle);
-        d.event_stream.push(*stream);
-        if !idle {
-            d.queues[*stream].push_back(Op::Record(event));
-        }
-        Ok(event)
-    }
-
-    fn wait(&self, stream: &usize, event: &usize) -> Result<(), Injected> {
-        let mut d = self.0.borrow_mut();
-        d.counts.waits += 1;
-        d.inject()?;
-        d.queues[*stream].push_back(Op::Wait(*event));
-        Ok(())
-    }
-
-    fn is_complete(&self, event: &usize) -> Result<bool, Injected> {
-        let mut d = self.0.borrow_mut();
-        d.counts.queries += 1;
-        d.inject()?;
-        Ok(d.event_complete[*event])
-    }
-
-    fn synchronize(&self, event: &usize) -> Result<(), Injected> {
-        let mut d = self.0.borrow_mut();
-        d.counts.syncs += 1;
-        d.inject()?;
-        d.run_until(*event, 0);
-        Ok(())
     }
 }
 
@@ -310,7 +84,7 @@ type T = Tracker<usize, usize>;
 /// `prepare`, enqueue on the device, `record_use`: one use as a buffer performs it.
 fn device_use(tracker: &mut T, sim: &Sim, buffer: u32, stream: usize, access: Access) -> usize {
     tracker.prepare(sim, &stream, access).unwrap();
-    let id = sim.enqueue(buffer, stream, access.into());
+    let id = sim.touch(buffer, stream, access.into());
     tracker.record_use(&stream, access);
     id
 }
@@ -591,7 +365,7 @@ fn order_before_makes_a_free_wait_for_other_streams_and_keeps_the_entries() {
     );
     assert!(t.write.is_some());
     assert_eq!(t.reads.len(), 2);
-    let free = sim.enqueue(0, 1, Kind::Free);
+    let free = sim.touch(0, 1, Kind::Free);
     sim.drain(7);
     assert!(sim.executed(free));
 }
@@ -790,7 +564,7 @@ fn run(program: &Program) {
                 let b = &mut buffers[buffer % program.buffers];
                 let stream = stream % streams;
                 if b.tracker.prepare(&sim, &stream, access).is_ok() && !enqueue_fails {
-                    sim.enqueue(b.id, stream, access.into());
+                    sim.touch(b.id, stream, access.into());
                     b.tracker.record_use(&stream, access);
                 }
                 assert_shape(&b.tracker);
@@ -853,7 +627,7 @@ fn run(program: &Program) {
                 };
                 if b.tracker.order_before(&sim, &stream).is_ok() {
                     // Checked when it executes: every use of the buffer must have run by then.
-                    sim.enqueue(b.id, stream, Kind::Free);
+                    sim.touch(b.id, stream, Kind::Free);
                 }
                 buffers[slot] = fresh();
             }

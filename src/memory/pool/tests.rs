@@ -1,206 +1,24 @@
 //! The pool state's unit tests and its property test against a simulated device.
 
 use super::state::*;
-use crate::track::{Access, Timeline, Tracker};
+use crate::track::sim::{self, Counts, Injected, Payload};
+use crate::track::{Access, Tracker};
 use proptest::prelude::*;
-use std::cell::RefCell;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 
-// ---- A simulated device ----------------------------------------------------------------------------
+// ---- The simulated device --------------------------------------------------------------------------
 
-/// One operation queued on a simulated stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Op {
-    /// Index into `Device::uses`.
-    Use(usize),
-    /// Completes the event.
-    Record(usize),
-    /// Blocks the stream until the event has completed.
-    Wait(usize),
-}
+/// A use on the simulated device is tagged with the block it touches; nothing is checked as it runs.
+impl Payload for u32 {}
 
-/// The error of an injected failure.
-#[derive(Debug, PartialEq, Eq)]
-struct Injected;
-
-/// How often the pool called each `Timeline` method (failed calls included).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Counts {
-    records: usize,
-    waits: usize,
-    queries: usize,
-    syncs: usize,
-}
-
-/// Streams as FIFO queues that run only when the test advances them, so the test picks the schedule.
-#[derive(Debug)]
-struct Device {
-    queues: Vec<VecDeque<Op>>,
-    /// Per event: its stream and whether it has completed.
-    events: Vec<(usize, bool)>,
-    /// Every use ever enqueued: the block it used and whether it has run.
-    uses: Vec<(u32, bool)>,
-    counts: Counts,
-    /// Fail the `Timeline` call after this many more succeed.
-    fail_after: Option<usize>,
-    /// Fail each `Timeline` call with probability 1/`fail_one_in` (0: never).
-    fail_one_in: u64,
-    rng: u64,
-}
-
-/// The `Timeline` over a `Device`: streams and events are indices.
-struct Sim(RefCell<Device>);
+/// The shared simulated device, its uses tagged with blocks.
+type Sim = sim::Sim<u32>;
 
 impl Sim {
-    fn new(streams: usize) -> Self {
-        Self::with_failures(streams, 0, 1)
-    }
-
-    fn with_failures(streams: usize, fail_one_in: u64, seed: u64) -> Self {
-        Sim(RefCell::new(Device {
-            queues: vec![VecDeque::new(); streams],
-            events: Vec::new(),
-            uses: Vec::new(),
-            counts: Counts::default(),
-            fail_after: None,
-            fail_one_in,
-            // xorshift must not start at 0.
-            rng: seed | 1,
-        }))
-    }
-
-    fn counts(&self) -> Counts {
-        self.0.borrow().counts
-    }
-
-    fn fail_after(&self, calls: usize) {
-        self.0.borrow_mut().fail_after = Some(calls);
-    }
-
-    fn fail_next(&self) {
-        self.fail_after(0);
-    }
-
-    fn stop_failing(&self) {
-        let mut d = self.0.borrow_mut();
-        d.fail_after = None;
-        d.fail_one_in = 0;
-    }
-
-    /// Runs the next op of `stream` unless it is blocked or idle; whether it ran one.
-    fn advance(&self, stream: usize) -> bool {
-        self.0.borrow_mut().advance(stream)
-    }
-
-    /// Runs `stream` until it is empty or blocked.
-    fn finish(&self, stream: usize) {
-        while self.advance(stream) {}
-    }
-
     /// Whether every use of `block` enqueued so far has run: the only state in which the pool may hand it out
     /// again or have it unpinned.
     fn idle(&self, block: u32) -> bool {
-        self.0
-            .borrow()
-            .uses
-            .iter()
-            .all(|&(b, executed)| b != block || executed)
-    }
-}
-
-impl Device {
-    fn inject(&mut self) -> Result<(), Injected> {
-        match self.fail_after {
-            Some(0) => {
-                self.fail_after = None;
-                return Err(Injected);
-            }
-            Some(ref mut calls) => *calls -= 1,
-            None => {}
-        }
-        if self.fail_one_in > 0 {
-            // xorshift64
-            self.rng ^= self.rng << 13;
-            self.rng ^= self.rng >> 7;
-            self.rng ^= self.rng << 17;
-            if self.rng.is_multiple_of(self.fail_one_in) {
-                return Err(Injected);
-            }
-        }
-        Ok(())
-    }
-
-    fn advance(&mut self, stream: usize) -> bool {
-        match self.queues[stream].front() {
-            None => return false,
-            Some(&Op::Wait(event)) if !self.events[event].1 => return false,
-            Some(_) => {}
-        }
-        match self.queues[stream].pop_front() {
-            Some(Op::Use(id)) => self.uses[id].1 = true,
-            Some(Op::Record(event)) => self.events[event].1 = true,
-            Some(Op::Wait(_)) | None => {}
-        }
-        true
-    }
-
-    /// Advances only the streams `event` depends on until it completes, as a blocking host wait would.
-    fn run_until(&mut self, event: usize) {
-        while !self.events[event].1 {
-            let stream = self.events[event].0;
-            match self.queues[stream].front().copied() {
-                Some(Op::Wait(blocker)) if !self.events[blocker].1 => self.run_until(blocker),
-                Some(_) => {
-                    self.advance(stream);
-                }
-                None => {
-                    unreachable!("event {event} is incomplete but its stream {stream} is empty")
-                }
-            }
-        }
-    }
-}
-
-impl Timeline for Sim {
-    type Stream = usize;
-    type Event = usize;
-    type Error = Injected;
-
-    fn record(&self, stream: &usize) -> Result<usize, Injected> {
-        let mut d = self.0.borrow_mut();
-        d.counts.records += 1;
-        d.inject()?;
-        let event = d.events.len();
-        // On an idle stream an event is complete at once, as in CUDA.
-        let idle = d.queues[*stream].is_empty();
-        d.events.push((*stream, idle));
-        if !idle {
-            d.queues[*stream].push_back(Op::Record(event));
-        }
-        Ok(event)
-    }
-
-    fn wait(&self, stream: &usize, event: &usize) -> Result<(), Injected> {
-        let mut d = self.0.borrow_mut();
-        d.counts.waits += 1;
-        d.inject()?;
-        d.queues[*stream].push_back(Op::Wait(*event));
-        Ok(())
-    }
-
-    fn is_complete(&self, event: &usize) -> Result<bool, Injected> {
-        let mut d = self.0.borrow_mut();
-        d.counts.queries += 1;
-        d.inject()?;
-        Ok(d.events[*event].1)
-    }
-
-    fn synchronize(&self, event: &usize) -> Result<(), Injected> {
-        let mut d = self.0.borrow_mut();
-        d.counts.syncs += 1;
-        d.inject()?;
-        d.run_until(*event);
-        Ok(())
+        self.uses().iter().all(|u| u.payload != block || u.executed)
     }
 }
 
@@ -220,11 +38,7 @@ fn pool(budget_pages: usize) -> Pool {
 /// `prepare` fails.
 fn work(sim: &Sim, track: &mut Track, block: u32, stream: usize, access: Access) {
     if track.prepare(sim, &stream, access).is_ok() {
-        let mut d = sim.0.borrow_mut();
-        let id = d.uses.len();
-        d.uses.push((block, false));
-        d.queues[stream].push_back(Op::Use(id));
-        drop(d);
+        sim.enqueue(stream, block);
         track.record_use(&stream, access);
     }
 }
