@@ -42,9 +42,19 @@ use crate::memory::{
     Bytes, DeviceBuffer, DeviceView, DeviceViewMut, Gpu, Pinned, PinnedView, PinnedViewMut,
     Registered, Track, lock,
 };
+use crate::profile::Category;
 use crate::stream::Stream;
 use crate::sys::CUdeviceptr;
 use crate::track::Access;
+
+/// What a tracked operation is, for the stream's ledger.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Work {
+    /// Timed as `category`, named (empty for none), moving `bytes`.
+    Timed(Category, &'static str, usize),
+    /// Not timed: bookkeeping that enqueues no work of its own.
+    Untimed,
+}
 
 pub(crate) mod sealed {
     use super::{CUdeviceptr, Context, Track, c_void};
@@ -189,19 +199,24 @@ impl Stream {
         let Some(bytes) = self.check_copy::<T>("uploading", src.elements(), dst)? else {
             return Ok(());
         };
-        self.tracked(Some(src.track()), Some(dst.track()), || {
-            // SAFETY: `src` is `bytes` bytes of live page-locked memory and `dst` `bytes` bytes of device memory
-            // (lengths checked); the trackers ordered the copy after conflicting work and keep both buffers
-            // alive (and the host memory untouched by safe code) until it has completed.
-            unsafe {
-                driver_call!(cuMemcpyHtoDAsync_v2(
-                    dst.device_ptr(),
-                    src.host_ptr(),
-                    bytes,
-                    self.as_raw()
-                ))
-            }
-        })
+        self.tracked_as(
+            Work::Timed(Category::Upload, "", bytes),
+            Some(src.track()),
+            Some(dst.track()),
+            || {
+                // SAFETY: `src` is `bytes` bytes of live page-locked memory and `dst` `bytes` bytes of device memory
+                // (lengths checked); the trackers ordered the copy after conflicting work and keep both buffers
+                // alive (and the host memory untouched by safe code) until it has completed.
+                unsafe {
+                    driver_call!(cuMemcpyHtoDAsync_v2(
+                        dst.device_ptr(),
+                        src.host_ptr(),
+                        bytes,
+                        self.as_raw()
+                    ))
+                }
+            },
+        )
         .map_err(|e| e.context(format_args!("uploading {}", Bytes(bytes))))
     }
 
@@ -219,17 +234,22 @@ impl Stream {
         let Some(bytes) = self.check_copy::<T>("downloading", dst.elements(), src)? else {
             return Ok(());
         };
-        self.tracked(Some(src.track()), Some(dst.track()), || {
-            // SAFETY: as in `upload`, the other way round.
-            unsafe {
-                driver_call!(cuMemcpyDtoHAsync_v2(
-                    dst.host_ptr(),
-                    src.device_ptr(),
-                    bytes,
-                    self.as_raw()
-                ))
-            }
-        })
+        self.tracked_as(
+            Work::Timed(Category::Download, "", bytes),
+            Some(src.track()),
+            Some(dst.track()),
+            || {
+                // SAFETY: as in `upload`, the other way round.
+                unsafe {
+                    driver_call!(cuMemcpyDtoHAsync_v2(
+                        dst.host_ptr(),
+                        src.device_ptr(),
+                        bytes,
+                        self.as_raw()
+                    ))
+                }
+            },
+        )
         .map_err(|e| e.context(format_args!("downloading {}", Bytes(bytes))))
     }
 
@@ -247,17 +267,22 @@ impl Stream {
         let Some(bytes) = self.check_copy::<T>("copying", src.elements(), dst)? else {
             return Ok(());
         };
-        self.tracked(Some(src.track()), Some(dst.track()), || {
-            // SAFETY: two device ranges of `bytes` bytes in live allocations, ordered by the trackers.
-            unsafe {
-                driver_call!(cuMemcpyDtoDAsync_v2(
-                    dst.device_ptr(),
-                    src.device_ptr(),
-                    bytes,
-                    self.as_raw()
-                ))
-            }
-        })
+        self.tracked_as(
+            Work::Timed(Category::DeviceCopy, "", bytes),
+            Some(src.track()),
+            Some(dst.track()),
+            || {
+                // SAFETY: two device ranges of `bytes` bytes in live allocations, ordered by the trackers.
+                unsafe {
+                    driver_call!(cuMemcpyDtoDAsync_v2(
+                        dst.device_ptr(),
+                        src.device_ptr(),
+                        bytes,
+                        self.as_raw()
+                    ))
+                }
+            },
+        )
         .map_err(|e| e.context(format_args!("copying {} on the device", Bytes(bytes))))
     }
 
@@ -276,18 +301,23 @@ impl Stream {
         let Some(bytes) = self.check_copy::<T>("uploading", src.len(), dst)? else {
             return Ok(());
         };
-        self.tracked(None, Some(dst.track()), || {
-            // SAFETY: `src` is `bytes` readable bytes borrowed for this call, which returns only after the
-            // copy has completed (below); `dst` is ordered by its tracker.
-            unsafe {
-                driver_call!(cuMemcpyHtoDAsync_v2(
-                    dst.device_ptr(),
-                    src.as_ptr().cast(),
-                    bytes,
-                    self.as_raw()
-                ))
-            }
-        })
+        self.tracked_as(
+            Work::Timed(Category::Upload, "pageable", bytes),
+            None,
+            Some(dst.track()),
+            || {
+                // SAFETY: `src` is `bytes` readable bytes borrowed for this call, which returns only after the
+                // copy has completed (below); `dst` is ordered by its tracker.
+                unsafe {
+                    driver_call!(cuMemcpyHtoDAsync_v2(
+                        dst.device_ptr(),
+                        src.as_ptr().cast(),
+                        bytes,
+                        self.as_raw()
+                    ))
+                }
+            },
+        )
         .and_then(|()| self.finish())
         .map_err(|e| {
             e.context(format_args!(
@@ -312,18 +342,23 @@ impl Stream {
             return Ok(());
         };
         let ptr = dst.as_mut_ptr().cast::<c_void>();
-        self.tracked(Some(src.track()), None, || {
-            // SAFETY: `dst` is `bytes` writable bytes of a `T: Pod`, borrowed exclusively for this call, which
-            // returns only after the copy has completed (below); `src` is ordered by its tracker.
-            unsafe {
-                driver_call!(cuMemcpyDtoHAsync_v2(
-                    ptr,
-                    src.device_ptr(),
-                    bytes,
-                    self.as_raw()
-                ))
-            }
-        })
+        self.tracked_as(
+            Work::Timed(Category::Download, "pageable", bytes),
+            Some(src.track()),
+            None,
+            || {
+                // SAFETY: `dst` is `bytes` writable bytes of a `T: Pod`, borrowed exclusively for this call, which
+                // returns only after the copy has completed (below); `src` is ordered by its tracker.
+                unsafe {
+                    driver_call!(cuMemcpyDtoHAsync_v2(
+                        ptr,
+                        src.device_ptr(),
+                        bytes,
+                        self.as_raw()
+                    ))
+                }
+            },
+        )
         .and_then(|()| self.finish())
         .map_err(|e| {
             e.context(format_args!(
@@ -367,8 +402,23 @@ impl Stream {
 
     /// Runs `enqueue` between the trackers' `prepare` and `record_use`: the work waits for every conflicting
     /// use on other streams, and is recorded (even if the enqueue failed partway).
+    #[allow(
+        dead_code,
+        reason = "the prefetcher (being written) declares uses through it"
+    )]
     pub(crate) fn tracked(
         &self,
+        read: Option<&Track>,
+        write: Option<&Track>,
+        enqueue: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        self.tracked_as(Work::Untimed, read, write, enqueue)
+    }
+
+    /// [`Stream::tracked`] for work that the stream's ledger, if it has one, times as `work`.
+    pub(crate) fn tracked_as(
+        &self,
+        work: Work,
         read: Option<&Track>,
         write: Option<&Track>,
         enqueue: impl FnOnce() -> Result<()>,
@@ -391,7 +441,10 @@ impl Stream {
         }
         // Recorded even if the enqueue failed: it may have enqueued part of its work (the checksum launcher
         // enqueues a memset, then the kernel), and recording a use that did not happen is only conservative.
-        let enqueued = enqueue();
+        let enqueued = match work {
+            Work::Timed(category, name, bytes) => self.profiled(category, name, bytes, enqueue),
+            Work::Untimed => enqueue(),
+        };
         if let Some(r) = read.as_mut() {
             r.record_use(self, Access::Read);
         }

@@ -69,8 +69,9 @@ mod launch {
 
     use bytemuck::Pod;
 
-    use crate::copy::{DeviceDestination, DeviceSource};
+    use crate::copy::{DeviceDestination, DeviceSource, Work};
     use crate::error::{Error, Result};
+    use crate::profile::Category;
     use crate::stream::Stream;
     use crate::sys::kernels as raw;
 
@@ -92,7 +93,8 @@ mod launch {
         let s = stream.as_raw();
         // The runtime launches into the thread's current context: make it the stream's.
         let _current = stream.context().enter()?;
-        stream.tracked(None, Some(dst.track()), || {
+        let work = Work::Timed(Category::Kernel, "fill", n * bytes.len());
+        stream.tracked_as(work, None, Some(dst.track()), || {
             // SAFETY: `ptr` is `n` elements of `size_of::<T>()` bytes of live device memory (aligned to the
             // element size: allocations are 256-byte aligned and views start at whole elements), ordered by
             // the tracker; each launcher writes exactly that range.
@@ -150,7 +152,8 @@ mod launch {
             return Ok(());
         }
         let _current = stream.context().enter()?;
-        stream.tracked(Some(x.track()), Some(y.track()), || {
+        let work = Work::Timed(Category::Kernel, "axpy", n * 4);
+        stream.tracked_as(work, Some(x.track()), Some(y.track()), || {
             // SAFETY: two ranges of `n` floats of live device memory, ordered by the trackers.
             let code = unsafe {
                 raw::cuda_pinned_axpy_f32(a, xp as *const f32, yp as *mut f32, n, stream.as_raw())
@@ -181,7 +184,8 @@ mod launch {
         let bytes = data.elements() * size_of::<T>();
         let (dp, op) = (data.device_ptr(), out.device_ptr());
         let _current = stream.context().enter()?;
-        stream.tracked(Some(data.track()), Some(out.track()), || {
+        let work = Work::Timed(Category::Kernel, "checksum", bytes);
+        stream.tracked_as(work, Some(data.track()), Some(out.track()), || {
             // SAFETY: `bytes` bytes of live device memory read, one u64 written, ordered by the trackers.
             let code = unsafe {
                 raw::cuda_pinned_checksum(dp as *const _, bytes, op as *mut u64, stream.as_raw())

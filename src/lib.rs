@@ -66,6 +66,7 @@ pub mod error;
 mod event;
 pub mod kernels;
 mod memory;
+pub mod profile;
 pub mod staging;
 mod stream;
 pub mod sys;
@@ -80,4 +81,5 @@ pub use memory::{
     DeviceBuffer, DeviceView, DeviceViewMut, Pinned, PinnedBuilder, PinnedPool, PinnedView,
     PinnedViewMut, Pinning, PoolBuilder, PoolStats, Registered, WhenFull,
 };
+pub use profile::{Ledger, LedgerReport};
 pub use stream::Stream;

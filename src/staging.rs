@@ -17,10 +17,11 @@ use std::sync::{Mutex, MutexGuard, PoisonError, mpsc};
 
 use bytemuck::Pod;
 
-use crate::copy::{DeviceDestination, DeviceSource};
+use crate::copy::{DeviceDestination, DeviceSource, Work};
 use crate::driver_call;
 use crate::error::{Error, Result};
 use crate::memory::{Bytes, Pinned, PinnedPool};
+use crate::profile::Category;
 use crate::stream::Stream;
 
 /// How a staged transfer splits its work.
@@ -92,19 +93,24 @@ fn upload<T: Pod>(
     let workers = options.threads.min(chunks);
     let (base, track) = (dst.device_ptr(), dst.track());
     let enqueue = |offset: usize, buffer: &Pinned<u8>, len: usize| {
-        stream.tracked(Some(buffer.track()), Some(track), || {
-            // SAFETY: `len` bytes of the staging buffer (at least `chunk_bytes` long) and of the destination from
-            // `offset` (within it: the lengths were checked); both trackers order the copy and keep both buffers
-            // alive until it has run.
-            unsafe {
-                driver_call!(cuMemcpyHtoDAsync_v2(
-                    base + offset as u64,
-                    buffer.host_ptr(),
-                    len,
-                    stream.as_raw()
-                ))
-            }
-        })
+        stream.tracked_as(
+            Work::Timed(Category::Upload, "staged", len),
+            Some(buffer.track()),
+            Some(track),
+            || {
+                // SAFETY: `len` bytes of the staging buffer (at least `chunk_bytes` long) and of the destination from
+                // `offset` (within it: the lengths were checked); both trackers order the copy and keep both buffers
+                // alive until it has run.
+                unsafe {
+                    driver_call!(cuMemcpyHtoDAsync_v2(
+                        base + offset as u64,
+                        buffer.host_ptr(),
+                        len,
+                        stream.as_raw()
+                    ))
+                }
+            },
+        )
     };
     if chunks == 1 {
         // One chunk: no threads to start, no overlap to gain.
@@ -185,18 +191,23 @@ fn download<T: Pod>(
     let (base, track) = (src.device_ptr(), src.track());
     let enqueue = |offset: usize, buffer: &Pinned<u8>, len: usize| {
         let dst = buffer.host_ptr();
-        stream.tracked(Some(track), Some(buffer.track()), || {
-            // SAFETY: `len` bytes of the source from `offset` (within it: lengths checked) and of the staging
-            // buffer; both trackers order the copy, and the buffer is read only through `as_slice`, which waits.
-            unsafe {
-                driver_call!(cuMemcpyDtoHAsync_v2(
-                    dst,
-                    base + offset as u64,
-                    len,
-                    stream.as_raw()
-                ))
-            }
-        })
+        stream.tracked_as(
+            Work::Timed(Category::Download, "staged", len),
+            Some(track),
+            Some(buffer.track()),
+            || {
+                // SAFETY: `len` bytes of the source from `offset` (within it: lengths checked) and of the staging
+                // buffer; both trackers order the copy, and the buffer is read only through `as_slice`, which waits.
+                unsafe {
+                    driver_call!(cuMemcpyDtoHAsync_v2(
+                        dst,
+                        base + offset as u64,
+                        len,
+                        stream.as_raw()
+                    ))
+                }
+            },
+        )
     };
     if chunks == 1 {
         // One chunk: no threads to start, no overlap to gain.

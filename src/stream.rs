@@ -7,6 +7,7 @@ use crate::context::Context;
 use crate::driver_call;
 use crate::error::Result;
 use crate::event::Event;
+use crate::profile::Ledger;
 use crate::sys::{CUresult, CUstream, CUstream_flags};
 
 /// A stream of a context: cheap to clone, and every clone is the same stream.
@@ -22,6 +23,8 @@ struct Inner {
     /// Whether the crate created the stream (and destroys it), or borrowed it through `from_raw`.
     owned: bool,
     context: Context,
+    /// Where the stream's copies and kernels are timed, if anywhere (opt-in: `with_ledger`).
+    ledger: Option<Ledger>,
 }
 
 // SAFETY: a CUstream is a driver handle usable from any thread; the driver orders and synchronises its use.
@@ -36,21 +39,7 @@ impl Stream {
     /// The driver's.
     #[doc(alias = "cuStreamCreate")]
     pub fn new(context: &Context) -> Result<Stream> {
-        let _current = context.enter()?;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: an out-pointer to a local; the context is current; destroyed in Inner's Drop.
-        unsafe {
-            driver_call!(cuStreamCreate(
-                &mut raw,
-                CUstream_flags::CU_STREAM_NON_BLOCKING.0
-            ))
-        }
-        .map_err(|e| e.context("creating a stream"))?;
-        Ok(Stream(Arc::new(Inner {
-            raw,
-            owned: true,
-            context: context.clone(),
-        })))
+        Stream::create(context, None, None)
     }
 
     /// A new non-blocking stream with a priority in [`Context::stream_priority_range`] (lower numbers run first
@@ -60,17 +49,43 @@ impl Stream {
     /// The driver's.
     #[doc(alias = "cuStreamCreateWithPriority")]
     pub fn with_priority(context: &Context, priority: i32) -> Result<Stream> {
+        Stream::create(context, Some(priority), None)
+    }
+
+    /// A new non-blocking stream of default priority whose copies and kernels are timed in `ledger` (see
+    /// [`crate::profile`]).
+    ///
+    /// # Errors
+    /// The driver's.
+    pub fn with_ledger(context: &Context, ledger: &Ledger) -> Result<Stream> {
+        Stream::create(context, None, Some(ledger.clone()))
+    }
+
+    fn create(context: &Context, priority: Option<i32>, ledger: Option<Ledger>) -> Result<Stream> {
         let _current = context.enter()?;
         let mut raw = std::ptr::null_mut();
         let flags = CUstream_flags::CU_STREAM_NON_BLOCKING.0;
-        // SAFETY: an out-pointer to a local; the context is current; destroyed in Inner's Drop.
-        unsafe { driver_call!(cuStreamCreateWithPriority(&mut raw, flags, priority)) }
-            .map_err(|e| e.context(format_args!("creating a stream of priority {priority}")))?;
+        let created = match priority {
+            // SAFETY: an out-pointer to a local; the context is current; destroyed in Inner's Drop.
+            Some(priority) => unsafe {
+                driver_call!(cuStreamCreateWithPriority(&mut raw, flags, priority))
+            },
+            // SAFETY: as above.
+            None => unsafe { driver_call!(cuStreamCreate(&mut raw, flags)) },
+        };
+        created.map_err(|e| e.context("creating a stream"))?;
         Ok(Stream(Arc::new(Inner {
             raw,
             owned: true,
             context: context.clone(),
+            ledger,
         })))
+    }
+
+    /// The ledger this stream's work is timed in, if any.
+    #[must_use]
+    pub fn ledger(&self) -> Option<&Ledger> {
+        self.0.ledger.as_ref()
     }
 
     /// Wraps a stream made elsewhere (another library, the CUDA runtime). The crate never destroys it.
@@ -83,6 +98,7 @@ impl Stream {
             raw,
             owned: false,
             context: context.clone(),
+            ledger: None,
         }))
     }
 
