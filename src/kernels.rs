@@ -202,11 +202,13 @@ mod launch {
     pub fn spin(stream: &Stream, duration: Duration) -> Result<()> {
         let ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
         let _current = stream.context().enter()?;
-        // SAFETY: a live stream; the kernel touches no memory.
-        raw::check_launch(
-            unsafe { raw::cuda_pinned_spin(ns, stream.as_raw()) },
-            "cuda_pinned_spin",
-        )
+        stream.profiled(Category::Kernel, "spin", 0, || {
+            // SAFETY: a live stream; the kernel touches no memory.
+            raw::check_launch(
+                unsafe { raw::cuda_pinned_spin(ns, stream.as_raw()) },
+                "cuda_pinned_spin",
+            )
+        })
     }
 }
 
