@@ -284,7 +284,8 @@ impl fmt::Display for LedgerReport {
 impl Stream {
     /// Runs `work`, which enqueues device work on this stream, between two timing events recorded in the
     /// stream's ledger as a kernel named `name` (with `bytes` as its size). Without a ledger, just runs `work`.
-    /// Use it for your own kernels, so that the report counts them.
+    /// Use it for your own kernels, so that the report counts them. The crate's own launchers inside `work` are
+    /// recorded too, so the kernel category then counts that time twice.
     ///
     /// # Errors
     /// `work`'s error, or the driver's from recording the events.
