@@ -114,6 +114,19 @@ pub enum Error {
         /// The bytes the pool holds now: in use, cached and pending.
         reserved: usize,
     },
+    /// A worker of a [`crate::prefetch::Prefetcher`] could not build a batch: the fill closure returned an
+    /// error of its own (the crate's own errors reach the consumer unchanged), or a worker panicked.
+    #[non_exhaustive]
+    Worker {
+        /// The batch index (as given to the fill closure).
+        index: usize,
+        /// The closure's error message, or the panic's.
+        message: String,
+        /// Whether the worker panicked (caught: the process goes on).
+        panicked: bool,
+        /// The closure's error, for downcasting; `None` for a panic.
+        cause: Option<std::sync::Arc<dyn std::error::Error + Send + Sync>>,
+    },
     /// The driver supports an older CUDA version than the bindings were generated from.
     #[non_exhaustive]
     DriverTooOld {
@@ -279,6 +292,18 @@ impl fmt::Display for Error {
                 crate::memory::Bytes(*budget),
                 crate::memory::Bytes(*reserved)
             ),
+            Error::Worker {
+                index,
+                message,
+                panicked: true,
+                ..
+            } => write!(
+                f,
+                "a prefetch worker panicked while building batch {index}: {message}"
+            ),
+            Error::Worker { index, message, .. } => {
+                write!(f, "building batch {index} failed: {message}")
+            }
             Error::DriverTooOld {
                 path,
                 driver_version,
@@ -300,7 +325,16 @@ fn cuda_version(v: i32) -> String {
     format!("{}.{}", v / 1000, (v % 1000) / 10)
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Worker {
+                cause: Some(cause), ..
+            } => Some(&**cause as &(dyn std::error::Error + 'static)),
+            _ => None,
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -394,6 +428,32 @@ mod tests {
         let text = e.to_string();
         assert!(text.contains("supports CUDA 12.4 (12040)"), "{text}");
         assert!(text.contains("older than CUDA 13.0 (13000)"), "{text}");
+    }
+
+    #[test]
+    fn a_workers_error_is_its_source_and_a_panic_says_so() {
+        use std::error::Error as _;
+        let cause: std::sync::Arc<dyn std::error::Error + Send + Sync> =
+            std::sync::Arc::new(std::io::Error::other("disk gone"));
+        let e = Error::Worker {
+            index: 7,
+            message: "disk gone".into(),
+            panicked: false,
+            cause: Some(cause),
+        };
+        assert_eq!(e.to_string(), "building batch 7 failed: disk gone");
+        assert_eq!(e.source().unwrap().to_string(), "disk gone");
+        let p = Error::Worker {
+            index: 5,
+            message: "boom".into(),
+            panicked: true,
+            cause: None,
+        };
+        assert_eq!(
+            p.to_string(),
+            "a prefetch worker panicked while building batch 5: boom"
+        );
+        assert!(p.source().is_none());
     }
 
     #[test]

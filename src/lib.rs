@@ -66,6 +66,7 @@ pub mod error;
 mod event;
 pub mod kernels;
 mod memory;
+pub mod prefetch;
 pub mod profile;
 pub mod staging;
 mod stream;
@@ -81,5 +82,6 @@ pub use memory::{
     DeviceBuffer, DeviceView, DeviceViewMut, Pinned, PinnedBuilder, PinnedPool, PinnedView,
     PinnedViewMut, Pinning, PoolBuilder, PoolStats, Registered, WhenFull,
 };
+pub use prefetch::{Batch, Prefetched, Prefetcher};
 pub use profile::{Ledger, LedgerReport};
 pub use stream::Stream;
