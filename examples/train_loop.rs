@@ -1,0 +1,333 @@
+//! A training-loop-shaped program: batches gathered by random index from an in-memory dataset, fed to a compute
+//! step on the GPU, three ways:
+//!
+//! 1. **pageable**: the loop gathers each batch into a `Vec` and uploads it with a blocking copy (what a naive
+//!    loop, or a data loader without pinned memory, does);
+//! 2. **pinned, no overlap**: the batch is gathered (on the same worker threads as below) straight into pinned
+//!    memory and uploaded asynchronously, but each step waits for the last before the next gather;
+//! 3. **prefetcher**: [`Prefetcher`] workers gather batches into pooled pinned memory ahead of the loop, a copy
+//!    stream uploads them, and the loop's stream only waits on the device.
+//!
+//! The compute step (`kernels::spin`, plus an `axpy` that reads the batch) lasts as long as one batch's upload,
+//! measured first. Each way prints samples/s, GB/s fed and the time ledger of its streams; the end compares the
+//! prefetcher with the pinned upload bandwidth, the host's gather bandwidth on the same threads and the compute
+//! time alone, all measured in the same run.
+//!
+//! `cargo run --release --features gpu --example train_loop [-- --quick] [--workers N] [--batches N]`
+
+use std::time::{Duration, Instant};
+
+use cuda_pinned::kernels::{axpy, spin};
+use cuda_pinned::{
+    Context, DeviceBuffer, Event, Ledger, LedgerReport, Pinned, PinnedPool, Prefetcher, Stream,
+};
+
+/// f32 values per sample (16 KiB).
+const SAMPLE: usize = 4096;
+/// Samples per batch (32 MiB).
+const BATCH: usize = 2048;
+
+type Outcome<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+struct Options {
+    dataset_bytes: usize,
+    batches: usize,
+    workers: usize,
+}
+
+fn options() -> Outcome<Options> {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let mut o = Options {
+        dataset_bytes: 2 << 30,
+        batches: 200,
+        workers: cores.min(16),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || -> Outcome<usize> {
+            Ok(args.next().ok_or(format!("{arg} needs a value"))?.parse()?)
+        };
+        match arg.as_str() {
+            "--quick" => (o.dataset_bytes, o.batches) = (512 << 20, 40),
+            "--workers" => o.workers = value()?.max(1),
+            "--batches" => o.batches = value()?.max(1),
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    Ok(o)
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("train_loop: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Outcome<()> {
+    let o = options()?;
+    let context = Context::on(0)?;
+    let device = context.device();
+    println!(
+        "{} ({} cores), dataset {} MiB of f32 in pageable memory, {} batches of {} samples x {} KiB = {} MiB, \
+         {} workers",
+        device.name()?,
+        std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
+        o.dataset_bytes >> 20,
+        o.batches,
+        BATCH,
+        SAMPLE * 4 / 1024,
+        (BATCH * SAMPLE * 4) >> 20,
+        o.workers
+    );
+    let dataset = make_dataset(o.dataset_bytes / 4, o.workers);
+    let samples = dataset.len() / SAMPLE;
+    let order = shuffled(samples, o.batches * BATCH);
+    let batch_bytes = BATCH * SAMPLE * 4;
+    let fed = (o.batches * batch_bytes) as f64;
+
+    // References, measured in this run.
+    let stream = Stream::new(&context)?;
+    let upload_seconds = time_pinned_upload(&context, &stream)?;
+    let step = Duration::from_secs_f64(upload_seconds);
+    let gather_bw = gather_bandwidth(&dataset, &order, o.workers, o.batches.min(64))?;
+    let mut scratch = DeviceBuffer::<f32>::zeroed(&stream, BATCH * SAMPLE)?;
+    let compute_alone = {
+        let input = DeviceBuffer::<f32>::zeroed(&stream, BATCH * SAMPLE)?;
+        stream.synchronize()?;
+        let begin = Instant::now();
+        for _ in 0..o.batches {
+            compute(&stream, &input, &mut scratch, step)?;
+        }
+        stream.synchronize()?;
+        begin.elapsed().as_secs_f64()
+    };
+    println!(
+        "references: pinned upload of a batch {:.3} ms ({:.1} GB/s); gather on {} threads {:.1} GB/s; compute alone \
+         {:.1} ms for {} steps",
+        upload_seconds * 1e3,
+        batch_bytes as f64 / upload_seconds / 1e9,
+        o.workers,
+        gather_bw / 1e9,
+        compute_alone * 1e3,
+        o.batches
+    );
+
+    // 1. Pageable, blocking copies.
+    let ledger = Ledger::new();
+    let s = Stream::with_ledger(&context, &ledger)?;
+    let mut batch = vec![0f32; BATCH * SAMPLE];
+    let mut device_batch = DeviceBuffer::<f32>::uninit(&s, BATCH * SAMPLE)?;
+    let begin = Instant::now();
+    for b in 0..o.batches {
+        gather(&dataset, &order[b * BATCH..(b + 1) * BATCH], &mut batch);
+        s.upload_pageable(&batch, &mut device_batch)?;
+        compute(&s, &device_batch, &mut scratch, step)?;
+    }
+    s.synchronize()?;
+    let pageable = begin.elapsed().as_secs_f64();
+    report(
+        "1. pageable + blocking copies",
+        pageable,
+        fed,
+        o.batches,
+        &ledger.report()?,
+    );
+
+    // 2. Pinned, no overlap: parallel gather into pinned memory, async upload, then wait for the step.
+    let ledger = Ledger::new();
+    let s = Stream::with_ledger(&context, &ledger)?;
+    let mut host = Pinned::<f32>::zeroed(&context, BATCH * SAMPLE)?;
+    let begin = Instant::now();
+    for b in 0..o.batches {
+        gather_parallel(
+            &dataset,
+            &order[b * BATCH..(b + 1) * BATCH],
+            host.as_mut_slice()?,
+            o.workers,
+        );
+        s.upload(&host, &mut device_batch)?;
+        compute(&s, &device_batch, &mut scratch, step)?;
+        s.synchronize()?;
+    }
+    let pinned = begin.elapsed().as_secs_f64();
+    report(
+        "2. pinned, no overlap",
+        pinned,
+        fed,
+        o.batches,
+        &ledger.report()?,
+    );
+
+    // 3. The prefetcher.
+    let ledger = Ledger::new();
+    let s = Stream::with_ledger(&context, &ledger)?;
+    let copies = Stream::with_ledger(&context, &ledger)?;
+    let depth = 2 * o.workers;
+    let pool = PinnedPool::new(&context, (depth + 2) * batch_bytes);
+    let (data, idx) = (std::sync::Arc::new(dataset), std::sync::Arc::new(order));
+    let begin = Instant::now();
+    let batches = Prefetcher::<Pinned<f32>>::builder(&pool, &s, BATCH * SAMPLE)
+        .batches(o.batches)
+        .workers(o.workers)
+        .depth(depth)
+        .copy_stream(&copies)
+        .build(move |b, host: &mut Pinned<f32>| {
+            gather(
+                &data,
+                &idx[b * BATCH..(b + 1) * BATCH],
+                host.as_mut_slice()?,
+            );
+            Ok(())
+        })?;
+    for batch in batches {
+        let batch = batch?;
+        compute(&s, &batch, &mut scratch, step)?;
+    }
+    s.synchronize()?;
+    let prefetched = begin.elapsed().as_secs_f64();
+    report(
+        "3. prefetcher",
+        prefetched,
+        fed,
+        o.batches,
+        &ledger.report()?,
+    );
+
+    let prefetch_bw = fed / prefetched;
+    let bound = (batch_bytes as f64 / upload_seconds).min(gather_bw);
+    println!();
+    println!("                                   wall ms   samples/s     GB/s fed   x pageable");
+    for (name, t) in [
+        ("pageable + blocking", pageable),
+        ("pinned, no overlap", pinned),
+        ("prefetcher", prefetched),
+    ] {
+        println!(
+            "  {name:<30} {:>9.1} {:>11.0} {:>12.2} {:>11.2}x",
+            t * 1e3,
+            (o.batches * BATCH) as f64 / t,
+            fed / t / 1e9,
+            pageable / t
+        );
+    }
+    println!();
+    println!(
+        "prefetcher: {:.2} GB/s fed = {:.2} x min(pinned upload {:.1} GB/s, gather {:.1} GB/s); total {:.1} ms = \
+         {:.3} x compute alone ({:.1} ms)",
+        prefetch_bw / 1e9,
+        prefetch_bw / bound,
+        batch_bytes as f64 / upload_seconds / 1e9,
+        gather_bw / 1e9,
+        prefetched * 1e3,
+        prefetched / compute_alone,
+        compute_alone * 1e3
+    );
+    Ok(())
+}
+
+/// The compute step: an axpy that reads the batch, then a spin that lasts `step`.
+fn compute(
+    s: &Stream,
+    batch: &DeviceBuffer<f32>,
+    scratch: &mut DeviceBuffer<f32>,
+    step: Duration,
+) -> Outcome<()> {
+    axpy(s, 1.0, batch, scratch)?;
+    spin(s, step)?;
+    Ok(())
+}
+
+fn report(name: &str, seconds: f64, fed: f64, batches: usize, ledger: &LedgerReport) {
+    println!();
+    println!(
+        "{name}: {:.1} ms, {:.0} samples/s, {:.2} GB/s fed",
+        seconds * 1e3,
+        (batches * BATCH) as f64 / seconds,
+        fed / seconds / 1e9
+    );
+    println!("{ledger}");
+}
+
+/// A dataset of `len` f32 values (never zeros), written on `threads` threads.
+fn make_dataset(len: usize, threads: usize) -> Vec<f32> {
+    let mut data = vec![0f32; len];
+    let piece = len.div_ceil(threads);
+    std::thread::scope(|scope| {
+        for (t, part) in data.chunks_mut(piece).enumerate() {
+            scope.spawn(move || {
+                for (i, x) in part.iter_mut().enumerate() {
+                    *x = ((t * piece + i) % 1021) as f32 + 1.0;
+                }
+            });
+        }
+    });
+    data
+}
+
+/// `n` sample indices in a pseudo-random order (xorshift), wrapping around the dataset.
+fn shuffled(samples: usize, n: usize) -> Vec<usize> {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % samples as u64) as usize
+        })
+        .collect()
+}
+
+/// Copies the samples `indices` of `data` into `out`, one after another.
+fn gather(data: &[f32], indices: &[usize], out: &mut [f32]) {
+    for (k, &i) in indices.iter().enumerate() {
+        out[k * SAMPLE..(k + 1) * SAMPLE].copy_from_slice(&data[i * SAMPLE..(i + 1) * SAMPLE]);
+    }
+}
+
+/// [`gather`] split over `threads` threads.
+fn gather_parallel(data: &[f32], indices: &[usize], out: &mut [f32], threads: usize) {
+    let per = indices.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        for (part, idx) in out.chunks_mut(per * SAMPLE).zip(indices.chunks(per)) {
+            scope.spawn(move || gather(data, idx, part));
+        }
+    });
+}
+
+/// The host's gather bandwidth with `threads` threads each building whole batches into their own buffer, as
+/// the prefetcher's workers do.
+fn gather_bandwidth(data: &[f32], order: &[usize], threads: usize, batches: usize) -> Outcome<f64> {
+    let begin = Instant::now();
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            scope.spawn(move || {
+                let mut out = vec![0f32; BATCH * SAMPLE];
+                for b in (t..batches).step_by(threads) {
+                    gather(data, &order[b * BATCH..(b + 1) * BATCH], &mut out);
+                }
+                std::hint::black_box(&out);
+            });
+        }
+    });
+    Ok((batches * BATCH * SAMPLE * 4) as f64 / begin.elapsed().as_secs_f64())
+}
+
+/// The median device time of a pinned upload of one batch, after a warm-up.
+fn time_pinned_upload(context: &Context, stream: &Stream) -> Outcome<f64> {
+    let host = Pinned::<f32>::zeroed(context, BATCH * SAMPLE)?;
+    let mut device = DeviceBuffer::<f32>::uninit(stream, BATCH * SAMPLE)?;
+    let (start, end) = (Event::new(context)?, Event::new(context)?);
+    let mut times = Vec::new();
+    for i in 0..12 {
+        start.record(stream)?;
+        stream.upload(&host, &mut device)?;
+        end.record(stream)?;
+        end.synchronize()?;
+        if i >= 2 {
+            times.push(end.elapsed_since(&start)?.as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
