@@ -91,7 +91,7 @@ fn run() -> Outcome<()> {
     let stream = Stream::new(&context)?;
     let upload_seconds = time_pinned_upload(&context, &stream)?;
     let step = Duration::from_secs_f64(upload_seconds);
-    let gather_bw = gather_bandwidth(&dataset, &order, o.workers, o.batches.min(64))?;
+    let gather_bw = gather_bandwidth(&dataset, &order, o.workers, o.batches)?;
     let mut scratch = DeviceBuffer::<f32>::zeroed(&stream, BATCH * SAMPLE)?;
     let compute_alone = time_compute(&context, o.batches, step)?;
     println!(
