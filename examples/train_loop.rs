@@ -40,7 +40,7 @@ fn options() -> Outcome<Options> {
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     let mut o = Options {
         dataset_bytes: 2 << 30,
-        batches: 200,
+        batches: 400,
         workers: cores.min(16),
     };
     let mut args = std::env::args().skip(1);
