@@ -189,21 +189,24 @@ impl PinnedPool {
         if bytes == 0 {
             return PinnedBuilder::new(&shared.context).zeroed(0);
         }
-        let _current = shared.context.enter()?;
         let mut state = shared.lock();
         loop {
             match state.take(&Gpu, bytes)? {
                 Take::Hit { block, lease } => return Ok(self.loan(block, lease, len)),
                 Take::Pin { reservation, evict } => {
                     drop(state);
-                    for block in evict {
-                        block.unpin(&shared.context);
-                    }
-                    let started = Instant::now();
-                    let pinned = Block::pin(reservation.bytes(), shared.pinning);
-                    shared
-                        .pin_nanos
-                        .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    // Only pinning and unpinning need the context current: a hit makes no driver call. (If it
+                    // cannot be made current, the evicted blocks, which no work uses, are leaked.)
+                    let pinned = shared.context.enter().and_then(|_current| {
+                        for block in evict {
+                            block.unpin(&shared.context);
+                        }
+                        let started = Instant::now();
+                        let pinned = Block::pin(reservation.bytes(), shared.pinning);
+                        let nanos = started.elapsed().as_nanos() as u64;
+                        shared.pin_nanos.fetch_add(nanos, Ordering::Relaxed);
+                        pinned
+                    });
                     let mut state = shared.lock();
                     return match pinned {
                         Ok(block) => {
