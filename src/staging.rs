@@ -437,7 +437,7 @@ impl Stream {
 /// A staging buffer from `pool`: waiting for room only where the caller may wait.
 fn pool_buffer(pool: &PinnedPool, bytes: usize, may_wait: bool) -> Result<Pinned<u8>> {
     if may_wait {
-        pool.alloc(bytes)
+        pool.alloc_after_pending(bytes)
     } else {
         pool.try_alloc(bytes)
     }

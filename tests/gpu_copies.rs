@@ -1,7 +1,7 @@
 //! Device and pinned memory and the copies between them, on a real GPU: round trips of every host-memory kind
 //! at sizes from 0 to 256 MiB, cross-stream ordering made visible by a slow producer, drops right after a slow
 //! copy, host access that must wait, and the errors a user meets.
-#![cfg(feature = "gpu")]
+
 
 mod common;
 

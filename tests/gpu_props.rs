@@ -7,7 +7,7 @@
 //!
 //! `CUDA_PINNED_PROP_CASES` sets the number of programs (48 by default), `CUDA_PINNED_PROP_SEED` the seed
 //! of the generator (random by default; a failure reports the one it used).
-#![cfg(feature = "gpu")]
+
 
 mod common;
 
@@ -15,7 +15,11 @@ use std::ops::Range;
 use std::time::Duration;
 
 use common::{data, serial};
-use cuda_pinned::{Context, DeviceBuffer, Event, Pinned, Stream, kernels};
+#[cfg(not(feature = "gpu"))]
+use common::kernels;
+#[cfg(feature = "gpu")]
+use cuda_pinned::kernels;
+use cuda_pinned::{Context, DeviceBuffer, Event, Pinned, Stream};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestError, TestRunner};
 
@@ -828,3 +832,4 @@ fn a_slow_producer_a_consumer_and_a_reader_on_three_streams() {
     ctx.synchronize().unwrap();
     ctx.check_deferred_errors().unwrap();
 }
+

@@ -20,6 +20,8 @@ pub use pool::{PinnedPool, Pinning, PoolBuilder, PoolStats, WhenFull};
 pub use registered::Registered;
 pub(crate) use release::release_idle;
 pub use view::{DeviceView, DeviceViewMut, PinnedView, PinnedViewMut};
+// The pure parts the fuzz targets reach through `crate::fuzzing`.
+pub(crate) use {pool::state as pool_state, view::bounds as view_bounds};
 
 use crate::error::{Error, Result};
 use crate::event::Event;
@@ -57,6 +59,10 @@ impl Timeline for Gpu {
 
     fn is_complete(&self, event: &Arc<Event>) -> Result<bool> {
         event.query()
+    }
+
+    fn is_idle(&self, stream: &Stream) -> Result<bool> {
+        stream.query()
     }
 
     fn synchronize(&self, event: &Arc<Event>) -> Result<()> {

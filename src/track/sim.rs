@@ -288,6 +288,13 @@ impl<U: Payload> Timeline for Sim<U> {
         Ok(d.events[*event].complete)
     }
 
+    fn is_idle(&self, stream: &usize) -> Result<bool, Injected> {
+        let mut d = self.0.borrow_mut();
+        d.counts.queries += 1;
+        d.inject()?;
+        Ok(d.queues[*stream].is_empty())
+    }
+
     fn synchronize(&self, event: &usize) -> Result<(), Injected> {
         let mut d = self.0.borrow_mut();
         d.counts.syncs += 1;

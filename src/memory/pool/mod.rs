@@ -5,7 +5,7 @@
 //! reuses a block only once every piece of device work recorded on it has completed. Its decisions (size
 //! classes, the budget, reuse, eviction) are the pure state machine in `state.rs`; this file pins and unpins.
 
-mod state;
+pub(crate) mod state;
 #[cfg(test)]
 mod tests;
 
@@ -171,7 +171,14 @@ impl PinnedPool {
     #[doc(alias = "cuMemHostAlloc")]
     #[doc(alias = "cuMemHostRegister")]
     pub fn alloc<T: Pod>(&self, len: usize) -> Result<Pinned<T>> {
-        self.alloc_when_full(len, self.0.when_full)
+        self.alloc_when_full(len, self.0.when_full, false)
+    }
+
+    /// [`PinnedPool::alloc`] that, when the budget leaves no room, waits for device work on blocks given back
+    /// even under [`WhenFull::Fail`]: that wait ends without anyone's help, so it cannot deadlock. For the
+    /// first buffer of a staged transfer, which may follow another transfer's still in flight.
+    pub(crate) fn alloc_after_pending<T: Pod>(&self, len: usize) -> Result<Pinned<T>> {
+        self.alloc_when_full(len, self.0.when_full, true)
     }
 
     /// [`PinnedPool::alloc`] that never waits: [`Error::PoolExhausted`] when the budget leaves no room, whatever
@@ -180,10 +187,15 @@ impl PinnedPool {
     /// # Errors
     /// As [`PinnedPool::alloc`] with [`WhenFull::Fail`].
     pub fn try_alloc<T: Pod>(&self, len: usize) -> Result<Pinned<T>> {
-        self.alloc_when_full(len, WhenFull::Fail)
+        self.alloc_when_full(len, WhenFull::Fail, false)
     }
 
-    fn alloc_when_full<T: Pod>(&self, len: usize, when_full: WhenFull) -> Result<Pinned<T>> {
+    fn alloc_when_full<T: Pod>(
+        &self,
+        len: usize,
+        when_full: WhenFull,
+        wait_for_pending: bool,
+    ) -> Result<Pinned<T>> {
         let bytes = byte_len::<T>(len, "allocating from the pinned pool")?;
         let shared = &self.0;
         if bytes == 0 {
@@ -221,7 +233,11 @@ impl PinnedPool {
                 }
                 Take::TooLarge => return Err(shared.exhausted(&state, bytes)),
                 Take::Exhausted => match when_full {
-                    WhenFull::Fail => return Err(shared.exhausted(&state, bytes)),
+                    WhenFull::Fail => {
+                        if !(wait_for_pending && state.wait_for_any(&Gpu)?) {
+                            return Err(shared.exhausted(&state, bytes));
+                        }
+                    }
                     WhenFull::Wait => {
                         if !state.wait_for_any(&Gpu)? {
                             // Nothing pending: wait for a holder to give a buffer back.

@@ -1,0 +1,1424 @@
+//! The driver functions, with the C ABI and the signatures of cuda.h (checked against the crate's bindings
+//! in `signatures`). Each counts the call for fault injection, returns a pending violation as an error,
+//! checks its arguments as the real driver does and leaves the work to `sim.rs` and `stream.rs`.
+
+#![allow(non_snake_case, reason = "the C names")]
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, c_uchar, c_uint, c_ushort, c_void};
+use std::sync::MutexGuard;
+
+use crate::codes;
+use crate::sim::{
+    Allocation, DEVICE_GAP, EventData, HostCall, Kind, Loc, Op, Primary, SIM, State, Storage,
+};
+use crate::stream;
+use crate::sys::*;
+
+type Outcome<T = ()> = Result<T, CUresult>;
+
+/// The prologue of every driver function: count the call (it may be made to fail), refuse it before
+/// `cuInit`, and report a violation found since the last call. Then `body`, with the state locked. A panic
+/// in the simulator is a `CUDA_ERROR_UNKNOWN` and a log line, never an unwind into C.
+pub(crate) fn entry(
+    function: &'static str,
+    body: impl FnOnce(MutexGuard<'static, State>) -> Outcome,
+) -> CUresult {
+    let run = || -> Outcome {
+        let mut state = SIM.lock();
+        if let Some(code) = state.faults.on_call(function) {
+            return Err(code);
+        }
+        let before_init = matches!(
+            function,
+            "cuInit" | "cuDriverGetVersion" | "cuGetErrorName" | "cuGetErrorString"
+        );
+        if !state.initialized && !before_init && !function.starts_with("cuda") {
+            return Err(CUresult::CUDA_ERROR_NOT_INITIALIZED);
+        }
+        if let Some(code) = state.take_unreported() {
+            return Err(code);
+        }
+        body(state)
+    };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+        Ok(Ok(())) => CUresult::CUDA_SUCCESS,
+        Ok(Err(code)) => code,
+        Err(_) => {
+            eprintln!("cuda-pinned-sim: BUG: {function} panicked in the simulator");
+            CUresult::CUDA_ERROR_UNKNOWN
+        }
+    }
+}
+
+/// Writes `value` through an out-pointer, or fails as the driver does for a null one.
+fn put<T>(out: *mut T, value: T) -> Outcome {
+    if out.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller passed `out` as a valid place for a T, as the function's C contract demands;
+    // a null pointer was refused above.
+    unsafe { out.write(value) };
+    Ok(())
+}
+
+fn check_device(dev: CUdevice) -> Outcome<usize> {
+    (0..SIM.config.devices)
+        .contains(&dev)
+        .then_some(dev as usize)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)
+}
+
+// ---- contexts: each device has one, its primary context; a stack of current contexts per thread.
+
+const CONTEXT_BASE: usize = 0xC7C0;
+
+fn context_handle(device: usize) -> CUcontext {
+    (CONTEXT_BASE + device * 0x10) as CUcontext
+}
+
+fn context_device(ctx: CUcontext) -> Option<usize> {
+    let offset = (ctx as usize).checked_sub(CONTEXT_BASE)?;
+    let device = offset / 0x10;
+    (offset % 0x10 == 0 && device < SIM.config.devices as usize).then_some(device)
+}
+
+thread_local! {
+    static CURRENT: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The device of the calling thread's current context, which must be alive.
+fn current(state: &State) -> Outcome<usize> {
+    let device = CURRENT
+        .with_borrow(|stack| stack.last().copied())
+        .ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+    if state.primaries[device].retained == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT);
+    }
+    Ok(device)
+}
+
+fn live_context(state: &State, ctx: CUcontext) -> Outcome<usize> {
+    let device = context_device(ctx).ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+    if state.primaries[device].retained == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT);
+    }
+    Ok(device)
+}
+
+// ---- streams and events
+
+/// The null stream (0) and the named legacy / per-thread default streams (1, 2).
+fn is_default_stream(stream: CUstream) -> bool {
+    (stream as usize) <= 2
+}
+
+/// A live stream's handle and device.
+fn live_stream(state: &State, stream: CUstream) -> Outcome<(usize, usize)> {
+    let handle = stream as usize;
+    match state.streams.get(&handle) {
+        Some(s) if !s.destroyed => Ok((handle, s.device as usize)),
+        _ => Err(CUresult::CUDA_ERROR_INVALID_HANDLE),
+    }
+}
+
+fn live_event(state: &State, event: CUevent) -> Outcome<usize> {
+    let handle = event as usize;
+    match state.events.get(&handle) {
+        Some(e) if !e.destroyed => Ok(handle),
+        _ => Err(CUresult::CUDA_ERROR_INVALID_HANDLE),
+    }
+}
+
+/// Submits `op` to `stream`: queued on a stream (waiting for it to run if `sync`), or run now on the default
+/// stream, after the blocking streams of the current context, as the legacy default stream does.
+fn submit(state: MutexGuard<'static, State>, stream: CUstream, op: Op, sync: bool) -> Outcome {
+    if is_default_stream(stream) {
+        let device = current(&state)? as i32;
+        let state = SIM.wait_until(state, |s| s.idle(device, true));
+        drop(stream::run_now(state, op, 0));
+    } else {
+        let (handle, _) = live_stream(&state, stream)?;
+        drop(stream::submit(state, handle, op, sync));
+    }
+    Ok(())
+}
+
+// ---- memory
+
+/// Where a device pointer points: device memory, or (mapped) pinned host memory, `bytes` of it.
+fn device_loc(state: &mut State, address: CUdeviceptr, bytes: usize, what: &str) -> Outcome<Loc> {
+    let (id, offset) = state
+        .find(address, bytes, true)
+        .or_else(|| state.find(address, bytes, false))
+        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let allocation = &state.allocations[&id];
+    if allocation.free_queued {
+        let message = format!(
+            "{what} of {bytes} bytes at device address {address:#x} queued after a stream-ordered free of it"
+        );
+        state.violation(message);
+    }
+    Ok(Loc::Alloc { id, offset })
+}
+
+/// Where a host pointer points: inside a pinned or registered range, or ordinary pageable memory.
+fn host_loc(state: &State, address: *const c_void, bytes: usize) -> Outcome<Loc> {
+    if address.is_null() && bytes > 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(match state.find(address as u64, bytes, false) {
+        Some((id, offset)) => Loc::Alloc { id, offset },
+        None => Loc::Pageable(address as usize),
+    })
+}
+
+/// Either pointer of a unified-addressing copy.
+fn any_loc(state: &mut State, address: u64, bytes: usize, what: &str) -> Outcome<Loc> {
+    if state.find(address, bytes, true).is_some() {
+        return device_loc(state, address, bytes, what);
+    }
+    host_loc(state, address as *const c_void, bytes)
+}
+
+fn is_pageable(loc: Loc) -> bool {
+    matches!(loc, Loc::Pageable(_))
+}
+
+/// Queues an asynchronous copy: it runs in stream order, except that pageable host memory makes it return
+/// only once done (as the driver's staged pageable copies do, at the latest).
+fn copy_async(
+    state: MutexGuard<'static, State>,
+    dst: Loc,
+    src: Loc,
+    bytes: usize,
+    stream: CUstream,
+) -> Outcome {
+    let sync = is_pageable(dst) || is_pageable(src);
+    submit(state, stream, Op::Copy { dst, src, bytes }, sync)
+}
+
+/// A synchronous copy: after the blocking streams of the current context, in the caller's thread.
+fn copy_sync(state: MutexGuard<'static, State>, dst: Loc, src: Loc, bytes: usize) -> Outcome {
+    current(&state)?;
+    submit(
+        state,
+        std::ptr::null_mut(),
+        Op::Copy { dst, src, bytes },
+        true,
+    )
+}
+
+/// Refuses to free an allocation work still uses (a violation, then waits for what runs now to end), and
+/// unmaps it.
+fn free_now<'a>(
+    mut state: MutexGuard<'a, State>,
+    id: u64,
+    function: &str,
+) -> MutexGuard<'a, State> {
+    let allocation = &state.allocations[&id];
+    if allocation.pending > 0 {
+        let message = format!(
+            "{function} freed {} at {:#x} ({} bytes) while queued work still uses it: {}",
+            allocation.kind.describe(),
+            allocation.base,
+            allocation.bytes,
+            state.users(id)
+        );
+        state.violation(message);
+    }
+    let mut state = SIM.wait_until(state, |s| {
+        s.allocations.get(&id).is_none_or(|a| a.executing == 0)
+    });
+    state.unmap(id);
+    SIM.changed.notify_all();
+    state
+}
+
+fn device_alloc(
+    state: &mut State,
+    device: usize,
+    bytes: usize,
+    kind: Kind,
+) -> Outcome<CUdeviceptr> {
+    if bytes == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let used: usize = state
+        .allocations
+        .values()
+        .filter(|a| a.kind.is_device() && a.device == device as i32)
+        .map(|a| a.bytes)
+        .sum();
+    if bytes > SIM.config.device_memory.saturating_sub(used) {
+        return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    let storage = Storage::zeroed(bytes, 256).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+    let base = state.next_device_address;
+    state.next_device_address += (bytes as u64).next_multiple_of(512) + DEVICE_GAP;
+    state.add_allocation(Allocation {
+        kind,
+        base,
+        bytes,
+        flags: 0,
+        device: device as i32,
+        storage: Some(storage),
+        pending: 0,
+        executing: 0,
+        ready: kind == Kind::Device,
+        free_queued: false,
+    });
+    Ok(base)
+}
+
+pub(crate) fn host_alloc(state: &mut State, bytes: usize, flags: u32) -> Outcome<*mut c_void> {
+    if bytes == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    if bytes > SIM.config.pinned_limit.saturating_sub(state.pinned_used) {
+        return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    let storage = Storage::zeroed(bytes, 4096).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+    let base = storage.as_ptr() as u64;
+    state.add_allocation(Allocation {
+        kind: Kind::Pinned,
+        base,
+        bytes,
+        flags,
+        device: 0,
+        storage: Some(storage),
+        pending: 0,
+        executing: 0,
+        ready: true,
+        free_queued: false,
+    });
+    Ok(base as *mut c_void)
+}
+
+/// The pinned allocation starting at `p`.
+fn pinned_at(state: &State, p: *mut c_void) -> Option<u64> {
+    let id = *state.host_map.get(&(p as u64))?;
+    (state.allocations[&id].kind == Kind::Pinned).then_some(id)
+}
+
+pub(crate) fn free_host(
+    state: MutexGuard<'static, State>,
+    p: *mut c_void,
+    function: &str,
+) -> Outcome {
+    let id = pinned_at(&state, p).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    drop(free_now(state, id, function));
+    Ok(())
+}
+
+pub(crate) fn register(state: &mut State, p: *mut c_void, bytes: usize, flags: u32) -> Outcome {
+    if p.is_null() || bytes == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let (start, end) = (
+        p as u64,
+        (p as u64)
+            .checked_add(bytes as u64)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?,
+    );
+    let overlaps = state
+        .host_map
+        .range(..end)
+        .next_back()
+        .is_some_and(|(&base, id)| base + state.allocations[id].bytes as u64 > start);
+    if overlaps {
+        return Err(CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    }
+    state.add_allocation(Allocation {
+        kind: Kind::Registered,
+        base: start,
+        bytes,
+        flags,
+        device: 0,
+        storage: None,
+        pending: 0,
+        executing: 0,
+        ready: true,
+        free_queued: false,
+    });
+    Ok(())
+}
+
+pub(crate) fn unregister(
+    state: MutexGuard<'static, State>,
+    p: *mut c_void,
+    function: &str,
+) -> Outcome {
+    let id = state
+        .host_map
+        .get(&(p as u64))
+        .copied()
+        .filter(|id| state.allocations[id].kind == Kind::Registered)
+        .ok_or(CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)?;
+    drop(free_now(state, id, function));
+    Ok(())
+}
+
+/// Copies `text` (truncated) and a NUL into `buffer` of `len` bytes.
+fn put_str(buffer: *mut c_char, len: c_int, text: &str) -> Outcome {
+    if buffer.is_null() || len <= 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let n = text.len().min(len as usize - 1);
+    // SAFETY: the caller gave `len` writable bytes at `buffer`; n + 1 <= len.
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr(), buffer.cast::<u8>(), n);
+        buffer.add(n).write(0);
+    }
+    Ok(())
+}
+
+// ---- the exported functions
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuGetErrorString(error: CUresult, pStr: *mut *const c_char) -> CUresult {
+    entry("cuGetErrorString", |_| match codes::describe(error) {
+        Some((_, description)) => put(pStr, description.as_ptr()),
+        None => put(pStr, std::ptr::null()).and(Err(CUresult::CUDA_ERROR_INVALID_VALUE)),
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuGetErrorName(error: CUresult, pStr: *mut *const c_char) -> CUresult {
+    entry("cuGetErrorName", |_| match codes::describe(error) {
+        Some((name, _)) => put(pStr, name.as_ptr()),
+        None => put(pStr, std::ptr::null()).and(Err(CUresult::CUDA_ERROR_INVALID_VALUE)),
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuInit(Flags: c_uint) -> CUresult {
+    entry("cuInit", |mut state| {
+        if Flags != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        if let Some(error) = &state.bad_fail_spec {
+            eprintln!("cuda-pinned-sim: CUDA_SIM_FAIL: {error}");
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        if !state.initialized {
+            state.primaries = (0..SIM.config.devices)
+                .map(|_| Primary::default())
+                .collect();
+            state.initialized = true;
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDriverGetVersion(driverVersion: *mut c_int) -> CUresult {
+    entry("cuDriverGetVersion", |_| put(driverVersion, 13000))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult {
+    entry("cuDeviceGet", |_| {
+        put(device, check_device(ordinal)? as CUdevice)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
+    entry("cuDeviceGetCount", |_| put(count, SIM.config.devices))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
+    entry("cuDeviceGetName", |_| {
+        let device = check_device(dev)?;
+        put_str(name, len, &format!("cuda-pinned simulated device {device}"))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CUresult {
+    entry("cuDeviceGetUuid_v2", |_| {
+        let device = check_device(dev)?;
+        let mut bytes = *b"cuda-pinned-sim\0";
+        bytes[15] = device as u8;
+        put(
+            uuid,
+            CUuuid {
+                bytes: bytes.map(|b| b as c_char),
+            },
+        )
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    entry("cuDeviceTotalMem_v2", |_| {
+        check_device(dev)?;
+        put(bytes, SIM.config.device_memory)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDeviceGetAttribute(
+    pi: *mut c_int,
+    attrib: CUdevice_attribute,
+    dev: CUdevice,
+) -> CUresult {
+    entry("cuDeviceGetAttribute", |_| {
+        let device = check_device(dev)?;
+        if attrib.0 == 0 || attrib.0 >= CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX.0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(pi, crate::attributes::value(attrib, device))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
+    entry("cuDeviceGetMemPool", |_| {
+        put(pool, pool_handle(check_device(dev)?))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDeviceGetDefaultMemPool(
+    pool_out: *mut CUmemoryPool,
+    dev: CUdevice,
+) -> CUresult {
+    entry("cuDeviceGetDefaultMemPool", |_| {
+        put(pool_out, pool_handle(check_device(dev)?))
+    })
+}
+
+const POOL_BASE: usize = 0x9000;
+
+fn pool_handle(device: usize) -> CUmemoryPool {
+    (POOL_BASE + device * 0x10) as CUmemoryPool
+}
+
+fn pool_device(pool: CUmemoryPool) -> Outcome<usize> {
+    let offset = (pool as usize)
+        .checked_sub(POOL_BASE)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let device = offset / 0x10;
+    (offset % 0x10 == 0 && device < SIM.config.devices as usize)
+        .then_some(device)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, _minBytesToKeep: usize) -> CUresult {
+    entry("cuMemPoolTrimTo", |_| pool_device(pool).map(drop))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPoolSetAttribute(
+    pool: CUmemoryPool,
+    attr: CUmemPool_attribute,
+    value: *mut c_void,
+) -> CUresult {
+    entry("cuMemPoolSetAttribute", |mut state| {
+        let device = pool_device(pool)?;
+        if attr != CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD {
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        if value.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: for this attribute the value is a cuuint64_t, as cuda.h documents; checked non-null.
+        state.primaries[device].pool_threshold = unsafe { value.cast::<u64>().read_unaligned() };
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPoolGetAttribute(
+    pool: CUmemoryPool,
+    attr: CUmemPool_attribute,
+    value: *mut c_void,
+) -> CUresult {
+    entry("cuMemPoolGetAttribute", |state| {
+        let device = pool_device(pool)?;
+        if attr != CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD {
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        put(value.cast::<u64>(), state.primaries[device].pool_threshold)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+    entry("cuDevicePrimaryCtxRetain", |mut state| {
+        let device = check_device(dev)?;
+        put(pctx, context_handle(device))?;
+        state.primaries[device].retained += 1;
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
+    entry("cuDevicePrimaryCtxRelease_v2", |mut state| {
+        let device = check_device(dev)?;
+        let primary = &mut state.primaries[device];
+        if primary.retained == 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT);
+        }
+        primary.retained -= 1;
+        if primary.retained == 0 {
+            let streams = state
+                .streams
+                .values()
+                .filter(|s| !s.destroyed && s.device == dev)
+                .count();
+            let allocations = state
+                .allocations
+                .values()
+                .filter(|a| a.kind.is_device() && a.device == dev && !a.free_queued)
+                .count();
+            if streams + allocations > 0 {
+                let message = format!(
+                    "the primary context of device {dev} was released for the last time while it still has \
+                     {streams} streams and {allocations} device allocations not freed"
+                );
+                state.violation(message);
+            }
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CUresult {
+    entry("cuDevicePrimaryCtxSetFlags_v2", |mut state| {
+        state.primaries[check_device(dev)?].flags = flags;
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxGetState(
+    dev: CUdevice,
+    flags: *mut c_uint,
+    active: *mut c_int,
+) -> CUresult {
+    entry("cuDevicePrimaryCtxGetState", |state| {
+        let primary = &state.primaries[check_device(dev)?];
+        put(flags, primary.flags)?;
+        put(active, c_int::from(primary.retained > 0))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
+    entry("cuCtxPushCurrent_v2", |state| {
+        let device = live_context(&state, ctx)?;
+        CURRENT.with_borrow_mut(|stack| stack.push(device));
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
+    entry("cuCtxPopCurrent_v2", |_| {
+        let device = CURRENT
+            .with_borrow_mut(Vec::pop)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+        if !pctx.is_null() {
+            put(pctx, context_handle(device))?;
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
+    entry("cuCtxSetCurrent", |state| {
+        let device = if ctx.is_null() {
+            None
+        } else {
+            Some(live_context(&state, ctx)?)
+        };
+        CURRENT.with_borrow_mut(|stack| {
+            stack.pop();
+            stack.extend(device);
+        });
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
+    entry("cuCtxGetCurrent", |_| {
+        let top = CURRENT.with_borrow(|stack| stack.last().copied());
+        put(pctx, top.map_or(std::ptr::null_mut(), context_handle))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
+    entry("cuCtxGetDevice", |state| {
+        put(device, current(&state)? as CUdevice)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSynchronize() -> CUresult {
+    entry("cuCtxSynchronize", |state| {
+        let device = current(&state)? as i32;
+        drop(SIM.wait_until(state, |s| s.idle(device, false)));
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxGetStreamPriorityRange(
+    leastPriority: *mut c_int,
+    greatestPriority: *mut c_int,
+) -> CUresult {
+    entry("cuCtxGetStreamPriorityRange", |state| {
+        current(&state)?;
+        if !leastPriority.is_null() {
+            put(leastPriority, 0)?;
+        }
+        if !greatestPriority.is_null() {
+            put(greatestPriority, -5)?;
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    entry("cuMemGetInfo_v2", |state| {
+        let device = current(&state)? as i32;
+        let used: usize = state
+            .allocations
+            .values()
+            .filter(|a| a.kind.is_device() && a.device == device)
+            .map(|a| a.bytes)
+            .sum();
+        put(free, SIM.config.device_memory.saturating_sub(used))?;
+        put(total, SIM.config.device_memory)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+    entry("cuMemAlloc_v2", |mut state| {
+        let device = current(&state)?;
+        if dptr.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let address = device_alloc(&mut state, device, bytesize, Kind::Device)?;
+        put(dptr, address)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    entry("cuMemFree_v2", |state| {
+        let id = state
+            .device_map
+            .get(&dptr)
+            .copied()
+            .filter(|id| state.allocations[id].kind == Kind::Device)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        drop(free_now(state, id, "cuMemFree_v2"));
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    hStream: CUstream,
+) -> CUresult {
+    entry("cuMemAllocAsync", |mut state| {
+        let device = if is_default_stream(hStream) {
+            current(&state)?
+        } else {
+            live_stream(&state, hStream)?.1
+        };
+        if dptr.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let address = device_alloc(&mut state, device, bytesize, Kind::DeviceAsync)?;
+        put(dptr, address)?;
+        let id = state.device_map[&address];
+        submit(state, hStream, Op::Allocate { id }, false)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) -> CUresult {
+    entry("cuMemFreeAsync", |mut state| {
+        if !is_default_stream(hStream) {
+            live_stream(&state, hStream)?;
+        }
+        let id = state
+            .device_map
+            .get(&dptr)
+            .copied()
+            .filter(|id| state.allocations[id].kind.is_device())
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let allocation = state
+            .allocations
+            .get_mut(&id)
+            .expect("mapped allocations exist");
+        if std::mem::replace(&mut allocation.free_queued, true) {
+            let message = format!("cuMemFreeAsync: device memory {dptr:#x} freed twice");
+            state.violation(message);
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        submit(state, hStream, Op::Free { id }, false)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
+    entry("cuMemFreeHost", |state| {
+        free_host(state, p, "cuMemFreeHost")
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, Flags: c_uint) -> CUresult {
+    entry("cuMemHostAlloc", |mut state| {
+        current(&state)?;
+        if pp.is_null() || Flags & !0xF != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = host_alloc(&mut state, bytesize, Flags)?;
+        put(pp, p)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemHostGetDevicePointer_v2(
+    pdptr: *mut CUdeviceptr,
+    p: *mut c_void,
+    Flags: c_uint,
+) -> CUresult {
+    entry("cuMemHostGetDevicePointer_v2", |state| {
+        if Flags != 0 || state.find(p as u64, 1, false).is_none() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        // Unified addressing: the device sees mapped host memory at its host address.
+        put(pdptr, p as CUdeviceptr)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemHostGetFlags(pFlags: *mut c_uint, p: *mut c_void) -> CUresult {
+    entry("cuMemHostGetFlags", |state| {
+        let (id, _) = state
+            .find(p as u64, 1, false)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let allocation = &state.allocations[&id];
+        if allocation.kind != Kind::Pinned {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(pFlags, allocation.flags)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDeviceGetPCIBusId(
+    pciBusId: *mut c_char,
+    len: c_int,
+    dev: CUdevice,
+) -> CUresult {
+    entry("cuDeviceGetPCIBusId", |_| {
+        let device = check_device(dev)?;
+        put_str(pciBusId, len, &format!("0000:{:02x}:00.0", device + 1))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, Flags: c_uint) -> CUresult {
+    entry("cuMemHostRegister_v2", |mut state| {
+        current(&state)?;
+        register(&mut state, p, bytesize, Flags)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
+    entry("cuMemHostUnregister", |state| {
+        unregister(state, p, "cuMemHostUnregister")
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyHtoD_v2(
+    dstDevice: CUdeviceptr,
+    srcHost: *const c_void,
+    ByteCount: usize,
+) -> CUresult {
+    entry("cuMemcpyHtoD_v2", |mut state| {
+        let dst = device_loc(&mut state, dstDevice, ByteCount, "cuMemcpyHtoD_v2")?;
+        let src = host_loc(&state, srcHost, ByteCount)?;
+        copy_sync(state, dst, src, ByteCount)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyDtoH_v2(
+    dstHost: *mut c_void,
+    srcDevice: CUdeviceptr,
+    ByteCount: usize,
+) -> CUresult {
+    entry("cuMemcpyDtoH_v2", |mut state| {
+        let src = device_loc(&mut state, srcDevice, ByteCount, "cuMemcpyDtoH_v2")?;
+        let dst = host_loc(&state, dstHost, ByteCount)?;
+        copy_sync(state, dst, src, ByteCount)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyDtoD_v2(
+    dstDevice: CUdeviceptr,
+    srcDevice: CUdeviceptr,
+    ByteCount: usize,
+) -> CUresult {
+    entry("cuMemcpyDtoD_v2", |mut state| {
+        let dst = device_loc(&mut state, dstDevice, ByteCount, "cuMemcpyDtoD_v2")?;
+        let src = device_loc(&mut state, srcDevice, ByteCount, "cuMemcpyDtoD_v2")?;
+        copy_sync(state, dst, src, ByteCount)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyAsync(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    ByteCount: usize,
+    hStream: CUstream,
+) -> CUresult {
+    entry("cuMemcpyAsync", |mut state| {
+        let to = any_loc(&mut state, dst, ByteCount, "cuMemcpyAsync")?;
+        let from = any_loc(&mut state, src, ByteCount, "cuMemcpyAsync")?;
+        copy_async(state, to, from, ByteCount, hStream)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyHtoDAsync_v2(
+    dstDevice: CUdeviceptr,
+    srcHost: *const c_void,
+    ByteCount: usize,
+    hStream: CUstream,
+) -> CUresult {
+    entry("cuMemcpyHtoDAsync_v2", |mut state| {
+        let dst = device_loc(&mut state, dstDevice, ByteCount, "cuMemcpyHtoDAsync_v2")?;
+        let src = host_loc(&state, srcHost, ByteCount)?;
+        copy_async(state, dst, src, ByteCount, hStream)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyDtoHAsync_v2(
+    dstHost: *mut c_void,
+    srcDevice: CUdeviceptr,
+    ByteCount: usize,
+    hStream: CUstream,
+) -> CUresult {
+    entry("cuMemcpyDtoHAsync_v2", |mut state| {
+        let src = device_loc(&mut state, srcDevice, ByteCount, "cuMemcpyDtoHAsync_v2")?;
+        let dst = host_loc(&state, dstHost, ByteCount)?;
+        copy_async(state, dst, src, ByteCount, hStream)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyDtoDAsync_v2(
+    dstDevice: CUdeviceptr,
+    srcDevice: CUdeviceptr,
+    ByteCount: usize,
+    hStream: CUstream,
+) -> CUresult {
+    entry("cuMemcpyDtoDAsync_v2", |mut state| {
+        let dst = device_loc(&mut state, dstDevice, ByteCount, "cuMemcpyDtoDAsync_v2")?;
+        let src = device_loc(&mut state, srcDevice, ByteCount, "cuMemcpyDtoDAsync_v2")?;
+        copy_async(state, dst, src, ByteCount, hStream)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpy2DAsync_v2(_pCopy: *const CUDA_MEMCPY2D, _hStream: CUstream) -> CUresult {
+    entry("cuMemcpy2DAsync_v2", |_| {
+        Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpy3DAsync_v2(_pCopy: *const CUDA_MEMCPY3D, _hStream: CUstream) -> CUresult {
+    entry("cuMemcpy3DAsync_v2", |_| {
+        Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
+    })
+}
+
+fn memset(
+    function: &'static str,
+    dst: CUdeviceptr,
+    value: u32,
+    size: usize,
+    count: usize,
+    stream: CUstream,
+) -> CUresult {
+    entry(function, |mut state| {
+        if !dst.is_multiple_of(size as u64) {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let bytes = count
+            .checked_mul(size)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let dst = device_loc(&mut state, dst, bytes, function)?;
+        submit(
+            state,
+            stream,
+            Op::Set {
+                dst,
+                value,
+                size,
+                count,
+            },
+            false,
+        )
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD8Async(
+    dstDevice: CUdeviceptr,
+    uc: c_uchar,
+    N: usize,
+    hStream: CUstream,
+) -> CUresult {
+    memset("cuMemsetD8Async", dstDevice, uc.into(), 1, N, hStream)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD16Async(
+    dstDevice: CUdeviceptr,
+    us: c_ushort,
+    N: usize,
+    hStream: CUstream,
+) -> CUresult {
+    memset("cuMemsetD16Async", dstDevice, us.into(), 2, N, hStream)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD32Async(
+    dstDevice: CUdeviceptr,
+    ui: c_uint,
+    N: usize,
+    hStream: CUstream,
+) -> CUresult {
+    memset("cuMemsetD32Async", dstDevice, ui, 4, N, hStream)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuPointerGetAttribute(
+    data: *mut c_void,
+    attribute: CUpointer_attribute,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    entry("cuPointerGetAttribute", |state| {
+        let (id, _) = state
+            .find(ptr, 0, true)
+            .or_else(|| state.find(ptr, 0, false))
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let allocation = &state.allocations[&id];
+        let device = allocation.kind.is_device();
+        match attribute {
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE => {
+                let kind = if device {
+                    CUmemorytype::CU_MEMORYTYPE_DEVICE
+                } else {
+                    CUmemorytype::CU_MEMORYTYPE_HOST
+                };
+                put(data.cast::<c_uint>(), kind.0)
+            }
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT => put(
+                data.cast::<CUcontext>(),
+                context_handle(allocation.device as usize),
+            ),
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_POINTER => {
+                put(data.cast::<CUdeviceptr>(), ptr)
+            }
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_HOST_POINTER if !device => {
+                put(data.cast::<*mut c_void>(), ptr as *mut c_void)
+            }
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL => {
+                put(data.cast::<c_int>(), allocation.device)
+            }
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR => {
+                put(data.cast::<CUdeviceptr>(), allocation.base)
+            }
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE => {
+                put(data.cast::<usize>(), allocation.bytes)
+            }
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_HOST_POINTER => {
+                Err(CUresult::CUDA_ERROR_INVALID_VALUE)
+            }
+            _ => Err(CUresult::CUDA_ERROR_NOT_SUPPORTED),
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuPointerGetAttributes(
+    _numAttributes: c_uint,
+    _attributes: *mut CUpointer_attribute,
+    _data: *mut *mut c_void,
+    _ptr: CUdeviceptr,
+) -> CUresult {
+    entry("cuPointerGetAttributes", |_| {
+        Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
+    })
+}
+
+fn stream_create(
+    function: &'static str,
+    ph: *mut CUstream,
+    flags: c_uint,
+    priority: c_int,
+) -> CUresult {
+    entry(function, |mut state| {
+        let device = current(&state)?;
+        if ph.is_null() || flags & !CUstream_flags::CU_STREAM_NON_BLOCKING.0 != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let handle = stream::create(&mut state, device as i32, flags, priority.clamp(-5, 0))?;
+        put(ph, handle as CUstream)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamCreate(phStream: *mut CUstream, Flags: c_uint) -> CUresult {
+    stream_create("cuStreamCreate", phStream, Flags, 0)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamCreateWithPriority(
+    phStream: *mut CUstream,
+    flags: c_uint,
+    priority: c_int,
+) -> CUresult {
+    stream_create("cuStreamCreateWithPriority", phStream, flags, priority)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamGetPriority(hStream: CUstream, priority: *mut c_int) -> CUresult {
+    entry("cuStreamGetPriority", |state| {
+        let (handle, _) = live_stream(&state, hStream)?;
+        put(priority, state.streams[&handle].priority)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamGetFlags(hStream: CUstream, flags: *mut c_uint) -> CUresult {
+    entry("cuStreamGetFlags", |state| {
+        let (handle, _) = live_stream(&state, hStream)?;
+        put(flags, state.streams[&handle].flags)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamWaitEvent(hStream: CUstream, hEvent: CUevent, Flags: c_uint) -> CUresult {
+    entry("cuStreamWaitEvent", |state| {
+        if Flags & !1 != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let event = live_event(&state, hEvent)?;
+        let generation = state.events[&event].recorded;
+        submit(state, hStream, Op::Wait { event, generation }, false)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamQuery(hStream: CUstream) -> CUresult {
+    entry("cuStreamQuery", |state| {
+        let idle = if is_default_stream(hStream) {
+            state.idle(current(&state)? as i32, true)
+        } else {
+            let (handle, _) = live_stream(&state, hStream)?;
+            state.streams[&handle].queue.is_empty()
+        };
+        if idle {
+            Ok(())
+        } else {
+            Err(CUresult::CUDA_ERROR_NOT_READY)
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamSynchronize(hStream: CUstream) -> CUresult {
+    entry("cuStreamSynchronize", |state| {
+        if is_default_stream(hStream) {
+            let device = current(&state)? as i32;
+            drop(SIM.wait_until(state, |s| s.idle(device, true)));
+        } else {
+            let (handle, _) = live_stream(&state, hStream)?;
+            drop(SIM.wait_until(state, |s| {
+                s.streams.get(&handle).is_none_or(|s| s.queue.is_empty())
+            }));
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamDestroy_v2(hStream: CUstream) -> CUresult {
+    entry("cuStreamDestroy_v2", |mut state| {
+        let (handle, _) = live_stream(&state, hStream)?;
+        state
+            .streams
+            .get_mut(&handle)
+            .expect("checked live")
+            .destroyed = true;
+        SIM.changed.notify_all();
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventCreate(phEvent: *mut CUevent, Flags: c_uint) -> CUresult {
+    entry("cuEventCreate", |mut state| {
+        current(&state)?;
+        let disable_timing = CUevent_flags::CU_EVENT_DISABLE_TIMING.0;
+        let interprocess = CUevent_flags::CU_EVENT_INTERPROCESS.0;
+        if phEvent.is_null()
+            || Flags & !0x7 != 0
+            || (Flags & interprocess != 0 && Flags & disable_timing == 0)
+        {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let handle = state.handle();
+        let data = EventData {
+            timing: Flags & disable_timing == 0,
+            recorded: 0,
+            completed: 0,
+            time: None,
+            destroyed: false,
+            refs: 0,
+        };
+        state.events.insert(handle, data);
+        put(phEvent, handle as CUevent)
+    })
+}
+
+fn record(function: &'static str, hEvent: CUevent, hStream: CUstream, flags: c_uint) -> CUresult {
+    entry(function, |mut state| {
+        if flags != 0 {
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        let event = live_event(&state, hEvent)?;
+        if !is_default_stream(hStream) {
+            live_stream(&state, hStream)?;
+        }
+        let e = state.events.get_mut(&event).expect("checked live");
+        e.recorded += 1;
+        let generation = e.recorded;
+        submit(state, hStream, Op::Record { event, generation }, false)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventRecord(hEvent: CUevent, hStream: CUstream) -> CUresult {
+    record("cuEventRecord", hEvent, hStream, 0)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventRecordWithFlags(
+    hEvent: CUevent,
+    hStream: CUstream,
+    flags: c_uint,
+) -> CUresult {
+    record("cuEventRecordWithFlags", hEvent, hStream, flags)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventQuery(hEvent: CUevent) -> CUresult {
+    entry("cuEventQuery", |state| {
+        let e = &state.events[&live_event(&state, hEvent)?];
+        if e.completed >= e.recorded {
+            Ok(())
+        } else {
+            Err(CUresult::CUDA_ERROR_NOT_READY)
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventSynchronize(hEvent: CUevent) -> CUresult {
+    entry("cuEventSynchronize", |state| {
+        let event = live_event(&state, hEvent)?;
+        let target = state.events[&event].recorded;
+        drop(SIM.wait_until(state, |s| {
+            s.events.get(&event).is_none_or(|e| e.completed >= target)
+        }));
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventDestroy_v2(hEvent: CUevent) -> CUresult {
+    entry("cuEventDestroy_v2", |mut state| {
+        let event = live_event(&state, hEvent)?;
+        let e = state.events.get_mut(&event).expect("checked live");
+        e.destroyed = true;
+        if e.refs == 0 {
+            state.events.remove(&event);
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventElapsedTime_v2(
+    pMilliseconds: *mut f32,
+    hStart: CUevent,
+    hEnd: CUevent,
+) -> CUresult {
+    entry("cuEventElapsedTime_v2", |state| {
+        let (start, end) = (
+            &state.events[&live_event(&state, hStart)?],
+            &state.events[&live_event(&state, hEnd)?],
+        );
+        if !start.timing || !end.timing || start.recorded == 0 || end.recorded == 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+        }
+        let (Some(t0), Some(t1)) = (start.time, end.time) else {
+            return Err(CUresult::CUDA_ERROR_NOT_READY);
+        };
+        if start.completed < start.recorded || end.completed < end.recorded {
+            return Err(CUresult::CUDA_ERROR_NOT_READY);
+        }
+        let ms = if t1 >= t0 {
+            (t1 - t0).as_secs_f64() * 1e3
+        } else {
+            -((t0 - t1).as_secs_f64() * 1e3)
+        };
+        put(pMilliseconds, ms as f32)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuLaunchHostFunc(
+    hStream: CUstream,
+    fn_: CUhostFn,
+    userData: *mut c_void,
+) -> CUresult {
+    entry("cuLaunchHostFunc", |state| {
+        let f = fn_.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        submit(
+            state,
+            hStream,
+            Op::Host(HostCall {
+                f,
+                data: userData as usize,
+            }),
+            false,
+        )
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuGetProcAddress_v2(
+    _symbol: *const c_char,
+    _pfn: *mut *mut c_void,
+    _cudaVersion: c_int,
+    _flags: cuuint64_t,
+    _symbolStatus: *mut CUdriverProcAddressQueryResult,
+) -> CUresult {
+    entry("cuGetProcAddress_v2", |_| {
+        Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
+    })
+}
+
+/// Each exported function has exactly the type of its field in the crate's generated `DriverApi`: this
+/// does not compile otherwise.
+#[allow(dead_code, reason = "a compile-time check")]
+fn signatures(api: &DriverApi) {
+    fn same<T>(_: &Result<T, libloading::Error>, _: T) {}
+    macro_rules! check {
+        ($($f:ident),* $(,)?) => { $(same(&api.$f, $f);)* };
+    }
+    check!(
+        cuGetErrorString,
+        cuGetErrorName,
+        cuInit,
+        cuDriverGetVersion,
+        cuDeviceGet,
+        cuDeviceGetCount,
+        cuDeviceGetName,
+        cuDeviceGetUuid_v2,
+        cuDeviceTotalMem_v2,
+        cuDeviceGetAttribute,
+        cuDeviceGetMemPool,
+        cuDeviceGetDefaultMemPool,
+        cuDevicePrimaryCtxRetain,
+        cuDevicePrimaryCtxRelease_v2,
+        cuDevicePrimaryCtxSetFlags_v2,
+        cuDevicePrimaryCtxGetState,
+        cuCtxPushCurrent_v2,
+        cuCtxPopCurrent_v2,
+        cuCtxSetCurrent,
+        cuCtxGetCurrent,
+        cuCtxGetDevice,
+        cuCtxSynchronize,
+        cuCtxGetStreamPriorityRange,
+        cuMemGetInfo_v2,
+        cuMemAlloc_v2,
+        cuMemFree_v2,
+        cuMemFreeHost,
+        cuMemHostAlloc,
+        cuMemHostGetDevicePointer_v2,
+        cuMemHostGetFlags,
+        cuDeviceGetPCIBusId,
+        cuMemHostRegister_v2,
+        cuMemHostUnregister,
+        cuMemcpyHtoD_v2,
+        cuMemcpyDtoH_v2,
+        cuMemcpyDtoD_v2,
+        cuMemcpyAsync,
+        cuMemcpyHtoDAsync_v2,
+        cuMemcpyDtoHAsync_v2,
+        cuMemcpyDtoDAsync_v2,
+        cuMemcpy2DAsync_v2,
+        cuMemcpy3DAsync_v2,
+        cuMemsetD8Async,
+        cuMemsetD16Async,
+        cuMemsetD32Async,
+        cuMemFreeAsync,
+        cuMemAllocAsync,
+        cuMemPoolTrimTo,
+        cuMemPoolSetAttribute,
+        cuMemPoolGetAttribute,
+        cuPointerGetAttribute,
+        cuPointerGetAttributes,
+        cuStreamCreate,
+        cuStreamCreateWithPriority,
+        cuStreamGetPriority,
+        cuStreamGetFlags,
+        cuStreamWaitEvent,
+        cuStreamQuery,
+        cuStreamSynchronize,
+        cuStreamDestroy_v2,
+        cuEventCreate,
+        cuEventRecord,
+        cuEventRecordWithFlags,
+        cuEventQuery,
+        cuEventSynchronize,
+        cuEventDestroy_v2,
+        cuEventElapsedTime_v2,
+        cuLaunchHostFunc,
+        cuGetProcAddress_v2,
+    );
+}

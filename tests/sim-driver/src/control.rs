@@ -1,0 +1,278 @@
+//! What tests ask the simulator, beyond the driver API: faults to inject, the calls made, the violations
+//! found and what is still allocated. Exported with the C ABI (`cuda_sim_*`) so that a test reaches the very
+//! library the crate loaded; [`Control`] wraps them for Rust.
+
+use std::ffi::{CStr, c_char, c_int};
+use std::path::{Path, PathBuf};
+
+use crate::sim::{Kind, SIM};
+use crate::sys::CUresult;
+
+/// What is alive in the simulator.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Live {
+    pub device_allocations: u64,
+    pub device_bytes: u64,
+    pub pinned_allocations: u64,
+    pub pinned_bytes: u64,
+    pub registrations: u64,
+    pub streams: u64,
+    pub events: u64,
+    /// Retains of primary contexts not yet released, over all devices.
+    pub context_retains: u64,
+    /// Operations queued on streams and not yet finished.
+    pub queued: u64,
+}
+
+/// Adds faults (the syntax of `CUDA_SIM_FAIL`, counted from now); `CUDA_ERROR_INVALID_VALUE` and a log line
+/// if `spec` is not valid, and then none is added.
+///
+/// # Safety
+/// `spec` is a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuda_sim_fail(spec: *const c_char) -> CUresult {
+    // SAFETY: the caller passes a NUL-terminated string.
+    let spec = unsafe { CStr::from_ptr(spec) }.to_string_lossy();
+    match SIM.lock().faults.add(&spec) {
+        Ok(()) => CUresult::CUDA_SUCCESS,
+        Err(error) => {
+            eprintln!("cuda-pinned-sim: cuda_sim_fail: {error}");
+            CUresult::CUDA_ERROR_INVALID_VALUE
+        }
+    }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuda_sim_clear_faults() {
+    SIM.lock().faults.clear();
+}
+
+/// Driver calls made so far (all but those that describe errors).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuda_sim_calls() -> u64 {
+    SIM.lock().faults.calls
+}
+
+/// Starts (non-zero) or stops recording the names of the calls made.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuda_sim_trace(on: c_int) {
+    let mut state = SIM.lock();
+    if on != 0 {
+        state.faults.trace = Some(Vec::new());
+    }
+    state.faults.tracing = on != 0;
+}
+
+/// How many calls the trace holds.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuda_sim_trace_len() -> u64 {
+    SIM.lock()
+        .faults
+        .trace
+        .as_ref()
+        .map_or(0, |t| t.len() as u64)
+}
+
+/// Copies the name of traced call `index` into `buffer`, as [`cuda_sim_violation`] does.
+///
+/// # Safety
+/// `buffer` has `len` writable bytes (or `len` is 0).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuda_sim_trace_name(index: u64, buffer: *mut c_char, len: usize) -> i64 {
+    let state = SIM.lock();
+    let name = state
+        .faults
+        .trace
+        .as_ref()
+        .and_then(|t| t.get(index as usize).copied());
+    // SAFETY: as the caller promises.
+    name.map_or(-1, |name| unsafe { copy_out(name, buffer, len) })
+}
+
+/// Copies `text` (truncated, NUL-terminated) into `buffer` of `len` bytes; the full length.
+///
+/// # Safety
+/// `buffer` has `len` writable bytes (or `len` is 0).
+unsafe fn copy_out(text: &str, buffer: *mut c_char, len: usize) -> i64 {
+    if len > 0 {
+        let n = text.len().min(len - 1);
+        // SAFETY: the caller gives `len` writable bytes; n + 1 <= len.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), buffer.cast::<u8>(), n);
+            buffer.add(n).write(0);
+        }
+    }
+    text.len() as i64
+}
+
+/// Violations found so far.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuda_sim_violations() -> u64 {
+    SIM.lock().violations.len() as u64
+}
+
+/// Copies violation `index` (truncated, NUL-terminated) into `buffer` of `len` bytes; its full length, or
+/// -1 if there is no such violation.
+///
+/// # Safety
+/// `buffer` has `len` writable bytes (or `len` is 0).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuda_sim_violation(index: u64, buffer: *mut c_char, len: usize) -> i64 {
+    let state = SIM.lock();
+    let message = state.violations.get(index as usize);
+    // SAFETY: as the caller promises.
+    message.map_or(-1, |message| unsafe { copy_out(message, buffer, len) })
+}
+
+/// Waits until every stream has finished its queue, then fills `out`.
+///
+/// # Safety
+/// `out` points to a writable [`Live`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuda_sim_live(out: *mut Live) {
+    let state = SIM.wait_until(SIM.lock(), |s| {
+        s.streams.values().all(|s| s.queue.is_empty())
+    });
+    let mut live = Live::default();
+    for allocation in state.allocations.values() {
+        match allocation.kind {
+            Kind::Device | Kind::DeviceAsync => {
+                live.device_allocations += 1;
+                live.device_bytes += allocation.bytes as u64;
+            }
+            Kind::Pinned => {
+                live.pinned_allocations += 1;
+                live.pinned_bytes += allocation.bytes as u64;
+            }
+            Kind::Registered => live.registrations += 1,
+        }
+    }
+    live.streams = state.streams.values().filter(|s| !s.destroyed).count() as u64;
+    live.events = state.events.values().filter(|e| !e.destroyed).count() as u64;
+    live.context_retains = state.primaries.iter().map(|p| u64::from(p.retained)).sum();
+    live.queued = state.streams.values().map(|s| s.queue.len() as u64).sum();
+    // SAFETY: the caller passes a writable Live.
+    unsafe { out.write(live) };
+}
+
+/// The simulator as a test sees it: the library the crate loads, opened a second time (the same instance:
+/// the dynamic loader hands back the loaded one), and its `cuda_sim_*` functions.
+pub struct Control {
+    library: libloading::Library,
+}
+
+impl Control {
+    /// Opens the simulator at `path`.
+    pub fn open(path: &Path) -> Result<Control, String> {
+        // SAFETY: the simulator's initialisers only set up Rust statics lazily; loading it runs no code
+        // that could break this process.
+        let library = unsafe { libloading::Library::new(path) }.map_err(|e| {
+            format!(
+                "cannot open the simulated driver at {}: {e}",
+                path.display()
+            )
+        })?;
+        Ok(Control { library })
+    }
+
+    /// Whether the library opened is the simulator (it could be a real driver named by
+    /// `CUDA_PINNED_LIBCUDA`).
+    pub fn is_simulator(&self) -> bool {
+        // SAFETY: only looked up, not called.
+        unsafe { self.library.get::<extern "C" fn() -> u64>(b"cuda_sim_calls") }.is_ok()
+    }
+
+    fn function<T: Copy>(&self, name: &str) -> T {
+        // SAFETY: each name below is looked up with the type it is defined with in this file.
+        let symbol = unsafe { self.library.get::<T>(name.as_bytes()) };
+        *symbol.unwrap_or_else(|e| panic!("the simulated driver lacks {name}: {e}"))
+    }
+
+    /// Adds faults; `Err` with the reason if `spec` is not valid.
+    pub fn fail(&self, spec: &str) -> Result<(), String> {
+        let spec = std::ffi::CString::new(spec).map_err(|e| e.to_string())?;
+        let f: unsafe extern "C" fn(*const c_char) -> CUresult = self.function("cuda_sim_fail");
+        // SAFETY: a NUL-terminated string.
+        match unsafe { f(spec.as_ptr()) } {
+            CUresult::CUDA_SUCCESS => Ok(()),
+            _ => Err(format!(
+                "the simulator refused the fault list {spec:?} (see stderr)"
+            )),
+        }
+    }
+
+    pub fn clear_faults(&self) {
+        let f: extern "C" fn() = self.function("cuda_sim_clear_faults");
+        f();
+    }
+
+    pub fn calls(&self) -> u64 {
+        let f: extern "C" fn() -> u64 = self.function("cuda_sim_calls");
+        f()
+    }
+
+    /// Starts recording the calls made (forgetting earlier ones).
+    pub fn trace_start(&self) {
+        let f: extern "C" fn(c_int) = self.function("cuda_sim_trace");
+        f(1);
+    }
+
+    /// Stops recording; the names of the calls made since [`trace_start`](Self::trace_start).
+    pub fn trace_stop(&self) -> Vec<String> {
+        let stop: extern "C" fn(c_int) = self.function("cuda_sim_trace");
+        stop(0);
+        let len: extern "C" fn() -> u64 = self.function("cuda_sim_trace_len");
+        let name: unsafe extern "C" fn(u64, *mut c_char, usize) -> i64 =
+            self.function("cuda_sim_trace_name");
+        (0..len())
+            // SAFETY: read_string passes a buffer of `len` writable bytes.
+            .map(|i| read_string(|buffer, len| unsafe { name(i, buffer, len) }))
+            .collect()
+    }
+
+    /// Every violation found so far.
+    pub fn violations(&self) -> Vec<String> {
+        let count: extern "C" fn() -> u64 = self.function("cuda_sim_violations");
+        let get: unsafe extern "C" fn(u64, *mut c_char, usize) -> i64 =
+            self.function("cuda_sim_violation");
+        (0..count())
+            // SAFETY: read_string passes a buffer of `len` writable bytes.
+            .map(|i| read_string(|buffer, len| unsafe { get(i, buffer, len) }))
+            .collect()
+    }
+
+    /// What is alive, once every stream has finished its queue.
+    pub fn live(&self) -> Live {
+        let f: unsafe extern "C" fn(*mut Live) = self.function("cuda_sim_live");
+        let mut live = Live::default();
+        // SAFETY: a writable Live.
+        unsafe { f(&mut live) };
+        live
+    }
+}
+
+/// The string a `cuda_sim_*` function copies out through `copy(buffer, len)`.
+fn read_string(copy: impl Fn(*mut c_char, usize) -> i64) -> String {
+    let mut buffer = vec![0u8; 4096];
+    let n = copy(buffer.as_mut_ptr().cast(), buffer.len());
+    buffer.truncate((n.max(0) as usize).min(buffer.len() - 1));
+    String::from_utf8_lossy(&buffer).into_owned()
+}
+
+/// Where the simulator was built, for a test binary of the workspace: `libcuda_pinned_sim.so` in the
+/// directory of the running executable (cargo puts a dev-dependency's cdylib in `deps/`, beside the tests),
+/// or its parent.
+pub fn library_path() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let name = format!(
+        "{}cuda_pinned_sim{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
+    exe.ancestors()
+        .skip(1)
+        .take(2)
+        .map(|dir| dir.join(&name))
+        .find(|p| p.is_file())
+}

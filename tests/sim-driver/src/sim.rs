@@ -1,0 +1,394 @@
+//! The simulated device's state: one process-wide lock over every allocation, stream, event and context, a
+//! condition variable that wakes whoever waits for work to finish, the faults to inject and the violations
+//! found. The driver functions in `api.rs` are thin wrappers over this.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ffi::c_void;
+use std::sync::{Condvar, LazyLock, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use crate::config::Config;
+use crate::faults::Faults;
+use crate::sys::CUresult;
+
+/// The one simulated driver of the process.
+pub(crate) static SIM: LazyLock<Sim> = LazyLock::new(|| {
+    let config = Config::from_env();
+    let mut state = State::new();
+    if let Some(spec) = &config.fail {
+        state.bad_fail_spec = state.faults.add(spec).err();
+    }
+    Sim {
+        state: Mutex::new(state),
+        changed: Condvar::new(),
+        config,
+    }
+});
+
+pub(crate) struct Sim {
+    state: Mutex<State>,
+    /// Notified whenever an operation completes, an event fires or memory is released.
+    pub(crate) changed: Condvar,
+    pub(crate) config: Config,
+}
+
+impl Sim {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock is a bug of the simulator; carry on so that the test reports it.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits on `changed` until `done(state)` holds.
+    pub(crate) fn wait_until<'a>(
+        &self,
+        mut state: MutexGuard<'a, State>,
+        mut done: impl FnMut(&mut State) -> bool,
+    ) -> MutexGuard<'a, State> {
+        while !done(&mut state) {
+            state = self
+                .changed
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        state
+    }
+}
+
+/// Device addresses start here: non-canonical on x86-64 and far from any host mapping, so a device pointer
+/// used as a host pointer faults, and a host pointer passed as a device pointer is not found.
+pub(crate) const DEVICE_BASE: u64 = 0xD000_0000_0000_0000;
+/// Unused addresses left after each device allocation, so an overrun is not found inside the next one.
+pub(crate) const DEVICE_GAP: u64 = 1 << 16;
+
+/// What kind of memory an allocation is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `cuMemAlloc_v2`.
+    Device,
+    /// `cuMemAllocAsync`: usable only once its stream reaches the allocation.
+    DeviceAsync,
+    /// `cuMemHostAlloc` (or the runtime's `cudaHostAlloc`): memory the simulator owns.
+    Pinned,
+    /// `cuMemHostRegister_v2`: the caller's memory, page-locked as far as the simulator is concerned.
+    Registered,
+}
+
+impl Kind {
+    pub(crate) fn is_device(self) -> bool {
+        matches!(self, Kind::Device | Kind::DeviceAsync)
+    }
+
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            Kind::Device => "device memory",
+            Kind::DeviceAsync => "stream-ordered device memory",
+            Kind::Pinned => "pinned host memory",
+            Kind::Registered => "registered host memory",
+        }
+    }
+}
+
+/// Memory the simulator allocated (device memory, pinned host memory), freed when dropped.
+pub(crate) struct Storage {
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: Storage is a uniquely owned heap block; moving it between threads moves only the ownership.
+unsafe impl Send for Storage {}
+
+impl Storage {
+    /// Zeroed memory, or `None` where the host has none to give.
+    pub(crate) fn zeroed(bytes: usize, align: usize) -> Option<Storage> {
+        let layout = std::alloc::Layout::from_size_align(bytes.max(1), align).ok()?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = std::ptr::NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })?;
+        Some(Storage { ptr, layout })
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from alloc_zeroed with this layout in `zeroed` and is freed only here.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// One allocation or registration.
+pub(crate) struct Allocation {
+    pub(crate) kind: Kind,
+    /// The address the crate sees: a device address, or the host pointer.
+    pub(crate) base: u64,
+    pub(crate) bytes: usize,
+    pub(crate) flags: u32,
+    pub(crate) device: i32,
+    /// The memory behind it, where the simulator owns it (all but `Registered`).
+    pub(crate) storage: Option<Storage>,
+    /// Queued operations (not yet finished) that touch it.
+    pub(crate) pending: usize,
+    /// Operations copying to or from it right now, outside the lock.
+    pub(crate) executing: usize,
+    /// For `DeviceAsync`: whether its stream has reached the allocation.
+    pub(crate) ready: bool,
+    /// Whether a stream-ordered free of it has been queued.
+    pub(crate) free_queued: bool,
+}
+
+impl Allocation {
+    /// The host address of byte `offset`.
+    pub(crate) fn host_address(&self, offset: usize) -> *mut u8 {
+        match &self.storage {
+            Some(storage) => storage.as_ptr().wrapping_add(offset),
+            None => (self.base as usize as *mut u8).wrapping_add(offset),
+        }
+    }
+}
+
+/// A place an operation reads or writes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Loc {
+    /// Inside a tracked allocation (device memory, pinned or registered host memory).
+    Alloc { id: u64, offset: usize },
+    /// Ordinary host memory: only ever used by operations that run in the caller's thread.
+    Pageable(usize),
+}
+
+/// The host function of a `cuLaunchHostFunc`, with its argument.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HostCall {
+    pub(crate) f: unsafe extern "C" fn(*mut c_void),
+    pub(crate) data: usize,
+}
+
+/// What a stream does, in order.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Op {
+    Copy {
+        dst: Loc,
+        src: Loc,
+        bytes: usize,
+    },
+    Set {
+        dst: Loc,
+        value: u32,
+        size: usize,
+        count: usize,
+    },
+    Record {
+        event: usize,
+        generation: u64,
+    },
+    Wait {
+        event: usize,
+        generation: u64,
+    },
+    Host(HostCall),
+    Allocate {
+        id: u64,
+    },
+    Free {
+        id: u64,
+    },
+}
+
+impl Op {
+    /// The allocations the operation touches.
+    pub(crate) fn allocations(&self) -> impl Iterator<Item = u64> + use<> {
+        let locs = match *self {
+            Op::Copy { dst, src, .. } => [Some(dst), Some(src)],
+            Op::Set { dst, .. } => [Some(dst), None],
+            _ => [None, None],
+        };
+        locs.into_iter().flatten().filter_map(|loc| match loc {
+            Loc::Alloc { id, .. } => Some(id),
+            Loc::Pageable(_) => None,
+        })
+    }
+
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Op::Copy { bytes, .. } => format!("a copy of {bytes} bytes"),
+            Op::Set { count, size, .. } => format!("a memset of {count} x {size} bytes"),
+            Op::Record { .. } => "an event record".into(),
+            Op::Wait { .. } => "an event wait".into(),
+            Op::Host(_) => "a host function".into(),
+            Op::Allocate { .. } => "a stream-ordered allocation".into(),
+            Op::Free { .. } => "a stream-ordered free".into(),
+        }
+    }
+}
+
+pub(crate) struct StreamData {
+    pub(crate) device: i32,
+    pub(crate) flags: u32,
+    pub(crate) priority: i32,
+    /// Operations not yet finished; the front one may be running.
+    pub(crate) queue: VecDeque<Op>,
+    /// Destroyed by the crate: the handle is invalid, the worker finishes the queue and ends.
+    pub(crate) destroyed: bool,
+}
+
+pub(crate) struct EventData {
+    pub(crate) timing: bool,
+    /// Records queued so far; a record's generation is the count when it was queued.
+    pub(crate) recorded: u64,
+    /// The highest generation that has fired.
+    pub(crate) completed: u64,
+    /// When the latest record fired.
+    pub(crate) time: Option<Instant>,
+    pub(crate) destroyed: bool,
+    /// Queued operations that name it.
+    pub(crate) refs: usize,
+}
+
+/// A device's primary context.
+#[derive(Default)]
+pub(crate) struct Primary {
+    pub(crate) retained: u32,
+    pub(crate) flags: u32,
+    pub(crate) pool_threshold: u64,
+}
+
+pub(crate) struct State {
+    pub(crate) initialized: bool,
+    pub(crate) faults: Faults,
+    /// What is wrong with `CUDA_SIM_FAIL`, if anything: `cuInit` fails rather than run without the faults.
+    pub(crate) bad_fail_spec: Option<String>,
+    /// Every violation found so far, in order.
+    pub(crate) violations: Vec<String>,
+    /// Whether the last violation still has to be returned as an error from a driver call.
+    pub(crate) unreported: bool,
+    pub(crate) allocations: HashMap<u64, Allocation>,
+    /// Live device allocations by base address.
+    pub(crate) device_map: BTreeMap<u64, u64>,
+    /// Live pinned and registered host ranges by base address.
+    pub(crate) host_map: BTreeMap<u64, u64>,
+    pub(crate) next_id: u64,
+    pub(crate) next_device_address: u64,
+    pub(crate) device_used: usize,
+    pub(crate) pinned_used: usize,
+    pub(crate) primaries: Vec<Primary>,
+    pub(crate) streams: HashMap<usize, StreamData>,
+    /// Operations each stream has finished, by handle.
+    pub(crate) finished: HashMap<usize, u64>,
+    pub(crate) events: HashMap<usize, EventData>,
+    pub(crate) next_handle: usize,
+}
+
+impl State {
+    fn new() -> State {
+        State {
+            initialized: false,
+            faults: Faults::default(),
+            bad_fail_spec: None,
+            violations: Vec::new(),
+            unreported: false,
+            allocations: HashMap::new(),
+            device_map: BTreeMap::new(),
+            host_map: BTreeMap::new(),
+            next_id: 1,
+            next_device_address: DEVICE_BASE,
+            device_used: 0,
+            pinned_used: 0,
+            primaries: Vec::new(),
+            streams: HashMap::new(),
+            finished: HashMap::new(),
+            events: HashMap::new(),
+            next_handle: 0x5100,
+        }
+    }
+
+    /// Records a violation: a log line now, an error from the next driver call.
+    pub(crate) fn violation(&mut self, message: String) {
+        eprintln!("cuda-pinned-sim: VIOLATION: {message}");
+        self.violations.push(message);
+        self.unreported = true;
+    }
+
+    /// A fresh handle value for a stream or an event (never null, never reused).
+    pub(crate) fn handle(&mut self) -> usize {
+        self.next_handle += 0x10;
+        self.next_handle
+    }
+
+    pub(crate) fn add_allocation(&mut self, allocation: Allocation) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        if allocation.kind.is_device() {
+            self.device_used += allocation.bytes;
+            self.device_map.insert(allocation.base, id);
+        } else {
+            if allocation.kind == Kind::Pinned {
+                self.pinned_used += allocation.bytes;
+            }
+            self.host_map.insert(allocation.base, id);
+        }
+        self.allocations.insert(id, allocation);
+        id
+    }
+
+    /// The live allocation containing `[address, address + bytes)`, in the device or the host map.
+    pub(crate) fn find(&self, address: u64, bytes: usize, device: bool) -> Option<(u64, usize)> {
+        let map = if device {
+            &self.device_map
+        } else {
+            &self.host_map
+        };
+        let (&base, &id) = map.range(..=address).next_back()?;
+        let allocation = &self.allocations[&id];
+        let offset = (address - base) as usize;
+        let end = offset.checked_add(bytes)?;
+        (end <= allocation.bytes).then_some((id, offset))
+    }
+
+    /// Removes an allocation from the address maps: later calls no longer find it, queued operations that
+    /// touch it are violations. Its storage goes once nothing runs on it (the caller waits for that).
+    pub(crate) fn unmap(&mut self, id: u64) {
+        let Some(allocation) = self.allocations.get(&id) else {
+            return;
+        };
+        let (kind, base, bytes) = (allocation.kind, allocation.base, allocation.bytes);
+        if kind.is_device() {
+            self.device_map.remove(&base);
+            self.device_used -= bytes;
+        } else {
+            self.host_map.remove(&base);
+            if kind == Kind::Pinned {
+                self.pinned_used -= bytes;
+            }
+        }
+        self.allocations.remove(&id);
+    }
+
+    /// The operations still queued anywhere that touch allocation `id`, described for a violation.
+    pub(crate) fn users(&self, id: u64) -> String {
+        let mut users = Vec::new();
+        for (handle, stream) in &self.streams {
+            for op in &stream.queue {
+                if op.allocations().any(|a| a == id) {
+                    users.push(format!("{} on stream {handle:#x}", op.describe()));
+                }
+            }
+        }
+        users.join(", ")
+    }
+
+    /// Whether every stream of `device` (only the blocking ones if `blocking_only`) has finished its queue.
+    pub(crate) fn idle(&self, device: i32, blocking_only: bool) -> bool {
+        self.streams.values().all(|s| {
+            s.device != device
+                || s.queue.is_empty()
+                || (blocking_only
+                    && s.flags & crate::sys::CUstream_flags::CU_STREAM_NON_BLOCKING.0 != 0)
+        })
+    }
+
+    /// The error a driver call returns for a violation not yet reported, once.
+    pub(crate) fn take_unreported(&mut self) -> Option<CUresult> {
+        std::mem::take(&mut self.unreported).then_some(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS)
+    }
+}
