@@ -106,6 +106,28 @@ unsafe fn copy_out(text: &str, buffer: *mut c_char, len: usize) -> i64 {
     text.len() as i64
 }
 
+/// How many calls have been made to fail so far.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuda_sim_injected_len() -> u64 {
+    SIM.lock().faults.injected.len() as u64
+}
+
+/// Copies the name of the function of injected fault `index` into `buffer`, as [`cuda_sim_violation`] does.
+///
+/// # Safety
+/// `buffer` has `len` writable bytes (or `len` is 0).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuda_sim_injected_name(
+    index: u64,
+    buffer: *mut c_char,
+    len: usize,
+) -> i64 {
+    let state = SIM.lock();
+    let name = state.faults.injected.get(index as usize).copied();
+    // SAFETY: as the caller promises.
+    name.map_or(-1, |name| unsafe { copy_out(name, buffer, len) })
+}
+
 /// Violations found so far.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuda_sim_violations() -> u64 {
@@ -180,7 +202,11 @@ impl Control {
     /// `CUDA_PINNED_LIBCUDA`).
     pub fn is_simulator(&self) -> bool {
         // SAFETY: only looked up, not called.
-        unsafe { self.library.get::<extern "C" fn() -> u64>(b"cuda_sim_calls") }.is_ok()
+        unsafe {
+            self.library
+                .get::<extern "C" fn() -> u64>(b"cuda_sim_calls")
+        }
+        .is_ok()
     }
 
     fn function<T: Copy>(&self, name: &str) -> T {
@@ -225,6 +251,17 @@ impl Control {
         let len: extern "C" fn() -> u64 = self.function("cuda_sim_trace_len");
         let name: unsafe extern "C" fn(u64, *mut c_char, usize) -> i64 =
             self.function("cuda_sim_trace_name");
+        (0..len())
+            // SAFETY: read_string passes a buffer of `len` writable bytes.
+            .map(|i| read_string(|buffer, len| unsafe { name(i, buffer, len) }))
+            .collect()
+    }
+
+    /// The functions whose calls were made to fail so far, in order.
+    pub fn injected(&self) -> Vec<String> {
+        let len: extern "C" fn() -> u64 = self.function("cuda_sim_injected_len");
+        let name: unsafe extern "C" fn(u64, *mut c_char, usize) -> i64 =
+            self.function("cuda_sim_injected_name");
         (0..len())
             // SAFETY: read_string passes a buffer of `len` writable bytes.
             .map(|i| read_string(|buffer, len| unsafe { name(i, buffer, len) }))

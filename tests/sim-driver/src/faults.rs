@@ -30,6 +30,8 @@ pub(crate) struct Faults {
     /// The names of such calls, in order, from when tracing last started.
     pub(crate) trace: Option<Vec<&'static str>>,
     pub(crate) tracing: bool,
+    /// The functions whose calls were made to fail, in order.
+    pub(crate) injected: Vec<&'static str>,
 }
 
 impl Faults {
@@ -92,6 +94,9 @@ impl Faults {
             }
         }
         self.faults.retain(|f| f.and_later || f.seen < f.nth);
+        if fail.is_some() {
+            self.injected.push(function);
+        }
         fail
     }
 }
