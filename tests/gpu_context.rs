@@ -1,7 +1,6 @@
 //! Devices, the primary context, streams and events on a real GPU: every public function, and the errors a user
 //! meets (a bad device ordinal, timing an event made without timing).
 
-
 mod common;
 
 use std::time::Duration;

@@ -2,7 +2,6 @@
 //! at sizes from 0 to 256 MiB, cross-stream ordering made visible by a slow producer, drops right after a slow
 //! copy, host access that must wait, and the errors a user meets.
 
-
 mod common;
 
 use common::{data, serial, spin};

@@ -1,7 +1,6 @@
 //! The pinned pool on a real GPU: hits and misses, reuse only after the device work on a block completes, the
 //! budget (failing or waiting), trim, both ways of pinning, and many threads sharing one pool.
 
-
 mod common;
 
 use std::time::Duration;

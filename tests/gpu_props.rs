@@ -8,15 +8,14 @@
 //! `CUDA_PINNED_PROP_CASES` sets the number of programs (48 by default), `CUDA_PINNED_PROP_SEED` the seed
 //! of the generator (random by default; a failure reports the one it used).
 
-
 mod common;
 
 use std::ops::Range;
 use std::time::Duration;
 
-use common::{data, serial};
 #[cfg(not(feature = "gpu"))]
 use common::kernels;
+use common::{data, serial};
 #[cfg(feature = "gpu")]
 use cuda_pinned::kernels;
 use cuda_pinned::{Context, DeviceBuffer, Event, Pinned, Stream};
@@ -832,4 +831,3 @@ fn a_slow_producer_a_consumer_and_a_reader_on_three_streams() {
     ctx.synchronize().unwrap();
     ctx.check_deferred_errors().unwrap();
 }
-

@@ -1,14 +1,13 @@
 //! Staged pageable transfers on a real GPU: odd sizes, unaligned slices, many chunks and few buffers, the
 //! user's memory free for reuse as soon as an upload returns, and ordering against other streams.
 
-
 mod common;
 
 use std::time::Duration;
 
-use common::{data, serial};
 #[cfg(not(feature = "gpu"))]
 use common::kernels::{fill, spin};
+use common::{data, serial};
 #[cfg(feature = "gpu")]
 use cuda_pinned::kernels::{fill, spin};
 use cuda_pinned::staging::StagingOptions;

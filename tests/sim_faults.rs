@@ -168,7 +168,7 @@ fault_tests! {
         device.supports_memory_pools()?;
         Ok(())
     };
-    context_on_and_queries: |f| {
+    context_on_and_queries: |_f| {
         let ctx = Context::on(0)?;
         ctx.memory_info()?;
         ctx.stream_priority_range()?;

@@ -2,7 +2,9 @@
 //! simulated driver (tests/sim-driver), which `cargo test` builds as a dev-dependency.
 #![allow(dead_code, reason = "each test file uses a different subset")]
 
-use std::sync::{Mutex, MutexGuard, Once, PoisonError};
+#[cfg(not(feature = "gpu"))]
+use std::sync::Once;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use cuda_pinned::Stream;
 
@@ -27,7 +29,10 @@ pub fn serial() -> Serial {
     use_simulator();
     let lock = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
     let violations_before = sim().map_or(0, |s| s.violations().len());
-    Serial { _lock: lock, violations_before }
+    Serial {
+        _lock: lock,
+        violations_before,
+    }
 }
 
 impl Drop for Serial {
@@ -35,7 +40,11 @@ impl Drop for Serial {
         let Some(sim) = sim() else { return };
         let new = sim.violations().split_off(self.violations_before);
         if !new.is_empty() && !std::thread::panicking() {
-            panic!("the simulated driver found {} violation(s):\n{}", new.len(), new.join("\n"));
+            panic!(
+                "the simulated driver found {} violation(s):\n{}",
+                new.len(),
+                new.join("\n")
+            );
         }
     }
 }
@@ -43,10 +52,9 @@ impl Drop for Serial {
 /// Without feature `gpu`: sets `CUDA_PINNED_LIBCUDA` and `CUDA_PINNED_LIBCUDART` to the simulator, once,
 /// before the crate loads a driver.
 fn use_simulator() {
+    #[cfg(not(feature = "gpu"))]
     static ONCE: Once = Once::new();
-    if !SIMULATED {
-        return;
-    }
+    #[cfg(not(feature = "gpu"))]
     ONCE.call_once(|| {
         if std::env::var_os("CUDA_PINNED_LIBCUDA").is_some() {
             return;
@@ -63,9 +71,12 @@ fn use_simulator() {
     });
 }
 
-/// The simulated driver's controls, when the tests run on it.
+/// The simulated driver's controls, when the tests run on it. (Under feature `gpu` the simulator is not
+/// linked at all: its runtime functions would clash with the static CUDA runtime the kernels link.)
+#[cfg(not(feature = "gpu"))]
 pub fn sim() -> Option<&'static cuda_pinned_sim::Control> {
-    static CONTROL: std::sync::OnceLock<Option<cuda_pinned_sim::Control>> = std::sync::OnceLock::new();
+    static CONTROL: std::sync::OnceLock<Option<cuda_pinned_sim::Control>> =
+        std::sync::OnceLock::new();
     CONTROL
         .get_or_init(|| {
             let path = std::env::var_os("CUDA_PINNED_LIBCUDA")?;
@@ -74,6 +85,23 @@ pub fn sim() -> Option<&'static cuda_pinned_sim::Control> {
             control.is_simulator().then_some(control)
         })
         .as_ref()
+}
+
+/// On a GPU there is no simulator to ask.
+#[cfg(feature = "gpu")]
+pub fn sim() -> Option<&'static NoSimulator> {
+    None
+}
+
+/// Stands for the simulator's controls under feature `gpu`, where [`sim`] is always `None`.
+#[cfg(feature = "gpu")]
+pub struct NoSimulator;
+
+#[cfg(feature = "gpu")]
+impl NoSimulator {
+    pub fn violations(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Keeps `stream` busy for `ms` milliseconds: work queued behind it waits, so a missing wait shows. On a GPU
@@ -99,7 +127,11 @@ pub fn spin_for(stream: &Stream, duration: std::time::Duration) {
         }
         // SAFETY: a live stream; the host function reads nothing through its argument, which is a number.
         unsafe {
-            cuda_pinned::driver_call!(cuLaunchHostFunc(stream.as_raw(), Some(sleep), ns as usize as *mut _))
+            cuda_pinned::driver_call!(cuLaunchHostFunc(
+                stream.as_raw(),
+                Some(sleep),
+                ns as usize as *mut _
+            ))
         }
         .unwrap();
     }
@@ -133,7 +165,11 @@ pub mod kernels {
         }
     }
 
-    pub fn fill<T: Pod>(stream: &Stream, dst: &mut (impl DeviceDestination<T> + Elements), value: T) -> Result<()> {
+    pub fn fill<T: Pod>(
+        stream: &Stream,
+        dst: &mut (impl DeviceDestination<T> + Elements),
+        value: T,
+    ) -> Result<()> {
         let src = Pinned::from_slice(stream.context(), &vec![value; Elements::count(dst)])?;
         stream.upload(&src, dst)
     }
