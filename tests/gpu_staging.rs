@@ -99,10 +99,13 @@ fn the_source_can_be_reused_as_soon_as_an_upload_returns() {
     stream.synchronize().unwrap();
     spin(&stream, Duration::from_millis(100)).unwrap();
     stream.upload_staged(&pool, &src, &mut device).unwrap();
-    assert!(
-        !stream.query().unwrap(),
-        "the device copies are still queued behind the spin"
-    );
+    // On the simulator (2-core CI machines) the sleeping host function is not a reliable 100 ms of queue.
+    if !common::SIMULATED {
+        assert!(
+            !stream.query().unwrap(),
+            "the device copies are still queued behind the spin"
+        );
+    }
     src.fill(0);
     let mut back = vec![0u8; len];
     stream.download_staged(&pool, &device, &mut back).unwrap();
