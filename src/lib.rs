@@ -64,6 +64,8 @@ mod copy;
 mod device;
 pub mod error;
 mod event;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod kernels;
 mod memory;
 pub mod prefetch;

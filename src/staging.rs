@@ -12,6 +12,7 @@
 //! the device run on the stream like any upload (the destination's tracker records them). A download returns
 //! once every chunk has been copied out into the user's slice.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, mpsc};
 
@@ -56,6 +57,80 @@ impl StagingOptions {
         }
         Ok(())
     }
+
+    /// How a transfer of `total` bytes splits into chunks and workers with these options.
+    ///
+    /// # Errors
+    /// An invalid-argument error for a chunk size or thread count of zero.
+    pub(crate) fn plan(&self, total: usize) -> Result<Plan> {
+        self.check()?;
+        let chunks = total.div_ceil(self.chunk_bytes);
+        Ok(Plan {
+            total,
+            chunk_bytes: self.chunk_bytes,
+            chunks,
+            workers: self.threads.min(chunks),
+        })
+    }
+}
+
+/// How a staged transfer of `total` bytes is split: chunk `i` is bytes `i * chunk_bytes..` of at most
+/// `chunk_bytes` (only the last is shorter), and worker `w` handles chunks `w, w + workers, w + 2 * workers, ..`.
+/// Chunks are in bytes, not elements: a chunk size that is not a multiple of the element size splits elements
+/// between chunks, which the byte copies do not mind. Pure arithmetic, with no overflow for any `total`
+/// (fuzzed by `fuzz/fuzz_targets/ranges.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Plan {
+    total: usize,
+    chunk_bytes: usize,
+    chunks: usize,
+    /// At most `chunks`, so that every worker has a chunk; 0 only for an empty transfer.
+    workers: usize,
+}
+
+impl Plan {
+    /// The bytes of the transfer.
+    pub(crate) fn total(&self) -> usize {
+        self.total
+    }
+
+    /// The most bytes of a chunk, and the size of each staging buffer.
+    pub(crate) fn chunk_bytes(&self) -> usize {
+        self.chunk_bytes
+    }
+
+    /// The number of chunks: `total / chunk_bytes`, rounded up.
+    pub(crate) fn chunks(&self) -> usize {
+        self.chunks
+    }
+
+    /// The number of worker threads: the thread count asked for, but no more than there are chunks.
+    pub(crate) fn workers(&self) -> usize {
+        self.workers
+    }
+
+    /// The bytes of chunk `index`; empty, at `total`, for an index past the last chunk.
+    pub(crate) fn chunk(&self, index: usize) -> Range<usize> {
+        // `start <= total`, so neither the subtraction nor the sum can overflow.
+        let start = index.saturating_mul(self.chunk_bytes).min(self.total);
+        start..start + self.chunk_bytes.min(self.total - start)
+    }
+
+    /// The worker that handles chunk `index` (below [`Plan::chunks`]).
+    pub(crate) fn worker_of(&self, index: usize) -> usize {
+        // `max(1)`: an empty transfer has no workers, and no chunk to ask about.
+        index % self.workers.max(1)
+    }
+
+    /// The chunks worker `worker` handles, in order; none for a worker past the last.
+    pub(crate) fn chunks_of(&self, worker: usize) -> impl Iterator<Item = usize> + use<> {
+        let end = if worker < self.workers {
+            self.chunks
+        } else {
+            0
+        };
+        (worker..end).step_by(self.workers.max(1))
+    }
 }
 
 /// Where staging buffers come from: a pinned buffer of at least the requested bytes. The flag says whether the
@@ -81,16 +156,14 @@ fn upload<T: Pod>(
     src: &[T],
     dst: &mut impl DeviceDestination<T>,
 ) -> Result<()> {
-    options.check()?;
+    let plan = options.plan(size_of_val(src))?;
     stream.check_context(dst)?;
     check_lengths("staged upload", src.len(), dst.elements())?;
     let bytes: &[u8] = bytemuck::cast_slice(src);
     if bytes.is_empty() {
         return Ok(());
     }
-    let chunk_bytes = options.chunk_bytes;
-    let chunks = bytes.len().div_ceil(chunk_bytes);
-    let workers = options.threads.min(chunks);
+    let (chunk_bytes, workers) = (plan.chunk_bytes(), plan.workers());
     let (base, track) = (dst.device_ptr(), dst.track());
     let enqueue = |offset: usize, buffer: &Pinned<u8>, len: usize| {
         stream.tracked_as(
@@ -112,7 +185,7 @@ fn upload<T: Pod>(
             },
         )
     };
-    if chunks == 1 {
+    if plan.chunks() == 1 {
         // One chunk: no threads to start, no overlap to gain.
         let mut buffer = buffers(chunk_bytes, true)?;
         buffer.as_mut_slice()?[..bytes.len()].copy_from_slice(bytes);
@@ -130,9 +203,8 @@ fn upload<T: Pod>(
         for worker in 0..workers {
             let (ready, circulation) = (ready_tx.clone(), &circulation);
             scope.spawn(move || {
-                for chunk in (worker..chunks).step_by(workers) {
-                    let part =
-                        &bytes[chunk * chunk_bytes..((chunk + 1) * chunk_bytes).min(bytes.len())];
+                for chunk in plan.chunks_of(worker) {
+                    let part = &bytes[plan.chunk(chunk)];
                     let staged = circulation.take().and_then(|mut buffer| {
                         // Waits for the buffer's previous upload to have read it.
                         buffer.as_mut_slice()?[..part.len()].copy_from_slice(part);
@@ -151,9 +223,8 @@ fn upload<T: Pod>(
         // workers.
         for staged in ready_rx {
             let Staged { chunk, buffer } = staged?;
-            let offset = chunk * chunk_bytes;
-            let len = chunk_bytes.min(bytes.len() - offset);
-            enqueue(offset, &buffer, len)?;
+            let range = plan.chunk(chunk);
+            enqueue(range.start, &buffer, range.len())?;
             // After the last chunk no one takes it: it goes back to its pool, with its tracker, when dropped.
             let _ = back_tx.send(buffer);
         }
@@ -177,7 +248,7 @@ fn download<T: Pod>(
     src: &impl DeviceSource<T>,
     dst: &mut [T],
 ) -> Result<()> {
-    options.check()?;
+    let plan = options.plan(size_of_val(dst))?;
     stream.check_context(src)?;
     check_lengths("staged download", dst.len(), src.elements())?;
     let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
@@ -185,9 +256,7 @@ fn download<T: Pod>(
     if total == 0 {
         return Ok(());
     }
-    let chunk_bytes = options.chunk_bytes;
-    let chunks = total.div_ceil(chunk_bytes);
-    let workers = options.threads.min(chunks);
+    let (chunk_bytes, workers) = (plan.chunk_bytes(), plan.workers());
     let (base, track) = (src.device_ptr(), src.track());
     let enqueue = |offset: usize, buffer: &Pinned<u8>, len: usize| {
         let dst = buffer.host_ptr();
@@ -209,7 +278,7 @@ fn download<T: Pod>(
             },
         )
     };
-    if chunks == 1 {
+    if plan.chunks() == 1 {
         // One chunk: no threads to start, no overlap to gain.
         let buffer = buffers(chunk_bytes, true)?;
         return enqueue(0, &buffer, total)
@@ -225,10 +294,10 @@ fn download<T: Pod>(
                 ))
             });
     }
-    // Each worker copies out the chunks whose index is its own modulo `workers`, in order.
+    // Each worker copies out its chunks, in order. `chunks_mut` cuts the same chunks as `plan.chunk`.
     let mut parts: Vec<Vec<&mut [u8]>> = (0..workers).map(|_| Vec::new()).collect();
     for (chunk, part) in bytes.chunks_mut(chunk_bytes).enumerate() {
-        parts[chunk % workers].push(part);
+        parts[plan.worker_of(chunk)].push(part);
     }
     let (back_tx, back_rx) = mpsc::channel::<Pinned<u8>>();
     let circulation = Circulation::new(back_rx, BUFFERS_PER_WORKER * workers, buffers, chunk_bytes);
@@ -257,16 +326,15 @@ fn download<T: Pod>(
         }
         drop(back_tx);
         let mut enqueued: Result<()> = Ok(());
-        for chunk in 0..chunks {
-            let offset = chunk * chunk_bytes;
-            let len = chunk_bytes.min(total - offset);
+        for chunk in 0..plan.chunks() {
+            let range = plan.chunk(chunk);
             let step = circulation.take().and_then(|buffer| {
-                enqueue(offset, &buffer, len)?;
+                enqueue(range.start, &buffer, range.len())?;
                 Ok(Staged { chunk, buffer })
             });
             match step {
                 Ok(staged) => {
-                    if to_workers[chunk % workers].send(staged).is_err() {
+                    if to_workers[plan.worker_of(chunk)].send(staged).is_err() {
                         // The worker has stopped: its error is collected below.
                         break;
                     }
@@ -293,7 +361,11 @@ fn download<T: Pod>(
     })
 }
 
-fn check_lengths(what: &str, host: usize, device: usize) -> Result<()> {
+/// That the host and device sides of a transfer have the same number of elements.
+///
+/// # Errors
+/// An invalid-argument error naming both lengths where they differ.
+pub(crate) fn check_lengths(what: &str, host: usize, device: usize) -> Result<()> {
     if host == device {
         Ok(())
     } else {

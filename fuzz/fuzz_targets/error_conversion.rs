@@ -22,6 +22,7 @@ use std::ffi::CStr;
 
 use cuda_pinned::Error;
 use cuda_pinned::sys::{CUresult, cudaError_t};
+use cuda_pinned_fuzz::Reader;
 use libfuzzer_sys::fuzz_target;
 
 /// The `function` names an error can be built with: real driver, runtime and launcher names, and a few that
@@ -39,37 +40,6 @@ const FUNCTIONS: &[&str] = &[
     "{} {:?} %s %n \u{fffd}\n",
 ];
 
-/// Reads the input front to back; past its end every read is zero or empty.
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn byte(&mut self) -> u8 {
-        match self.0.split_first() {
-            Some((&b, rest)) => {
-                self.0 = rest;
-                b
-            }
-            None => 0,
-        }
-    }
-
-    fn u32_le(&mut self) -> u32 {
-        u32::from_le_bytes([self.byte(), self.byte(), self.byte(), self.byte()])
-    }
-
-    /// A length byte, then that many bytes (fewer where the input ends first).
-    fn field(&mut self) -> &'a [u8] {
-        let len = usize::from(self.byte()).min(self.0.len());
-        let (field, rest) = self.0.split_at(len);
-        self.0 = rest;
-        field
-    }
-
-    fn rest(&mut self) -> &'a [u8] {
-        std::mem::take(&mut self.0)
-    }
-}
-
 /// What the error's `name` / `description` must be: the driver's text, lossily, or the fallback where there
 /// is none or it is empty.
 fn expected_text<'a>(text: Option<&'a CStr>, fallback: &'static str) -> Cow<'a, str> {
@@ -80,7 +50,7 @@ fn expected_text<'a>(text: Option<&'a CStr>, fallback: &'static str) -> Cow<'a, 
 }
 
 fuzz_target!(|data: &[u8]| {
-    let mut input = Reader(data);
+    let mut input = Reader::new(data);
     let flags = input.byte();
     let runtime = flags & 1 != 0;
     let code = input.u32_le();

@@ -20,6 +20,8 @@ pub use pool::{PinnedPool, Pinning, PoolBuilder, PoolStats, WhenFull};
 pub use registered::Registered;
 pub(crate) use release::release_idle;
 pub use view::{DeviceView, DeviceViewMut, PinnedView, PinnedViewMut};
+// The pure parts the fuzz targets reach through `crate::fuzzing`.
+pub(crate) use {pool::state as pool_state, view::bounds as view_bounds};
 
 use crate::error::{Error, Result};
 use crate::event::Event;

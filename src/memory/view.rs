@@ -11,8 +11,8 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::sys::CUdeviceptr;
 
-/// Elements `start..end` of a buffer of `len`, or an error naming the range.
-fn bounds(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {
+/// Elements `start..end` of a buffer of `len`, or an error naming the range. Pure: also fuzzed (`fuzzing.rs`).
+pub(crate) fn bounds(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {
     let start = match range.start_bound() {
         Bound::Included(&s) => Some(s),
         Bound::Excluded(&s) => s.checked_add(1),

@@ -91,14 +91,7 @@ impl Reservation {
         self.class
     }
 
-    /// The bytes the caller asked for.
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "read by the tests' model; the pool needs only the class"
-        )
-    )]
+    /// The bytes the caller asked for (read by the model in `fuzzing.rs`; the pool needs only the class).
     pub(crate) fn requested(&self) -> usize {
         self.requested
     }
@@ -113,26 +106,12 @@ pub(crate) struct Lease {
 }
 
 impl Lease {
-    /// The size of the block: its class.
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "read by the tests' model; the pool needs only the class"
-        )
-    )]
+    /// The size of the block: its class (read by the model in `fuzzing.rs`; the pool needs only the class).
     pub(crate) fn bytes(&self) -> usize {
         self.class
     }
 
     /// The bytes the caller asked for (at most [`Lease::bytes`]).
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "read by the tests' model; the pool needs only the class"
-        )
-    )]
     pub(crate) fn requested(&self) -> usize {
         self.requested
     }
@@ -392,14 +371,7 @@ impl<B, S: Clone + Eq, E> PoolState<B, S, E> {
     }
 
     /// Bytes of the blocks waiting for their device work: if nonzero after `Exhausted`, `wait_for_any` can make
-    /// room.
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "read by the tests; the pool asks wait_for_any instead"
-        )
-    )]
+    /// room. (Read by the model in `fuzzing.rs`; the pool asks `wait_for_any` instead.)
     pub(crate) fn pending_bytes(&self) -> usize {
         self.stats.pending
     }
@@ -480,8 +452,11 @@ impl<B, S: Clone + Eq, E> PoolState<B, S, E> {
     }
 
     /// Checks the internal bookkeeping: the two cache indexes agree, and the byte sums match the blocks held.
-    #[cfg(test)]
-    pub(super) fn assert_consistent(&self) {
+    /// For the model in `fuzzing.rs` (the tests and the fuzz target); the pool never calls it.
+    ///
+    /// # Panics
+    /// If any of it does not hold.
+    pub(crate) fn assert_consistent(&self) {
         assert_eq!(self.cached.len(), self.lru.len(), "cache indexes differ");
         for &(class, stamp) in self.cached.keys() {
             assert_eq!(self.lru.get(&stamp), Some(&class), "cache indexes differ");

@@ -1,46 +1,19 @@
-//! The pool state's unit tests and its property test against a simulated device.
+//! The pool state's unit tests and its property test against a simulated device. The simulated device and
+//! the model of the property test are in `fuzzing.rs`, which the fuzz target `pool_state` runs too.
 
 use super::state::*;
-use crate::track::sim::{self, Counts, Injected, Payload};
-use crate::track::{Access, Tracker};
+use crate::fuzzing::pool::{PAGE, Program, STREAMS, Sim, Step, Track, run, work};
+use crate::track::Access;
+use crate::track::sim::{Counts, Injected};
 use proptest::prelude::*;
-use std::collections::{HashMap, HashSet};
 
-// ---- The simulated device --------------------------------------------------------------------------
-
-/// A use on the simulated device is tagged with the block it touches; nothing is checked as it runs.
-impl Payload for u32 {}
-
-/// The shared simulated device, its uses tagged with blocks.
-type Sim = sim::Sim<u32>;
-
-impl Sim {
-    /// Whether every use of `block` enqueued so far has run: the only state in which the pool may hand it out
-    /// again or have it unpinned.
-    fn idle(&self, block: u32) -> bool {
-        self.uses().iter().all(|u| u.payload != block || u.executed)
-    }
-}
-
-type Track = Tracker<usize, usize>;
 type Pool = PoolState<u32, usize, usize>;
-
-const PAGE: usize = 4096;
 
 fn pool(budget_pages: usize) -> Pool {
     Pool::new(Config {
         budget: budget_pages * PAGE,
         page: PAGE,
     })
-}
-
-/// Device work on `block` as a buffer enqueues it: prepare, enqueue, record_use. Nothing is enqueued if
-/// `prepare` fails.
-fn work(sim: &Sim, track: &mut Track, block: u32, stream: usize, access: Access) {
-    if track.prepare(sim, &stream, access).is_ok() {
-        sim.enqueue(stream, block);
-        track.record_use(&stream, access);
-    }
 }
 
 /// A tracker with `block` written on `stream`.
@@ -445,52 +418,6 @@ fn drain_hands_out_the_idle_blocks_and_the_pending_ones_with_their_work() {
 
 // ---- Random programs against the simulated device ---------------------------------------------------
 
-/// One step of a random program. Indices are taken modulo the number of candidates.
-#[derive(Debug, Clone)]
-enum Step {
-    /// `take(bytes)`; a reservation is kept until a `Resolve`.
-    Take {
-        bytes: usize,
-    },
-    /// Completes a pin in progress, or fails it.
-    Resolve {
-        reservation: usize,
-        ok: bool,
-    },
-    /// The holder of a block enqueues work on it.
-    Use {
-        holder: usize,
-        stream: usize,
-        access: Access,
-    },
-    /// The holder gives its block back, with its tracker.
-    GiveBack {
-        holder: usize,
-    },
-    /// The device runs up to `ops` ops of `stream`.
-    Advance {
-        stream: usize,
-        ops: usize,
-    },
-    WaitForAny,
-    Trim,
-}
-
-#[derive(Debug, Clone)]
-struct Program {
-    budget_pages: usize,
-    steps: Vec<Step>,
-    /// Inject a failure into one `Timeline` call in this many (0: none).
-    fail_one_in: u64,
-    seed: u64,
-}
-
-const STREAMS: usize = 3;
-
-fn access() -> impl Strategy<Value = Access> {
-    prop_oneof![Just(Access::Read), Just(Access::Write)]
-}
-
 fn step() -> impl Strategy<Value = Step> {
     // Few distinct sizes, so that classes repeat and blocks are reused; some above any budget.
     let bytes = prop_oneof![
@@ -502,12 +429,14 @@ fn step() -> impl Strategy<Value = Step> {
         6 => bytes.prop_map(|bytes| Step::Take { bytes }),
         4 => (0..8usize, prop::bool::weighted(0.8))
             .prop_map(|(reservation, ok)| Step::Resolve { reservation, ok }),
-        6 => (0..8usize, 0..STREAMS, access())
-            .prop_map(|(holder, stream, access)| Step::Use { holder, stream, access }),
+        6 => (0..8usize, 0..STREAMS, any::<bool>())
+            .prop_map(|(holder, stream, write)| Step::Use { holder, stream, write }),
         4 => (0..8usize).prop_map(|holder| Step::GiveBack { holder }),
         5 => (0..STREAMS, 1..4usize).prop_map(|(stream, ops)| Step::Advance { stream, ops }),
         1 => Just(Step::WaitForAny),
+        1 => Just(Step::Poll),
         1 => Just(Step::Trim),
+        1 => Just(Step::Drain),
     ]
 }
 
@@ -517,235 +446,24 @@ fn program() -> impl Strategy<Value = Program> {
         prop::collection::vec(step(), 1..=120),
         prop_oneof![3 => Just(0u64), 1 => 5..20u64],
         any::<u64>(),
+        any::<bool>(),
     )
-        .prop_map(|(budget_pages, steps, fail_one_in, seed)| Program {
-            budget_pages,
-            steps,
-            fail_one_in,
-            seed,
-        })
-}
-
-/// A block in a holder's hands.
-struct Held {
-    block: u32,
-    lease: Lease,
-    track: Track,
-}
-
-/// What the test knows independently of the pool: where every block is, and what the counters must say.
-#[derive(Default)]
-struct Model {
-    held: Vec<Held>,
-    /// Given back and not yet handed out or removed (pending or cached): block to class.
-    returned: HashMap<u32, usize>,
-    /// Evicted or trimmed: unpinned by the caller, never to be seen again.
-    unpinned: HashSet<u32>,
-    reservations: Vec<Reservation>,
-    next_block: u32,
-    hits: u64,
-    misses: u64,
-    failed_pins: u64,
-    evictions: u64,
-    trimmed: u64,
-    peak: usize,
-}
-
-impl Model {
-    fn in_use(&self, block: u32) -> bool {
-        self.held.iter().any(|h| h.block == block)
-    }
-
-    /// A block the pool removed from its cache and handed to the caller (hit, eviction, trim): it must have
-    /// been given back, not be held by anyone, and have no device work left on it.
-    fn leaves_cache(&mut self, sim: &Sim, block: u32, what: &str) -> usize {
-        assert!(!self.in_use(block), "{what}: block {block} is in use");
-        assert!(
-            !self.unpinned.contains(&block),
-            "{what}: block {block} was unpinned"
-        );
-        assert!(
-            sim.idle(block),
-            "{what}: block {block} has device work that has not run"
-        );
-        self.returned
-            .remove(&block)
-            .unwrap_or_else(|| panic!("{what}: block {block} was never given back"))
-    }
-
-    /// Checks the pool's stats against the model, after every step.
-    fn check(&mut self, pool: &Pool, budget: usize) {
-        pool.assert_consistent();
-        let s = pool.stats();
-        let in_use: usize = self.held.iter().map(|h| h.lease.bytes()).sum();
-        let requested: usize = self.held.iter().map(|h| h.lease.requested()).sum();
-        let returned: usize = self.returned.values().sum();
-        let reserving: usize = self.reservations.iter().map(Reservation::bytes).sum();
-        self.peak = self.peak.max(in_use + returned + reserving);
-        assert_eq!(s.in_use, in_use, "in use");
-        assert_eq!(s.requested_in_use, requested, "requested in use");
-        assert_eq!(s.cached + s.pending, returned, "cached + pending");
-        assert_eq!(s.reserving, reserving, "reserving");
-        assert_eq!(s.reserved, in_use + returned + reserving, "reserved");
-        assert_eq!(s.reserved, s.in_use + s.cached + s.pending + s.reserving);
-        assert!(
-            s.reserved <= budget,
-            "reserved {} over the budget {budget}",
-            s.reserved
-        );
-        assert_eq!(s.peak_reserved, self.peak, "peak");
-        assert_eq!(
-            (s.hits, s.misses, s.failed_pins, s.evictions, s.trimmed),
-            (
-                self.hits,
-                self.misses,
-                self.failed_pins,
-                self.evictions,
-                self.trimmed
-            ),
-            "counters (hits, misses, failed pins, evictions, trimmed)"
-        );
-    }
-}
-
-fn run(program: &Program) {
-    let sim = Sim::with_failures(STREAMS, program.fail_one_in, program.seed);
-    let budget = program.budget_pages * PAGE;
-    let mut pool = Pool::new(Config { budget, page: PAGE });
-    let mut m = Model::default();
-    for step in &program.steps {
-        match *step {
-            Step::Take { bytes } => {
-                let class = pool.class_of(bytes);
-                match pool.take(&sim, bytes) {
-                    Ok(Take::Hit { block, lease }) => {
-                        let was = m.leaves_cache(&sim, block, "hit");
-                        assert_eq!(Some(was), class, "hit of another class");
-                        assert_eq!((lease.bytes(), lease.requested()), (was, bytes));
-                        m.hits += 1;
-                        m.held.push(Held {
-                            block,
-                            lease,
-                            track: Track::new(),
-                        });
-                    }
-                    Ok(Take::Pin { reservation, evict }) => {
-                        assert_eq!(Some(reservation.bytes()), class);
-                        assert_eq!(reservation.requested(), bytes);
-                        for block in evict {
-                            let was = m.leaves_cache(&sim, block, "eviction");
-                            assert_ne!(Some(was), class, "evicted a block of the class asked for");
-                            m.evictions += 1;
-                            m.unpinned.insert(block);
-                        }
-                        m.misses += 1;
-                        m.reservations.push(reservation);
-                    }
-                    Ok(Take::Exhausted) => {
-                        let s = pool.stats();
-                        let class = class.unwrap();
-                        assert!(class <= budget);
-                        assert!(
-                            s.reserved - s.cached + class > budget,
-                            "exhausted, but {class} bytes fit in {s:?}"
-                        );
-                    }
-                    Ok(Take::TooLarge) => assert!(class.is_none_or(|class| class > budget)),
-                    Err(Injected) => {}
-                }
-            }
-            Step::Resolve { reservation, ok } => {
-                if m.reservations.is_empty() {
-                    continue;
-                }
-                let r = m
-                    .reservations
-                    .swap_remove(reservation % m.reservations.len());
-                if ok {
-                    m.next_block += 1;
-                    m.held.push(Held {
-                        block: m.next_block,
-                        lease: pool.pinned(r),
-                        track: Track::new(),
-                    });
-                } else {
-                    m.failed_pins += 1;
-                    pool.pin_failed(r);
-                }
-            }
-            Step::Use {
-                holder,
-                stream,
-                access,
-            } => {
-                if m.held.is_empty() {
-                    continue;
-                }
-                let n = m.held.len();
-                let h = &mut m.held[holder % n];
-                work(&sim, &mut h.track, h.block, stream, access);
-            }
-            Step::GiveBack { holder } => {
-                if m.held.is_empty() {
-                    continue;
-                }
-                let n = m.held.len();
-                let h = m.held.swap_remove(holder % n);
-                m.returned.insert(h.block, h.lease.bytes());
-                pool.give_back(h.block, h.lease, h.track);
-            }
-            Step::Advance { stream, ops } => {
-                for _ in 0..ops {
-                    sim.advance(stream);
-                }
-            }
-            Step::WaitForAny => {
-                let pending = pool.pending_bytes();
-                match pool.wait_for_any(&sim) {
-                    Ok(true) => assert!(pool.pending_bytes() < pending),
-                    Ok(false) => assert_eq!(pending, 0),
-                    // Polling may have cached some before the failure.
-                    Err(Injected) => assert!(pool.pending_bytes() <= pending),
-                }
-            }
-            Step::Trim => {
-                for block in pool.trim() {
-                    m.leaves_cache(&sim, block, "trim");
-                    m.trimmed += 1;
-                    m.unpinned.insert(block);
-                }
-                assert_eq!(pool.stats().cached, 0);
-            }
-        }
-        m.check(&pool, budget);
-    }
-
-    // Wind down: everything comes back and every wait succeeds; then the pool empties completely.
-    sim.stop_failing();
-    for h in std::mem::take(&mut m.held) {
-        m.returned.insert(h.block, h.lease.bytes());
-        pool.give_back(h.block, h.lease, h.track);
-    }
-    for r in std::mem::take(&mut m.reservations) {
-        m.failed_pins += 1;
-        pool.pin_failed(r);
-    }
-    while pool.wait_for_any(&sim).unwrap() {}
-    m.check(&pool, budget);
-    for block in pool.trim() {
-        m.leaves_cache(&sim, block, "final trim");
-        m.trimmed += 1;
-    }
-    assert!(m.returned.is_empty(), "blocks lost: {:?}", m.returned);
-    m.check(&pool, budget);
-    assert_eq!(pool.stats().reserved, 0);
+        .prop_map(
+            |(budget_pages, steps, fail_one_in, seed, wait_at_end)| Program {
+                budget: budget_pages * PAGE,
+                steps,
+                fail_one_in,
+                seed,
+                wait_at_end,
+            },
+        )
 }
 
 // proptest's default of 256 cases; set PROPTEST_CASES for a longer search.
 proptest! {
-    /// Whatever the program and the device's schedule: the budget holds, a block is handed out, evicted or
-    /// trimmed only when it was given back, nobody holds it, and all device work on it has run; the stats
-    /// match the model's.
+    /// Whatever the program and the device's schedule: the budget holds, a block is handed out, evicted,
+    /// trimmed or drained idle only when it was given back, nobody holds it, and all device work on it has run;
+    /// the stats match the model's; nothing leaks (see `fuzzing::pool::run`).
     #[test]
     fn random_programs_keep_the_pool_safe_and_its_books_exact(program in program()) {
         run(&program);
