@@ -122,6 +122,10 @@ pub fn spin_for(stream: &Stream, duration: std::time::Duration) {
     }
     #[cfg(not(feature = "gpu"))]
     {
+        /// Sleeps for the number of nanoseconds its argument holds (a number, never dereferenced).
+        ///
+        /// # Safety
+        /// None beyond cuLaunchHostFunc's: it makes no CUDA call.
         unsafe extern "C" fn sleep(ns: *mut std::ffi::c_void) {
             std::thread::sleep(std::time::Duration::from_nanos(ns as u64));
         }

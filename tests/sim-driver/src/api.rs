@@ -244,13 +244,12 @@ fn device_alloc(
     if bytes == 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    let used: usize = state
-        .allocations
-        .values()
-        .filter(|a| a.kind.is_device() && a.device == device as i32)
-        .map(|a| a.bytes)
-        .sum();
-    if bytes > SIM.config.device_memory.saturating_sub(used) {
+    if bytes
+        > SIM
+            .config
+            .device_memory
+            .saturating_sub(state.device_bytes(device as i32))
+    {
         return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
     }
     let storage = Storage::zeroed(bytes, 256).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
@@ -689,13 +688,7 @@ pub extern "C" fn cuCtxGetStreamPriorityRange(
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
     entry("cuMemGetInfo_v2", |state| {
-        let device = current(&state)? as i32;
-        let used: usize = state
-            .allocations
-            .values()
-            .filter(|a| a.kind.is_device() && a.device == device)
-            .map(|a| a.bytes)
-            .sum();
+        let used = state.device_bytes(current(&state)? as i32);
         put(free, SIM.config.device_memory.saturating_sub(used))?;
         put(total, SIM.config.device_memory)
     })

@@ -59,7 +59,7 @@ pub extern "C" fn cuda_sim_calls() -> u64 {
 pub extern "C" fn cuda_sim_trace(on: c_int) {
     let mut state = SIM.lock();
     if on != 0 {
-        state.faults.trace = Some(Vec::new());
+        state.faults.trace.clear();
     }
     state.faults.tracing = on != 0;
 }
@@ -67,11 +67,7 @@ pub extern "C" fn cuda_sim_trace(on: c_int) {
 /// How many calls the trace holds.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuda_sim_trace_len() -> u64 {
-    SIM.lock()
-        .faults
-        .trace
-        .as_ref()
-        .map_or(0, |t| t.len() as u64)
+    SIM.lock().faults.trace.len() as u64
 }
 
 /// Copies the name of traced call `index` into `buffer`, as [`cuda_sim_violation`] does.
@@ -81,11 +77,7 @@ pub extern "C" fn cuda_sim_trace_len() -> u64 {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuda_sim_trace_name(index: u64, buffer: *mut c_char, len: usize) -> i64 {
     let state = SIM.lock();
-    let name = state
-        .faults
-        .trace
-        .as_ref()
-        .and_then(|t| t.get(index as usize).copied());
+    let name = state.faults.trace.get(index as usize).copied();
     // SAFETY: as the caller promises.
     name.map_or(-1, |name| unsafe { copy_out(name, buffer, len) })
 }

@@ -21,14 +21,14 @@ struct Fault {
     seen: u64,
 }
 
-/// The faults set, and a count and optional trace of the calls that could fail.
+/// The faults set, and a count and a trace of the calls that could fail.
 #[derive(Default)]
 pub(crate) struct Faults {
     faults: Vec<Fault>,
     /// Driver calls so far that `*` counts.
     pub(crate) calls: u64,
     /// The names of such calls, in order, from when tracing last started.
-    pub(crate) trace: Option<Vec<&'static str>>,
+    pub(crate) trace: Vec<&'static str>,
     pub(crate) tracing: bool,
     /// The functions whose calls were made to fail, in order.
     pub(crate) injected: Vec<&'static str>,
@@ -76,8 +76,8 @@ impl Faults {
         let describes_errors = matches!(function, "cuGetErrorName" | "cuGetErrorString");
         if !describes_errors {
             self.calls += 1;
-            if let Some(trace) = self.trace.as_mut().filter(|_| self.tracing) {
-                trace.push(function);
+            if self.tracing {
+                self.trace.push(function);
             }
         }
         let mut fail = None;

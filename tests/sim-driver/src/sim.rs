@@ -269,7 +269,6 @@ pub(crate) struct State {
     pub(crate) host_map: BTreeMap<u64, u64>,
     pub(crate) next_id: u64,
     pub(crate) next_device_address: u64,
-    pub(crate) device_used: usize,
     pub(crate) pinned_used: usize,
     pub(crate) primaries: Vec<Primary>,
     pub(crate) streams: HashMap<usize, StreamData>,
@@ -292,7 +291,6 @@ impl State {
             host_map: BTreeMap::new(),
             next_id: 1,
             next_device_address: DEVICE_BASE,
-            device_used: 0,
             pinned_used: 0,
             primaries: Vec::new(),
             streams: HashMap::new(),
@@ -319,7 +317,6 @@ impl State {
         let id = self.next_id;
         self.next_id += 1;
         if allocation.kind.is_device() {
-            self.device_used += allocation.bytes;
             self.device_map.insert(allocation.base, id);
         } else {
             if allocation.kind == Kind::Pinned {
@@ -329,6 +326,16 @@ impl State {
         }
         self.allocations.insert(id, allocation);
         id
+    }
+
+    /// Bytes of device memory allocated on `device`.
+    pub(crate) fn device_bytes(&self, device: i32) -> usize {
+        let on_device = |a: &&Allocation| a.kind.is_device() && a.device == device;
+        self.allocations
+            .values()
+            .filter(on_device)
+            .map(|a| a.bytes)
+            .sum()
     }
 
     /// The live allocation containing `[address, address + bytes)`, in the device or the host map.
@@ -354,7 +361,6 @@ impl State {
         let (kind, base, bytes) = (allocation.kind, allocation.base, allocation.bytes);
         if kind.is_device() {
             self.device_map.remove(&base);
-            self.device_used -= bytes;
         } else {
             self.host_map.remove(&base);
             if kind == Kind::Pinned {
