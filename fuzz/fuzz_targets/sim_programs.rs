@@ -1,0 +1,242 @@
+//! Arbitrary programs of safe-API operations over several streams and buffers, run on the simulated driver
+//! (tests/sim-driver) and checked against a CPU model: uploads, downloads and device copies of whole buffers
+//! and views, pageable transfers, fills, spins that hold a stream back, events recorded on one stream and
+//! waited for by another, host reads and writes of pinned memory, and buffers replaced (dropped with work in
+//! flight) mid-program. The program and its model are tests/common/program.rs, shared with the property test
+//! tests/gpu_props.rs; every element of every buffer is compared at the end (and wherever the program reads
+//! one), the simulator must find no violation (work touching freed memory, memory freed under queued work),
+//! and everything the program allocated must be gone once it ends.
+//!
+//! The simulator is the one `cargo build -p cuda-pinned-sim --release` builds at the repository root (not the
+//! sanitizer-instrumented copy cargo-fuzz builds beside this target), unless `CUDA_PINNED_LIBCUDA` names
+//! another. Its queued work runs after random delays of up to 50 us unless `CUDA_SIM_MAX_DELAY_US` says other.
+//!
+//! Input layout (a short input reads as zeros; at most `MAX_OPS` operations, to the end of the input):
+//!
+//! | bytes | meaning                                                                                        |
+//! |-------|------------------------------------------------------------------------------------------------|
+//! | 0     | streams: 2 + this modulo 3                                                                     |
+//! | 1     | the common buffer length: `SIZES[this % 4]` elements                                           |
+//! | 2-8   | a size byte per buffer (devices 0-3, then pinned 0-2): see below                               |
+//! | 9-16  | the seed of the values written, little-endian                                                  |
+//! | then  | operations: an opcode byte (modulo 14), then its operand bytes                                 |
+//!
+//! A size byte `z` means the common length if `z < 128`, else `SIZES[z % 4]` (1, 7, 4096 or 65537 `u32`s).
+//! A stream byte is taken modulo the number of streams, a buffer byte modulo the number of such buffers, and a
+//! pick is 4 bytes, little-endian, choosing the elements and whether whole buffers or views are passed (see
+//! `span` in tests/common/program.rs; a multiple of 4 means the longest span from the start of both).
+//!
+//! | opcode | operation                                     | operands                                      |
+//! |--------|-----------------------------------------------|-----------------------------------------------|
+//! | 0      | `upload(pinned[p], device[d])`                | stream, p, d, pick                            |
+//! | 1      | `download(device[d], pinned[p])`              | stream, d, p, pick                            |
+//! | 2      | `copy(device[d], device[d + 1 + k % 3])`      | stream, d, k, pick                            |
+//! | 3      | `upload_pageable(fresh values, device[d])`    | stream, d, pick                               |
+//! | 4      | `download_pageable(device[d], vec)`, checked  | stream, d, pick                               |
+//! | 5      | fill `device[d]` (an upload on the simulator) | stream, d, pick                               |
+//! | 6      | spin: the stream sleeps `1 + u` microseconds  | stream, u                                     |
+//! | 7      | event on stream `s`, waited for by `s + 1 + k`| s, k                                          |
+//! | 8      | `pinned[p].as_slice()`, checked               | p                                             |
+//! | 9      | `pinned[p].as_mut_slice()`, fresh values      | p, pick                                       |
+//! | 10     | `try_as_slice`, checked if lent               | p                                             |
+//! | 11     | `try_as_mut_slice`, written if lent           | p, pick                                       |
+//! | 12     | replace `device[d]` by a new buffer           | stream, d, size byte, flags                   |
+//! | 13     | replace `pinned[p]` by a new buffer           | p, size byte, flags                           |
+//!
+//! Flags of a replacement: bit 0 the new buffer is filled with fresh values (else zeroed), bit 1 the old one
+//! is dropped before the new one is allocated (else after).
+
+#![no_main]
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+#[path = "../../tests/common/program.rs"]
+mod program;
+
+use std::sync::LazyLock;
+
+use cuda_pinned::Context;
+use cuda_pinned_fuzz::Reader;
+use cuda_pinned_sim::Live;
+use libfuzzer_sys::fuzz_target;
+use program::{DEVICE_BUFFERS, MAX_STREAMS, Op, PINNED_BUFFERS, Program};
+
+/// Operations read at most: enough for long chains across streams, few enough for thousands of runs a minute.
+const MAX_OPS: usize = 64;
+/// Buffer lengths come from the first four of `program::SIZES`: up to 65537 elements, 256 KiB.
+const LENGTHS: u8 = 4;
+
+/// The simulator built at the repository root, for this fuzz crate at `<root>/fuzz`.
+const SIMULATOR: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../target/release/libcuda_pinned_sim.so"
+);
+
+/// Points the crate at the simulator (unless `CUDA_PINNED_LIBCUDA` is set) before anything loads a driver.
+fn use_simulator() {
+    let set = |name: &str, value: &str| {
+        if std::env::var_os(name).is_none() {
+            // SAFETY: runs once, in libFuzzer's init, before any other thread of this process exists.
+            unsafe { std::env::set_var(name, value) };
+        }
+    };
+    if std::env::var_os("CUDA_PINNED_LIBCUDA").is_none() {
+        assert!(
+            std::path::Path::new(SIMULATOR).is_file(),
+            "the simulated driver is not at {SIMULATOR}: run `cargo build -p cuda-pinned-sim --release` at the \
+             repository root first, or set CUDA_PINNED_LIBCUDA and CUDA_PINNED_LIBCUDART to one"
+        );
+    }
+    set("CUDA_PINNED_LIBCUDA", SIMULATOR);
+    set("CUDA_PINNED_LIBCUDART", SIMULATOR);
+    set("CUDA_SIM_MAX_DELAY_US", "50");
+}
+
+/// One context for the whole fuzzing process: each run makes its own streams and buffers.
+static CONTEXT: LazyLock<Context> =
+    LazyLock::new(|| Context::on(0).expect("the simulated driver has device 0"));
+
+fn stream(r: &mut Reader) -> usize {
+    usize::from(r.byte()) % MAX_STREAMS
+}
+
+fn device(r: &mut Reader) -> usize {
+    usize::from(r.byte()) % DEVICE_BUFFERS
+}
+
+fn pinned(r: &mut Reader) -> usize {
+    usize::from(r.byte()) % PINNED_BUFFERS
+}
+
+fn pick(r: &mut Reader) -> u64 {
+    u64::from(r.u32_le())
+}
+
+/// A size byte: `None` for the program's common length, else an index into `program::SIZES`.
+fn size(r: &mut Reader) -> Option<usize> {
+    let z = r.byte();
+    (z >= 128).then_some(usize::from(z % LENGTHS))
+}
+
+fn op(r: &mut Reader) -> Op {
+    match r.byte() % 14 {
+        0 => Op::Upload {
+            stream: stream(r),
+            from: pinned(r),
+            to: device(r),
+            pick: pick(r),
+        },
+        1 => Op::Download {
+            stream: stream(r),
+            from: device(r),
+            to: pinned(r),
+            pick: pick(r),
+        },
+        2 => Op::Copy {
+            stream: stream(r),
+            from: device(r),
+            step: 1 + usize::from(r.byte()) % (DEVICE_BUFFERS - 1),
+            pick: pick(r),
+        },
+        3 => Op::UploadPageable {
+            stream: stream(r),
+            to: device(r),
+            pick: pick(r),
+        },
+        4 => Op::DownloadPageable {
+            stream: stream(r),
+            from: device(r),
+            pick: pick(r),
+        },
+        5 => Op::Fill {
+            stream: stream(r),
+            to: device(r),
+            pick: pick(r),
+        },
+        6 => Op::Spin {
+            stream: stream(r),
+            micros: 1 + u64::from(r.byte()),
+        },
+        7 => Op::EventWait {
+            from: stream(r),
+            step: 1 + usize::from(r.byte()) % (MAX_STREAMS - 1),
+        },
+        8 => Op::HostRead { index: pinned(r) },
+        9 => Op::HostWrite {
+            index: pinned(r),
+            pick: pick(r),
+        },
+        10 => Op::TryHostRead { index: pinned(r) },
+        11 => Op::TryHostWrite {
+            index: pinned(r),
+            pick: pick(r),
+        },
+        12 => {
+            let (stream, index, size, flags) = (stream(r), device(r), size(r), r.byte());
+            Op::ReplaceDevice {
+                stream,
+                index,
+                size,
+                filled: flags & 1 != 0,
+                drop_first: flags & 2 != 0,
+            }
+        }
+        _ => {
+            let (index, size, flags) = (pinned(r), size(r), r.byte());
+            Op::ReplacePinned {
+                index,
+                size,
+                fresh: flags & 1 != 0,
+                drop_first: flags & 2 != 0,
+            }
+        }
+    }
+}
+
+fn program(data: &[u8]) -> Program {
+    let mut r = Reader::new(data);
+    let streams = 2 + usize::from(r.byte()) % (MAX_STREAMS - 1);
+    let common_size = usize::from(r.byte() % LENGTHS);
+    let sizes = (0..DEVICE_BUFFERS + PINNED_BUFFERS)
+        .map(|_| size(&mut r))
+        .collect();
+    let seed = r.u64_le();
+    let mut ops = Vec::new();
+    while !r.is_empty() && ops.len() < MAX_OPS {
+        ops.push(op(&mut r));
+    }
+    Program {
+        seed,
+        streams,
+        common_size,
+        sizes,
+        ops,
+    }
+}
+
+/// What must be gone when a program ends: memory, streams and queued work (events may wait in trackers of
+/// memory on the deferred-release list until a later poll, as in tests/sim_faults.rs).
+fn memory(live: Live) -> Live {
+    Live { events: 0, ..live }
+}
+
+fuzz_target!(
+    init: {
+        use_simulator();
+        LazyLock::force(&CONTEXT);
+    },
+    |data: &[u8]| {
+        let program = program(data);
+        // Checks, when it drops, that the simulator found no violation.
+        let _serial = common::serial();
+        let sim = common::sim().expect("CUDA_PINNED_LIBCUDA names the simulated driver");
+        let ctx = &*CONTEXT;
+        let before = memory(sim.live());
+        if let Err(e) = program::run_program(ctx, &program) {
+            panic!("{e}\nthe program: {program:#?}");
+        }
+        ctx.synchronize().expect("synchronize after the program");
+        let after = memory(sim.live());
+        assert_eq!(after, before, "the program left something allocated: {program:#?}");
+    }
+);

@@ -1,0 +1,643 @@
+//! A program of safe-API operations over several streams and a few device and pinned buffers, run against a
+//! CPU model that applies the operations in program order: shared by the property test (tests/gpu_props.rs,
+//! programs from proptest, on a GPU or the simulated driver) and the fuzz target `sim_programs` (programs
+//! from libFuzzer's bytes, on the simulated driver). The tracker's promise is that each operation sees the
+//! effects of every conflicting earlier one, whichever stream either ran on; `check_all` reads every element
+//! back and compares. Short `spin`s on random streams hold earlier work back while other streams race ahead,
+//! so a missing device-side wait shows as wrong data rather than as luck.
+//!
+//! The including crate has a `common` module (tests/common/mod.rs) beside this one.
+#![allow(dead_code, reason = "each includer uses a different subset")]
+
+use std::ops::Range;
+use std::time::Duration;
+
+#[cfg(not(feature = "gpu"))]
+use crate::common::kernels;
+#[cfg(feature = "gpu")]
+use cuda_pinned::kernels;
+use cuda_pinned::{Context, DeviceBuffer, Event, Pinned, Stream};
+
+/// Lengths of buffers, in `u32` elements: odd ones, one past a power of two, and 4 MiB.
+pub const SIZES: [usize; 5] = [1, 7, 4096, 65_537, 1 << 20];
+pub const DEVICE_BUFFERS: usize = 4;
+pub const PINNED_BUFFERS: usize = 3;
+pub const MAX_STREAMS: usize = 4;
+/// The longest `spin`, in microseconds: longer than a 4 MiB copy, so work behind it is overtaken.
+pub const MAX_SPIN_US: u64 = 400;
+
+/// `SplitMix64`: the values a program writes, from the program's seed, in program order.
+#[derive(Clone, Debug)]
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n > 0`), near enough.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    /// A fresh value, odd so that it is never mistaken for the zeros of a new buffer.
+    pub fn value(&mut self) -> u32 {
+        (self.next() >> 32) as u32 | 1
+    }
+
+    pub fn fill(&mut self, out: &mut [u32]) {
+        for x in out {
+            *x = self.value();
+        }
+    }
+
+    pub fn values(&mut self, len: usize) -> Vec<u32> {
+        let mut v = vec![0; len];
+        self.fill(&mut v);
+        v
+    }
+}
+
+/// How an operand is passed: the buffer itself, or a view made with `slice` or `slice_mut`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    Whole,
+    View,
+    ViewMut,
+}
+
+/// The elements an operation on a pair of buffers touches: ranges of equal length in each.
+#[derive(Clone, Debug)]
+struct Span {
+    src: Range<usize>,
+    dst: Range<usize>,
+    src_shape: Shape,
+    dst_shape: Shape,
+}
+
+/// The span that `pick` selects in buffers of `src_len` and `dst_len` elements (both > 0). A pick that is a
+/// multiple of 4 (such as 0, where shrinking goes) is the longest span from the start of both.
+fn span(pick: u64, src_len: usize, dst_len: usize) -> Span {
+    let mut rng = SplitMix64(pick);
+    let most = src_len.min(dst_len);
+    let (count, src_at, dst_at) = if pick.is_multiple_of(4) {
+        (most, 0, 0)
+    } else {
+        let count = match pick % 4 {
+            1 => 1 + rng.below(most.min(64)),
+            _ => 1 + rng.below(most),
+        };
+        (
+            count,
+            rng.below(src_len - count + 1),
+            rng.below(dst_len - count + 1),
+        )
+    };
+    let whole = |at: usize, len: usize, rng: &mut SplitMix64| {
+        at == 0 && count == len && !rng.next().is_multiple_of(3)
+    };
+    let src_shape = if whole(src_at, src_len, &mut rng) {
+        Shape::Whole
+    } else if rng.next().is_multiple_of(2) {
+        Shape::View
+    } else {
+        Shape::ViewMut
+    };
+    let dst_shape = if whole(dst_at, dst_len, &mut rng) {
+        Shape::Whole
+    } else {
+        Shape::ViewMut
+    };
+    Span {
+        src: src_at..src_at + count,
+        dst: dst_at..dst_at + count,
+        src_shape,
+        dst_shape,
+    }
+}
+
+/// `d2`, `p0[5..12]`, `d1[0..7]mut`: an operand as the log shows it.
+fn operand(kind: char, index: usize, shape: Shape, range: &Range<usize>) -> String {
+    match shape {
+        Shape::Whole => format!("{kind}{index}"),
+        Shape::View => format!("{kind}{index}[{range:?}]"),
+        Shape::ViewMut => format!("{kind}{index}[{range:?}]mut"),
+    }
+}
+
+/// Evaluates `$body` (a `cuda_pinned::Result`) with `$x` bound to `&$buf` or to a shared reference to a view
+/// of `$range` of it, as `$shape` says: the source of an operation.
+macro_rules! as_source {
+    ($shape:expr, $buf:expr, $range:expr, |$x:ident| $body:expr) => {
+        match $shape {
+            Shape::Whole => {
+                let $x = &*$buf;
+                $body
+            }
+            Shape::View => match $buf.slice($range) {
+                Ok(view) => {
+                    let $x = &view;
+                    $body
+                }
+                Err(e) => Err(e),
+            },
+            Shape::ViewMut => match $buf.slice_mut($range) {
+                Ok(view) => {
+                    let $x = &view;
+                    $body
+                }
+                Err(e) => Err(e),
+            },
+        }
+    };
+}
+
+/// As `as_source!`, with `$x` an exclusive reference to `$buf` or to a `slice_mut` view: the destination.
+macro_rules! as_destination {
+    ($shape:expr, $buf:expr, $range:expr, |$x:ident| $body:expr) => {
+        match $shape {
+            Shape::Whole => {
+                let $x = &mut *$buf;
+                $body
+            }
+            Shape::View | Shape::ViewMut => match $buf.slice_mut($range) {
+                Ok(mut view) => {
+                    let $x = &mut view;
+                    $body
+                }
+                Err(e) => Err(e),
+            },
+        }
+    };
+}
+
+/// One operation. Stream indices are taken modulo the program's number of streams; `pick` selects the
+/// elements (see [`span`]); values come from the program's generator, in program order.
+#[derive(Clone, Debug)]
+pub enum Op {
+    /// `stream.upload(pinned[from], device[to])`.
+    Upload {
+        stream: usize,
+        from: usize,
+        to: usize,
+        pick: u64,
+    },
+    /// `stream.download(device[from], pinned[to])`.
+    Download {
+        stream: usize,
+        from: usize,
+        to: usize,
+        pick: u64,
+    },
+    /// `stream.copy(device[from], device[(from + step) % 4])`, `step` in 1..4.
+    Copy {
+        stream: usize,
+        from: usize,
+        step: usize,
+        pick: u64,
+    },
+    /// `stream.upload_pageable(fresh values, device[to])`.
+    UploadPageable { stream: usize, to: usize, pick: u64 },
+    /// `stream.download_pageable(device[from], vec)`, checked at once.
+    DownloadPageable {
+        stream: usize,
+        from: usize,
+        pick: u64,
+    },
+    /// `kernels::fill(stream, device[to], fresh value)`.
+    Fill { stream: usize, to: usize, pick: u64 },
+    /// `kernels::spin(stream, micros)`: holds back what follows on the stream.
+    Spin { stream: usize, micros: u64 },
+    /// An event recorded on one stream and waited for by another: extra ordering, harmless.
+    EventWait { from: usize, step: usize },
+    /// `pinned[index].as_slice()`, checked at once.
+    HostRead { index: usize },
+    /// `pinned[index].as_mut_slice()`, fresh values written into the picked range.
+    HostWrite { index: usize, pick: u64 },
+    /// `try_as_slice`: checked if it lends the memory.
+    TryHostRead { index: usize },
+    /// `try_as_mut_slice`: written if it lends the memory.
+    TryHostWrite { index: usize, pick: u64 },
+    /// Replaces `device[index]` (work may be in flight on it) with a new buffer allocated on `stream`, of the
+    /// old length or `SIZES[size]`: zeroed, or uninitialised and then filled. The old one is dropped before the
+    /// allocation (so that its memory may be handed out again at once) or after.
+    ReplaceDevice {
+        stream: usize,
+        index: usize,
+        size: Option<usize>,
+        filled: bool,
+        drop_first: bool,
+    },
+    /// Replaces `pinned[index]` with a new buffer, zeroed or a copy of fresh values.
+    ReplacePinned {
+        index: usize,
+        size: Option<usize>,
+        fresh: bool,
+        drop_first: bool,
+    },
+}
+
+/// A program: its buffers' lengths, its streams, its operations.
+#[derive(Clone, Debug)]
+pub struct Program {
+    /// Seeds the values written.
+    pub seed: u64,
+    /// How many streams (1 to `MAX_STREAMS`).
+    pub streams: usize,
+    /// Index into `SIZES` of the length most buffers have (so that many operations take whole buffers).
+    pub common_size: usize,
+    /// Per buffer, devices first: `None` for the common length, else an index into `SIZES`.
+    pub sizes: Vec<Option<usize>>,
+    pub ops: Vec<Op>,
+}
+
+impl Program {
+    pub fn len_of(&self, buffer: usize) -> usize {
+        SIZES[self.sizes[buffer].unwrap_or(self.common_size)]
+    }
+}
+
+/// Where `got` first differs from `want`, as an error message.
+pub fn compare(got: &[u32], want: &[u32], what: &str) -> Result<(), String> {
+    if got == want {
+        return Ok(());
+    }
+    if got.len() != want.len() {
+        return Err(format!(
+            "{what}: {} elements, the model has {}",
+            got.len(),
+            want.len()
+        ));
+    }
+    let differ = got.iter().zip(want).filter(|(a, b)| a != b).count();
+    let i = got
+        .iter()
+        .zip(want)
+        .position(|(a, b)| a != b)
+        .expect("unequal slices of equal length differ somewhere");
+    Err(format!(
+        "{what}: element {i} of {} is {:#010x}, the model says {:#010x} ({differ} elements differ)",
+        want.len(),
+        got[i],
+        want[i]
+    ))
+}
+
+fn gpu<T>(result: cuda_pinned::Result<T>) -> Result<T, String> {
+    result.map_err(|e| format!("CUDA call failed: {e}"))
+}
+
+/// A program being run: the buffers, the model of their contents, and the log of what was done.
+struct Run<'a> {
+    ctx: &'a Context,
+    streams: Vec<Stream>,
+    device: Vec<DeviceBuffer<u32>>,
+    pinned: Vec<Pinned<u32>>,
+    device_model: Vec<Vec<u32>>,
+    pinned_model: Vec<Vec<u32>>,
+    rng: SplitMix64,
+    log: Vec<String>,
+}
+
+impl Run<'_> {
+    fn stream(&self, index: usize) -> &Stream {
+        &self.streams[index % self.streams.len()]
+    }
+
+    fn step(&mut self, op: &Op) -> Result<(), String> {
+        let n = self.streams.len();
+        match *op {
+            Op::Upload {
+                stream,
+                from,
+                to,
+                pick,
+            } => {
+                let s = &self.streams[stream % n];
+                let (src, dst) = (&mut self.pinned[from], &mut self.device[to]);
+                let sp = span(pick, src.len(), dst.len());
+                self.log.push(format!(
+                    "s{} upload {} -> {}",
+                    stream % n,
+                    operand('p', from, sp.src_shape, &sp.src),
+                    operand('d', to, sp.dst_shape, &sp.dst)
+                ));
+                gpu(as_source!(sp.src_shape, src, sp.src.clone(), |x| {
+                    as_destination!(sp.dst_shape, dst, sp.dst.clone(), |y| s.upload(x, y))
+                }))?;
+                self.device_model[to][sp.dst].copy_from_slice(&self.pinned_model[from][sp.src]);
+            }
+            Op::Download {
+                stream,
+                from,
+                to,
+                pick,
+            } => {
+                let s = &self.streams[stream % n];
+                let (src, dst) = (&mut self.device[from], &mut self.pinned[to]);
+                let sp = span(pick, src.len(), dst.len());
+                self.log.push(format!(
+                    "s{} download {} -> {}",
+                    stream % n,
+                    operand('d', from, sp.src_shape, &sp.src),
+                    operand('p', to, sp.dst_shape, &sp.dst)
+                ));
+                gpu(as_source!(sp.src_shape, src, sp.src.clone(), |x| {
+                    as_destination!(sp.dst_shape, dst, sp.dst.clone(), |y| s.download(x, y))
+                }))?;
+                self.pinned_model[to][sp.dst].copy_from_slice(&self.device_model[from][sp.src]);
+            }
+            Op::Copy {
+                stream,
+                from,
+                step,
+                pick,
+            } => {
+                let to = (from + step) % DEVICE_BUFFERS;
+                let s = &self.streams[stream % n];
+                let [src, dst] = self
+                    .device
+                    .get_disjoint_mut([from, to])
+                    .expect("distinct indices");
+                let sp = span(pick, src.len(), dst.len());
+                self.log.push(format!(
+                    "s{} copy {} -> {}",
+                    stream % n,
+                    operand('d', from, sp.src_shape, &sp.src),
+                    operand('d', to, sp.dst_shape, &sp.dst)
+                ));
+                gpu(as_source!(sp.src_shape, src, sp.src.clone(), |x| {
+                    as_destination!(sp.dst_shape, dst, sp.dst.clone(), |y| s.copy(x, y))
+                }))?;
+                let moved = self.device_model[from][sp.src].to_vec();
+                self.device_model[to][sp.dst].copy_from_slice(&moved);
+            }
+            Op::UploadPageable { stream, to, pick } => {
+                let s = &self.streams[stream % n];
+                let dst = &mut self.device[to];
+                let sp = span(pick, dst.len(), dst.len());
+                self.log.push(format!(
+                    "s{} upload_pageable fresh -> {}",
+                    stream % n,
+                    operand('d', to, sp.dst_shape, &sp.dst)
+                ));
+                let values = self.rng.values(sp.dst.len());
+                gpu(as_destination!(sp.dst_shape, dst, sp.dst.clone(), |y| s
+                    .upload_pageable(&values, y)))?;
+                self.device_model[to][sp.dst].copy_from_slice(&values);
+            }
+            Op::DownloadPageable { stream, from, pick } => {
+                let s = &self.streams[stream % n];
+                let src = &mut self.device[from];
+                let sp = span(pick, src.len(), src.len());
+                self.log.push(format!(
+                    "s{} download_pageable {} -> vec (checked)",
+                    stream % n,
+                    operand('d', from, sp.src_shape, &sp.src)
+                ));
+                // Not the model's values, nor zeros: a copy that did not happen shows.
+                let mut got = vec![0xDEAD_BEEF; sp.src.len()];
+                gpu(as_source!(sp.src_shape, src, sp.src.clone(), |x| s
+                    .download_pageable(x, &mut got)))?;
+                compare(
+                    &got,
+                    &self.device_model[from][sp.src],
+                    &format!("download_pageable of d{from}"),
+                )?;
+            }
+            Op::Fill { stream, to, pick } => {
+                let s = &self.streams[stream % n];
+                let dst = &mut self.device[to];
+                let sp = span(pick, dst.len(), dst.len());
+                let value = self.rng.value();
+                self.log.push(format!(
+                    "s{} fill {} with {value:#010x}",
+                    stream % n,
+                    operand('d', to, sp.dst_shape, &sp.dst)
+                ));
+                gpu(as_destination!(sp.dst_shape, dst, sp.dst.clone(), |y| {
+                    kernels::fill(s, y, value)
+                }))?;
+                self.device_model[to][sp.dst].fill(value);
+            }
+            Op::Spin { stream, micros } => {
+                self.log.push(format!("s{} spin {micros} us", stream % n));
+                gpu(kernels::spin(
+                    self.stream(stream),
+                    Duration::from_micros(micros),
+                ))?;
+            }
+            Op::EventWait { from, step } => {
+                let (a, b) = (from % n, (from + step) % n);
+                self.log
+                    .push(format!("event recorded on s{a}, waited for by s{b}"));
+                let event = gpu(Event::without_timing(self.ctx))?;
+                gpu(event.record(&self.streams[a]))?;
+                gpu(self.streams[b].wait(&event))?;
+            }
+            Op::HostRead { index } => {
+                self.log.push(format!("host reads p{index} (checked)"));
+                let got = gpu(self.pinned[index].as_slice())?;
+                compare(
+                    got,
+                    &self.pinned_model[index],
+                    &format!("as_slice of p{index}"),
+                )?;
+            }
+            Op::HostWrite { index, pick } => {
+                let len = self.pinned[index].len();
+                let range = span(pick, len, len).dst;
+                self.log.push(format!("host writes p{index}[{range:?}]"));
+                let slice = gpu(self.pinned[index].as_mut_slice())?;
+                self.rng.fill(&mut slice[range.clone()]);
+                self.pinned_model[index][range.clone()].copy_from_slice(&slice[range]);
+            }
+            Op::TryHostRead { index } => match gpu(self.pinned[index].try_as_slice())? {
+                Some(got) => {
+                    self.log
+                        .push(format!("host try-reads p{index}: lent (checked)"));
+                    compare(
+                        got,
+                        &self.pinned_model[index],
+                        &format!("try_as_slice of p{index}"),
+                    )?;
+                }
+                None => self.log.push(format!("host try-reads p{index}: busy")),
+            },
+            Op::TryHostWrite { index, pick } => {
+                let len = self.pinned[index].len();
+                let range = span(pick, len, len).dst;
+                match gpu(self.pinned[index].try_as_mut_slice())? {
+                    Some(slice) => {
+                        self.log
+                            .push(format!("host try-writes p{index}[{range:?}]: lent"));
+                        self.rng.fill(&mut slice[range.clone()]);
+                        self.pinned_model[index][range.clone()].copy_from_slice(&slice[range]);
+                    }
+                    None => self
+                        .log
+                        .push(format!("host try-writes p{index}[{range:?}]: busy")),
+                }
+            }
+            Op::ReplaceDevice {
+                stream,
+                index,
+                size,
+                filled,
+                drop_first,
+            } => {
+                let len = size.map_or(self.device[index].len(), |k| SIZES[k]);
+                let s = self.streams[stream % n].clone();
+                let value = self.rng.value();
+                self.log.push(format!(
+                    "replace d{index} ({}) with {len} elements on s{}, {}",
+                    if drop_first {
+                        "dropped first"
+                    } else {
+                        "dropped after"
+                    },
+                    stream % n,
+                    if filled {
+                        format!("uninit then filled with {value:#010x}")
+                    } else {
+                        "zeroed".to_owned()
+                    }
+                ));
+                let old = drop_first.then(|| self.device.remove(index));
+                drop(old);
+                let mut fresh = if filled {
+                    let mut fresh = gpu(DeviceBuffer::uninit(&s, len))?;
+                    gpu(kernels::fill(&s, &mut fresh, value))?;
+                    fresh
+                } else {
+                    gpu(DeviceBuffer::zeroed(&s, len))?
+                };
+                if drop_first {
+                    self.device.insert(index, fresh);
+                } else {
+                    std::mem::swap(&mut self.device[index], &mut fresh);
+                    drop(fresh);
+                }
+                self.device_model[index] = vec![if filled { value } else { 0 }; len];
+            }
+            Op::ReplacePinned {
+                index,
+                size,
+                fresh,
+                drop_first,
+            } => {
+                let len = size.map_or(self.pinned[index].len(), |k| SIZES[k]);
+                self.log.push(format!(
+                    "replace p{index} ({}) with {len} elements, {}",
+                    if drop_first {
+                        "dropped first"
+                    } else {
+                        "dropped after"
+                    },
+                    if fresh { "fresh values" } else { "zeroed" }
+                ));
+                let old = drop_first.then(|| self.pinned.remove(index));
+                drop(old);
+                let contents = if fresh {
+                    self.rng.values(len)
+                } else {
+                    vec![0; len]
+                };
+                let mut new = if fresh {
+                    gpu(Pinned::from_slice(self.ctx, &contents))?
+                } else {
+                    gpu(Pinned::zeroed(self.ctx, len))?
+                };
+                if drop_first {
+                    self.pinned.insert(index, new);
+                } else {
+                    std::mem::swap(&mut self.pinned[index], &mut new);
+                    drop(new);
+                }
+                self.pinned_model[index] = contents;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads back every buffer and compares every element: device buffers each on a stream of their own
+    /// choosing (so the reads must wait for whatever wrote them last), pinned ones through `as_slice`.
+    fn check_all(&self, when: &str) -> Result<(), String> {
+        for (i, (buffer, model)) in self.device.iter().zip(&self.device_model).enumerate() {
+            let mut got = vec![0xDEAD_BEEF; buffer.len()];
+            gpu(self.stream(i).download_pageable(buffer, &mut got))?;
+            compare(&got, model, &format!("{when}: d{i}"))?;
+        }
+        for (i, (buffer, model)) in self.pinned.iter().zip(&self.pinned_model).enumerate() {
+            compare(gpu(buffer.as_slice())?, model, &format!("{when}: p{i}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs `program` and checks it; on failure, the message carries the log of what ran.
+pub fn run_program(ctx: &Context, program: &Program) -> Result<(), String> {
+    let mut rng = SplitMix64(program.seed);
+    let streams = (0..program.streams)
+        .map(|_| gpu(Stream::new(ctx)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut run = Run {
+        ctx,
+        streams,
+        device: Vec::new(),
+        pinned: Vec::new(),
+        device_model: Vec::new(),
+        pinned_model: Vec::new(),
+        rng: SplitMix64(0),
+        log: Vec::new(),
+    };
+    for i in 0..DEVICE_BUFFERS {
+        let len = program.len_of(i);
+        let values = rng.values(len);
+        let stream = &run.streams[i % program.streams];
+        let mut buffer = gpu(DeviceBuffer::uninit(stream, len))?;
+        gpu(stream.upload_pageable(&values, &mut buffer))?;
+        run.log.push(format!(
+            "d{i}: {len} elements, uploaded on s{}",
+            i % program.streams
+        ));
+        run.device.push(buffer);
+        run.device_model.push(values);
+    }
+    for i in 0..PINNED_BUFFERS {
+        let len = program.len_of(DEVICE_BUFFERS + i);
+        let values = rng.values(len);
+        run.pinned.push(gpu(Pinned::from_slice(ctx, &values))?);
+        run.pinned_model.push(values);
+        run.log.push(format!("p{i}: {len} elements"));
+    }
+    run.rng = rng;
+    let result = (|| {
+        for (i, op) in program.ops.iter().enumerate() {
+            run.step(op).map_err(|e| format!("at op {i}: {e}"))?;
+        }
+        // Without synchronising first: the reads must wait for the writers by themselves.
+        run.check_all("at the end")?;
+        gpu(ctx.synchronize())?;
+        run.check_all("at the end, after synchronising the context")
+    })();
+    let log = std::mem::take(&mut run.log);
+    drop(run);
+    let result = result.and_then(|()| {
+        gpu(ctx.synchronize())?;
+        gpu(ctx.check_deferred_errors())
+    });
+    result.map_err(|e| {
+        let mut message = format!("{e}\nwhat ran:\n");
+        for line in log {
+            message.push_str("  ");
+            message.push_str(&line);
+            message.push('\n');
+        }
+        message
+    })
+}
