@@ -139,15 +139,17 @@ pub unsafe extern "C" fn cuda_sim_violation(index: u64, buffer: *mut c_char, len
     message.map_or(-1, |message| unsafe { copy_out(message, buffer, len) })
 }
 
-/// Waits until every stream has finished its queue, then fills `out`.
+/// Waits until every stream has finished its queue and destroyed streams have been joined, then fills `out`.
 ///
 /// # Safety
 /// `out` points to a writable [`Live`].
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuda_sim_live(out: *mut Live) {
+    // Destroyed streams are gone once drained, and their workers joined.
     let state = SIM.wait_until(SIM.lock(), |s| {
-        s.streams.values().all(|s| s.queue.is_empty())
+        s.streams.values().all(|s| s.queue.is_empty() && !s.destroyed)
     });
+    SIM.join_stopped(&state);
     let mut live = Live::default();
     for allocation in state.allocations.values() {
         match allocation.kind {
@@ -271,7 +273,8 @@ impl Control {
             .collect()
     }
 
-    /// What is alive, once every stream has finished its queue.
+    /// What is alive, once every stream has finished its queue and the worker threads of destroyed streams
+    /// have exited.
     pub fn live(&self) -> Live {
         let f: unsafe extern "C" fn(*mut Live) = self.function("cuda_sim_live");
         let mut live = Live::default();

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::c_void;
 use std::sync::{Condvar, LazyLock, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::config::Config;
@@ -22,6 +23,7 @@ pub(crate) static SIM: LazyLock<Sim> = LazyLock::new(|| {
         state: Mutex::new(state),
         changed: Condvar::new(),
         config,
+        workers: Mutex::new(Vec::new()),
     }
 });
 
@@ -30,12 +32,33 @@ pub(crate) struct Sim {
     /// Notified whenever an operation completes, an event fires or memory is released.
     pub(crate) changed: Condvar,
     pub(crate) config: Config,
+    /// The worker thread of each stream, by handle, until [`Sim::join_stopped`] joins it. Locked after
+    /// `state`, never before.
+    pub(crate) workers: Mutex<Vec<(usize, JoinHandle<()>)>>,
 }
 
 impl Sim {
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock is a bug of the simulator; carry on so that the test reports it.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Joins the worker threads of streams that are gone (destroyed, their queues drained), so that none is
+    /// still exiting when a test looks at what is left (a leak checker would see a thread's exit in flight as
+    /// a leak).
+    pub(crate) fn join_stopped(&self, state: &State) {
+        let stopped: Vec<JoinHandle<()>> = {
+            let mut workers = self.workers.lock().unwrap_or_else(PoisonError::into_inner);
+            let (gone, running) = std::mem::take(&mut *workers)
+                .into_iter()
+                .partition(|(handle, _)| !state.streams.contains_key(handle));
+            *workers = running;
+            gone.into_iter().map(|(_, worker)| worker).collect()
+        };
+        for worker in stopped {
+            // A worker that panicked has already reported it; the simulator goes on.
+            let _ = worker.join();
+        }
     }
 
     /// Waits on `changed` until `done(state)` holds.

@@ -2,7 +2,7 @@
 //! the crate forgot to order runs in the wrong order and shows as wrong data. Operations check, when they
 //! run, that the memory they touch is still there.
 
-use std::sync::MutexGuard;
+use std::sync::{MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::sim::{Kind, Loc, Op, SIM, State, StreamData};
@@ -29,11 +29,17 @@ pub(crate) fn create(
     let spawned = std::thread::Builder::new()
         .name(format!("sim-stream-{handle:#x}"))
         .spawn(move || worker(handle, seed));
-    if spawned.is_err() {
-        state.streams.remove(&handle);
-        return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    match spawned {
+        Ok(worker) => {
+            let mut workers = SIM.workers.lock().unwrap_or_else(PoisonError::into_inner);
+            workers.push((handle, worker));
+            Ok(handle)
+        }
+        Err(_) => {
+            state.streams.remove(&handle);
+            Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+        }
     }
-    Ok(handle)
 }
 
 /// Counts the references `op` holds, so memory freed and events destroyed under it are noticed.
