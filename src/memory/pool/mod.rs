@@ -334,9 +334,22 @@ impl Drop for Shared {
         // Every loan holds the pool, so nothing is in use: unpin the idle blocks, and hand the pending ones to
         // the process-wide deferred release, which frees them once their work has completed.
         let drained = self.lock().drain();
-        if let Ok(_current) = self.context.enter() {
-            for block in drained.idle {
-                block.unpin(&self.context);
+        if !drained.idle.is_empty() {
+            match self.context.enter() {
+                Ok(_current) => {
+                    for block in drained.idle {
+                        block.unpin(&self.context);
+                    }
+                }
+                Err(e) => {
+                    // Unpinning needs the context current; without it the idle blocks can only be leaked, and
+                    // a destructor can only report that through the context.
+                    let bytes = drained.idle.iter().map(|block| block.bytes).sum();
+                    self.context.defer_error(e.context(format_args!(
+                        "unpinning {} of the pool as it drops (leaked)",
+                        Bytes(bytes)
+                    )));
+                }
             }
         }
         for pending in drained.pending {
