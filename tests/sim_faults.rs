@@ -246,7 +246,6 @@ fault_tests! {
         p.as_mut_slice()?.fill(1);
         Ok(())
     };
-    #[ignore = "open: memory stays allocated after some failures mid-operation (see the issue 6 closing note); run with --ignored"]
     pool_alloc_and_trim: |f| {
         for pinning in [Pinning::HostAlloc, Pinning::Register] {
             let pool = PinnedPool::builder(&f.ctx, 8 << 20).pinning(pinning).when_full(WhenFull::Wait).build();
@@ -261,7 +260,6 @@ fault_tests! {
         }
         Ok(())
     };
-    #[ignore = "open: memory stays allocated after some failures mid-operation (see the issue 6 closing note); run with --ignored"]
     staged_transfers: |f| {
         let pool = PinnedPool::new(&f.ctx, 4 << 20);
         let options = cuda_pinned::staging::StagingOptions { chunk_bytes: 1 << 20, threads: 2 };
@@ -283,7 +281,6 @@ fault_tests! {
         ledger.report()?;
         Ok(())
     };
-    #[ignore = "open: memory stays allocated after some failures mid-operation (see the issue 6 closing note); run with --ignored"]
     prefetcher: |f| {
         let pool = PinnedPool::new(&f.ctx, 1 << 20);
         let batches = Prefetcher::<Pinned<u32>>::builder(&pool, &f.a, 1024)
