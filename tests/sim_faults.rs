@@ -260,6 +260,14 @@ fault_tests! {
         }
         Ok(())
     };
+    pool_eviction: |f| {
+        // Room for one block of two pages: a request of another class unpins it to pin its own.
+        let pool = PinnedPool::builder(&f.ctx, 2 << 12).pinning(Pinning::HostAlloc).build();
+        drop(pool.alloc::<u8>(2 << 12)?);
+        drop(pool.alloc::<u8>(1 << 12)?);
+        assert_eq!(pool.stats().evictions, 1, "the second request evicts the first block");
+        pool.trim()
+    };
     staged_transfers: |f| {
         let pool = PinnedPool::new(&f.ctx, 4 << 20);
         let options = cuda_pinned::staging::StagingOptions { chunk_bytes: 1 << 20, threads: 2 };
