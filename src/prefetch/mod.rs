@@ -634,8 +634,13 @@ impl<B: Batch> Drop for Prefetched<B> {
         };
         // The events of the consumer's work, recorded now, cover what it enqueued before this drop and
         // nothing after, so the refill does not wait for its later batches. If recording fails, the refill's
-        // upload records them instead: later, still after the work.
-        let _ = mark::<B>(&slot.device);
+        // upload records them instead: later, still after the work. The failure is still the driver's to report,
+        // and a destructor reports through the context.
+        if let Err(e) = mark::<B>(&slot.device) {
+            self.shared.copy.context().defer_error(
+                e.context("recording the end of the consumer's work on a prefetched batch"),
+            );
+        }
         let stopped = self.shared.lock().give_back(slot);
         self.shared.freed.notify_one();
         // After a stop the slot is freed here, outside the lock.

@@ -206,19 +206,29 @@ impl PinnedPool {
             match state.take(&Gpu, bytes)? {
                 Take::Hit { block, lease } => return Ok(self.loan(block, lease, len)),
                 Take::Pin { reservation, evict } => {
-                    drop(state);
-                    // Only pinning and unpinning need the context current: a hit makes no driver call. (If it
-                    // cannot be made current, the evicted blocks, which no work uses, are leaked.)
-                    let pinned = shared.context.enter().and_then(|_current| {
-                        for block in evict {
-                            block.unpin(&shared.context);
+                    // Only pinning and unpinning need the context current: a hit makes no driver call. It is
+                    // made current before the lock is let go, so that if it cannot be, the take is undone before
+                    // anyone sees it: the evicted blocks, which no work uses, go back to the cache, not leaked.
+                    let current = match shared.context.enter() {
+                        Ok(current) => current,
+                        Err(e) => {
+                            let evicted = evict.into_iter().map(|block| {
+                                let class = block.bytes;
+                                (block, class)
+                            });
+                            state.unpin_cancelled(reservation, evicted);
+                            return Err(e);
                         }
-                        let started = Instant::now();
-                        let pinned = Block::pin(reservation.bytes(), shared.pinning);
-                        let nanos = started.elapsed().as_nanos() as u64;
-                        shared.pin_nanos.fetch_add(nanos, Ordering::Relaxed);
-                        pinned
-                    });
+                    };
+                    drop(state);
+                    for block in evict {
+                        block.unpin(&shared.context);
+                    }
+                    let started = Instant::now();
+                    let pinned = Block::pin(reservation.bytes(), shared.pinning);
+                    let nanos = started.elapsed().as_nanos() as u64;
+                    shared.pin_nanos.fetch_add(nanos, Ordering::Relaxed);
+                    drop(current);
                     let mut state = shared.lock();
                     return match pinned {
                         Ok(block) => {
@@ -334,9 +344,22 @@ impl Drop for Shared {
         // Every loan holds the pool, so nothing is in use: unpin the idle blocks, and hand the pending ones to
         // the process-wide deferred release, which frees them once their work has completed.
         let drained = self.lock().drain();
-        if let Ok(_current) = self.context.enter() {
-            for block in drained.idle {
-                block.unpin(&self.context);
+        if !drained.idle.is_empty() {
+            match self.context.enter() {
+                Ok(_current) => {
+                    for block in drained.idle {
+                        block.unpin(&self.context);
+                    }
+                }
+                Err(e) => {
+                    // Unpinning needs the context current; without it the idle blocks can only be leaked, and
+                    // a destructor can only report that through the context.
+                    let bytes = drained.idle.iter().map(|block| block.bytes).sum();
+                    self.context.defer_error(e.context(format_args!(
+                        "unpinning {} of the pool as it drops (leaked)",
+                        Bytes(bytes)
+                    )));
+                }
             }
         }
         for pending in drained.pending {

@@ -293,6 +293,22 @@ impl<B, S: Clone + Eq, E> PoolState<B, S, E> {
         self.stats.failed_pins += 1;
     }
 
+    /// Undoes a [`Take::Pin`] whose pin could not even start (the caller could not unpin the evicted blocks):
+    /// as [`PoolState::pin_failed`], and the evicted blocks, each given with its class, are cached again, as the
+    /// most recently used, rather than leaked. Call it before anyone else uses the state after that `take`: the
+    /// budget has room for the evicted blocks again only while no other reservation took it.
+    pub(crate) fn unpin_cancelled(
+        &mut self,
+        reservation: Reservation,
+        evicted: impl IntoIterator<Item = (B, usize)>,
+    ) {
+        self.pin_failed(reservation);
+        for (block, class) in evicted {
+            self.stats.evictions -= 1;
+            self.cache(block, class);
+        }
+    }
+
     /// Takes back a block in use, with its lease and the device work recorded on it: cached at once if
     /// `track` is empty, else pending until it is idle. Returns at once, with no device call.
     pub(crate) fn give_back(&mut self, block: B, lease: Lease, track: Tracker<S, E>) {

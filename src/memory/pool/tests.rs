@@ -242,6 +242,33 @@ fn a_miss_evicts_least_recently_used_blocks_of_other_classes_only_as_needed() {
 }
 
 #[test]
+fn a_pin_cancelled_before_it_starts_caches_its_evicted_blocks_again() {
+    let sim = Sim::new(1);
+    let mut p = pool(3);
+    for (bytes, id) in [(PAGE, 1), (2 * PAGE, 2)] {
+        let (b, lease) = pin_new(&mut p, &sim, bytes, id);
+        p.give_back(b, lease, Track::new());
+    }
+    let before = p.stats();
+    let Ok(Take::Pin { reservation, evict }) = p.take(&sim, 3 * PAGE) else {
+        panic!("expected a pin");
+    };
+    assert_eq!(evict, [1, 2]);
+    let classes = [PAGE, 2 * PAGE];
+    p.unpin_cancelled(reservation, evict.into_iter().zip(classes));
+    let s = p.stats();
+    assert_eq!((s.reserved, s.cached, s.reserving), (3 * PAGE, 3 * PAGE, 0));
+    assert_eq!(
+        (s.evictions, s.misses, s.failed_pins),
+        (before.evictions, before.misses + 1, before.failed_pins + 1)
+    );
+    // Both serve their classes again, with no pin.
+    assert_eq!(hit(&mut p, &sim, 2 * PAGE).0, 2);
+    assert_eq!(hit(&mut p, &sim, PAGE).0, 1);
+    p.assert_consistent();
+}
+
+#[test]
 fn a_cached_block_of_another_class_never_serves_a_request() {
     let sim = Sim::new(1);
     let mut p = pool(3);
