@@ -135,7 +135,12 @@ impl Device {
     /// The driver's.
     #[doc(alias = "cuMemGetInfo")]
     pub fn free_memory(&self) -> Result<usize> {
-        Ok(Context::new(*self)?.memory_info()?.0)
+        let context = Context::new(*self)?;
+        let (free, _total) = context.memory_info()?;
+        // The context goes with this call: what its guard could not do (put back the thread's previous
+        // context) is reported here or never.
+        context.check_deferred_errors()?;
+        Ok(free)
     }
 
     /// The PCI address, such as `0000:65:00.0`, as `nvidia-smi` and `lspci` show it.

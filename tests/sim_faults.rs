@@ -12,6 +12,7 @@ mod common;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use common::{serial, sim};
+use cuda_pinned::sys::CUdevice_attribute;
 use cuda_pinned::{
     Context, Device, DeviceBuffer, Event, Ledger, Pinned, PinnedPool, Pinning, Prefetcher,
     Registered, Result, Stream, WhenFull,
@@ -172,6 +173,12 @@ fault_tests! {
         device.supports_memory_pools()?;
         Ok(())
     };
+    device_enumeration: |_f| {
+        let devices = Device::all()?;
+        devices[0].free_memory()?;
+        devices[0].attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        Ok(())
+    };
     context_on_and_queries: |_f| {
         let ctx = Context::on(0)?;
         ctx.memory_info()?;
@@ -227,6 +234,17 @@ fault_tests! {
         f.b.copy(&d0, &mut d1)?;
         f.a.download(&d1, &mut back)?;
         assert_eq!(back.as_slice()?, &want[..]);
+        Ok(())
+    };
+    registered_access: |f| {
+        let mut r = Registered::new(&f.ctx, vec![1u32; 4096])?;
+        let mut d = DeviceBuffer::<u32>::zeroed(&f.a, r.len())?;
+        f.a.upload(&r, &mut d)?;
+        r.try_as_mut_slice()?;
+        r.as_mut_slice()?.fill(2);
+        f.b.download(&d, &mut r)?;
+        r.try_as_slice()?;
+        assert_eq!(r.as_slice()?[4095], 1);
         Ok(())
     };
     pageable_copies: |f| {
@@ -287,6 +305,44 @@ fault_tests! {
         s.upload(&p, &mut d)?;
         s.synchronize()?;
         ledger.report()?;
+        Ok(())
+    };
+    ledger_record_and_profile: |f| {
+        let ledger = Ledger::new();
+        let s = Stream::with_ledger(&f.ctx, &ledger)?;
+        s.record(&Event::without_timing(&f.ctx)?)?;
+        let p = Pinned::<u8>::zeroed(&f.ctx, 64)?;
+        let mut d = s.profile("allocate and upload", 64, || {
+            let mut d = DeviceBuffer::<u8>::uninit(&s, 64)?;
+            s.upload(&p, &mut d)?;
+            Ok(d)
+        })?;
+        s.download(&d, &mut Pinned::<u8>::zeroed(&f.ctx, 64)?)?;
+        s.copy(&DeviceBuffer::<u8>::zeroed(&s, 64)?, &mut d)?;
+        ledger.report()?;
+        ledger.clear();
+        Ok(())
+    };
+    prefetcher_of_several_parts_unordered: |f| {
+        let pool = PinnedPool::new(&f.ctx, 1 << 20);
+        let batches = Prefetcher::<(Pinned<u32>, [Pinned<u8>; 2])>::builder(&pool, &f.a, (256, [16, 32]))
+            .indices([4, 1, 3])
+            .workers(2)
+            .depth(2)
+            .ordered(false)
+            .copy_stream(&f.b)
+            .build(|i, (x, [y, z]): &mut (Pinned<u32>, [Pinned<u8>; 2])| {
+                x.as_mut_slice()?.fill(i as u32);
+                y.as_mut_slice()?.fill(i as u8);
+                z.as_mut_slice()?.fill(!(i as u8));
+                Ok(())
+            })?;
+        let mut scratch = DeviceBuffer::<u32>::uninit(&f.a, 256)?;
+        for batch in batches {
+            let mut batch = batch?;
+            f.a.copy(&batch.device().0, &mut scratch)?;
+            f.a.copy(&scratch, &mut batch.device_mut().0)?;
+        }
         Ok(())
     };
     prefetcher: |f| {
