@@ -2,8 +2,9 @@
 //! of uploads, downloads and device copies (whole buffers and views), fills, staged and pageable transfers,
 //! host reads and writes of pinned memory, event records and waits across streams, pool allocations, and
 //! drops of buffers with work still queued, over buffers of its own and buffers it shares with the other
-//! threads behind mutexes; it checks every read against a model of what each buffer holds. At the end every
-//! buffer is checked, the context synchronised, no deferred error may be left, and on the simulated driver no
+//! threads behind mutexes; it checks every read against a model of what each buffer holds. One of the shared
+//! streams times its work in a ledger. At the end every buffer is checked, the ledger must report every kind
+//! of work, the context is synchronised, no deferred error may be left, and on the simulated driver no
 //! violation may have been found and nothing may be left allocated once everything is dropped and the pool
 //! trimmed.
 //!
@@ -29,14 +30,16 @@ use common::kernels::fill;
 use common::{data, serial, spin_for};
 #[cfg(feature = "gpu")]
 use cuda_pinned::kernels::fill;
+use cuda_pinned::profile::Category;
 use cuda_pinned::staging::StagingOptions;
 use cuda_pinned::{
-    Context, DeviceBuffer, DeviceView, DeviceViewMut, Error, Event, Pinned, PinnedPool, Registered,
-    Result, Stream, WhenFull,
+    Context, DeviceBuffer, DeviceView, DeviceViewMut, Error, Event, Ledger, Pinned, PinnedPool,
+    Registered, Result, Stream, WhenFull,
 };
 
 const THREADS: usize = 8;
-/// Streams every thread enqueues on (each thread may also have one of its own for a while).
+/// Streams every thread enqueues on (each thread may also have one of its own for a while); the last times
+/// its work in a ledger.
 const STREAMS: usize = 3;
 /// Device buffers shared by all threads.
 const SHARED: usize = 4;
@@ -964,7 +967,16 @@ fn threads_share_a_context_a_pool_and_streams() {
             .when_full(WhenFull::Wait)
             .build();
         let small = PinnedPool::new(&ctx, SMALL_BUDGET);
-        let streams: Vec<Stream> = (0..STREAMS).map(|_| Stream::new(&ctx).unwrap()).collect();
+        let ledger = Ledger::new();
+        let streams: Vec<Stream> = (0..STREAMS)
+            .map(|i| {
+                if i == STREAMS - 1 {
+                    Stream::with_ledger(&ctx, &ledger).unwrap()
+                } else {
+                    Stream::new(&ctx).unwrap()
+                }
+            })
+            .collect();
         let shared: Vec<Mutex<Option<Dev>>> = (0..SHARED).map(|_| Mutex::new(None)).collect();
         std::thread::scope(|scope| {
             for id in 0..THREADS {
@@ -1018,7 +1030,21 @@ fn threads_share_a_context_a_pool_and_streams() {
                 "the pool holds nothing after a synchronise and a trim: {stats:?}"
             );
         }
-        drop((pool, small, streams));
+        // Every thread timed its work on the last stream in the one ledger.
+        let report = ledger.report().unwrap();
+        for category in [
+            Category::Upload,
+            Category::Download,
+            Category::DeviceCopy,
+            Category::Kernel,
+        ] {
+            let row = report.category(category);
+            assert!(
+                row.is_some_and(|r| r.count > 0),
+                "{category:?} in the ledger:\n{report}"
+            );
+        }
+        drop((pool, small, streams, ledger));
         ctx.synchronize().unwrap();
         ctx.check_deferred_errors().unwrap();
     }
