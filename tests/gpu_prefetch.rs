@@ -1,18 +1,24 @@
-//! The prefetcher on a real GPU: order kept while workers finish out of order, unordered delivery, early exit,
+//! The prefetcher on a GPU and, without feature `gpu`, on the simulated driver (with its stand-ins for the
+//! checksum and spin kernels): order kept while workers finish out of order, unordered delivery, early exit,
 //! errors and panics in the fill closure, a consumer that holds every slot, the refill waiting for the
 //! consumer's kernels (tracked and raw), the consumer never blocked by an upload, and batches of several
 //! buffers.
-#![cfg(feature = "gpu")]
 
 mod common;
 
+#[cfg(feature = "gpu")]
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{data, serial};
-use cuda_pinned::kernels::{checksum, device_checksum, spin};
+#[cfg(not(feature = "gpu"))]
+use common::kernels::{device_checksum, spin};
+use common::{data, hold, serial};
+use cuda_pinned::kernels::checksum;
+#[cfg(feature = "gpu")]
+use cuda_pinned::kernels::{device_checksum, spin};
 use cuda_pinned::prefetch::{Batch, DeviceParts};
+#[cfg(feature = "gpu")]
 use cuda_pinned::sys::kernels as raw;
 use cuda_pinned::{Context, DeviceBuffer, Error, Pinned, PinnedPool, Prefetcher, Stream};
 
@@ -45,17 +51,24 @@ fn sum_into(stream: &Stream, batch: &DeviceBuffer<u32>, sums: &mut DeviceBuffer<
 /// ordered only by the stream and by what the prefetcher declared.
 fn raw_sum_into(stream: &Stream, batch: &DeviceBuffer<u32>, sums: &DeviceBuffer<u64>, k: usize) {
     let out = sums.as_raw() + (k * size_of::<u64>()) as u64;
-    // SAFETY: `batch` and `sums[k]` are live device memory of this context, and the test keeps both alive
-    // until the stream has run the kernel (it synchronises before dropping them).
-    let code = unsafe {
-        raw::cuda_pinned_checksum(
-            batch.as_raw() as *const c_void,
-            batch.byte_len(),
-            out as *mut u64,
-            stream.as_raw(),
-        )
-    };
-    raw::check_launch(code, "cuda_pinned_checksum").unwrap();
+    #[cfg(feature = "gpu")]
+    {
+        // SAFETY: `batch` and `sums[k]` are live device memory of this context, and the test keeps both alive
+        // until the stream has run the kernel (it synchronises before dropping them).
+        let code = unsafe {
+            raw::cuda_pinned_checksum(
+                batch.as_raw() as *const c_void,
+                batch.byte_len(),
+                out as *mut u64,
+                stream.as_raw(),
+            )
+        };
+        raw::check_launch(code, "cuda_pinned_checksum").unwrap();
+    }
+    #[cfg(not(feature = "gpu"))]
+    // SAFETY: as for the kernel: live device memory of this context, kept until the stream has run the work.
+    unsafe { common::kernels::raw_checksum(stream, batch.as_raw(), batch.byte_len(), out) }
+        .unwrap();
 }
 
 fn download(stream: &Stream, sums: &DeviceBuffer<u64>) -> Vec<u64> {
@@ -436,12 +449,13 @@ fn delivery_waits_on_the_device_not_on_the_host() {
     let pool = PinnedPool::new(&ctx, 256 << 20);
     let len = 4 << 20;
     // Blocks of the batches' size cached in the pool, so that building pins nothing (pinning can
-    // synchronise the device, which would wait for the spin below).
+    // synchronise the device, which would wait for the hold below).
     drop((
         pool.alloc::<u32>(len).unwrap(),
         pool.alloc::<u32>(len).unwrap(),
     ));
-    spin(&copy, Duration::from_millis(300)).unwrap();
+    // A 300 ms spin on a GPU; on the simulator the copy stream waits until `held` drops.
+    let held = hold(&copy, Duration::from_millis(300));
     let mut prefetcher = Prefetcher::<Pinned<u32>>::builder(&pool, &consumer, len)
         .batches(2)
         .workers(1)
@@ -457,13 +471,15 @@ fn delivery_waits_on_the_device_not_on_the_host() {
     let took = started.elapsed();
     assert!(
         !copy.query().unwrap(),
-        "the upload is still queued behind the spin, yet the batch was delivered ({took:?})"
+        "the upload is still queued behind the hold, yet the batch was delivered ({took:?})"
     );
     let mut sums = DeviceBuffer::<u64>::zeroed(&consumer, 2).unwrap();
     raw_sum_into(&consumer, &first, &sums, 0);
     let second = prefetcher.next().unwrap().unwrap();
     sum_into(&consumer, &second, &mut sums, 1);
     assert!(prefetcher.next().is_none());
+    // The sums wait for both uploads, which wait for the copy stream: let it go on.
+    drop(held);
     let got = download(&consumer, &sums);
     assert_eq!(got, vec![want_sum(0, len), want_sum(1, len)]);
     drop((first, second, prefetcher));

@@ -1,12 +1,20 @@
-//! The time ledger on a real GPU: its figures against events timed by hand, kernels by name, transfer time
-//! hidden under kernels on another stream (and none when they take turns), and nothing recorded when off.
-#![cfg(feature = "gpu")]
+//! The time ledger on a GPU: its figures against events timed by hand, kernels by name, transfer time hidden
+//! under kernels on another stream (and none when they take turns), and nothing recorded when off.
+//!
+//! Without feature `gpu` the same tests run on the simulated driver, with its stand-ins for the kernels (timed
+//! as kernels of the same names), and check what does not depend on a GPU's timing: counts, bytes, names,
+//! shares of the wall time, nothing hidden where nothing overlaps, and the ledger's spans inside those timed by
+//! hand. How closely the figures agree, and how much of a transfer hides under a kernel, are checked on a GPU
+//! only: the simulator's events carry the host's clock when a stream's thread reaches them, after random delays.
 
 mod common;
 
 use std::time::Duration;
 
+#[cfg(not(feature = "gpu"))]
+use common::kernels::{fill, spin};
 use common::serial;
+#[cfg(feature = "gpu")]
 use cuda_pinned::kernels::{fill, spin};
 use cuda_pinned::profile::Category;
 use cuda_pinned::{Context, DeviceBuffer, Event, Ledger, Pinned, Stream};
@@ -27,7 +35,11 @@ fn the_ledger_agrees_with_events_timed_by_hand() {
     let ledger = Ledger::new();
     let stream = Stream::with_ledger(&ctx, &ledger).unwrap();
     assert!(stream.ledger().is_some());
-    let len = 256 << 20;
+    let len = if common::SIMULATED {
+        16 << 20
+    } else {
+        256 << 20
+    };
     let host = Pinned::<u8>::zeroed(&ctx, len).unwrap();
     let mut device = DeviceBuffer::<u8>::uninit(&stream, len).unwrap();
     let mut back = Pinned::<u8>::zeroed(&ctx, len).unwrap();
@@ -53,26 +65,48 @@ fn the_ledger_agrees_with_events_timed_by_hand() {
         (upload.count, upload.bytes, download.count, download.bytes),
         (1, len, 1, len)
     );
-    assert!(
-        close(upload.seconds, up),
-        "ledger {} s, by hand {up} s",
-        upload.seconds
-    );
-    assert!(
-        close(download.seconds, down),
-        "ledger {} s, by hand {down} s",
-        download.seconds
-    );
-    let gb = upload.gb_per_s().unwrap();
-    assert!(
-        close(gb, len as f64 / up / 1e9) || (gb - len as f64 / up / 1e9).abs() < 0.5,
-        "{gb} GB/s"
-    );
-    assert!(
-        close(report.wall.as_secs_f64(), up + down),
-        "wall {:?}",
-        report.wall
-    );
+    if common::SIMULATED {
+        // Each copy's own events lie between the events recorded by hand around it, on one stream, so its
+        // span can only be shorter (by the delays the simulator puts between operations). 1 us for rounding:
+        // event times are f32 milliseconds.
+        let within = |inner: f64, outer: f64| inner > 0.0 && inner <= outer + 1e-6;
+        assert!(
+            within(upload.seconds, up),
+            "ledger {} s, by hand {up} s",
+            upload.seconds
+        );
+        assert!(
+            within(download.seconds, down),
+            "ledger {} s, by hand {down} s",
+            download.seconds
+        );
+        assert!(
+            within(report.wall.as_secs_f64(), up + down),
+            "wall {:?}",
+            report.wall
+        );
+    } else {
+        assert!(
+            close(upload.seconds, up),
+            "ledger {} s, by hand {up} s",
+            upload.seconds
+        );
+        assert!(
+            close(download.seconds, down),
+            "ledger {} s, by hand {down} s",
+            download.seconds
+        );
+        let gb = upload.gb_per_s().unwrap();
+        assert!(
+            close(gb, len as f64 / up / 1e9) || (gb - len as f64 / up / 1e9).abs() < 0.5,
+            "{gb} GB/s"
+        );
+        assert!(
+            close(report.wall.as_secs_f64(), up + down),
+            "wall {:?}",
+            report.wall
+        );
+    }
     assert!(upload.share_of_wall > 0.0 && upload.share_of_wall + download.share_of_wall <= 1.0001);
     assert!(
         report.hidden_transfer.is_zero(),
@@ -118,10 +152,18 @@ fn kernels_are_counted_by_name_and_transfers_under_them_are_hidden() {
     assert!(report.named("spin").unwrap().seconds >= 0.031 * 0.99);
     let transfer = report.transfer.as_secs_f64();
     let hidden = report.hidden_transfer.as_secs_f64();
-    assert!(
-        transfer > 0.0 && close(hidden, transfer),
-        "hidden {hidden} of {transfer} s"
-    );
+    if common::SIMULATED {
+        // The upload is not sure to run while the spin's host function sleeps on a loaded machine.
+        assert!(
+            transfer > 0.0 && hidden <= transfer,
+            "hidden {hidden} of {transfer} s"
+        );
+    } else {
+        assert!(
+            transfer > 0.0 && close(hidden, transfer),
+            "hidden {hidden} of {transfer} s"
+        );
+    }
 
     // Taking turns on one stream, nothing is hidden.
     ledger.clear();
@@ -134,7 +176,10 @@ fn kernels_are_counted_by_name_and_transfers_under_them_are_hidden() {
         "{:?}",
         report.hidden_transfer
     );
-    assert!(report.category(Category::Upload).unwrap().share_of_wall < 0.5);
+    // 1.2 ms of upload after 5 ms of spin on a GPU; the simulator's copies take what the host's memcpy takes.
+    if !common::SIMULATED {
+        assert!(report.category(Category::Upload).unwrap().share_of_wall < 0.5);
+    }
 }
 
 #[test]

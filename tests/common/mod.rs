@@ -141,23 +141,88 @@ pub fn spin_for(stream: &Stream, duration: std::time::Duration) {
     }
 }
 
-/// On the simulated driver there are no kernels (they run through the CUDA runtime): `fill` and `spin` stand
-/// in for the crate's launchers of those names with work the driver runs in stream order: an upload of a
-/// pinned buffer holding the value (tracked as a write of the destination, as the kernel is) and a host
-/// function that sleeps.
+/// Keeps `stream` busy until the returned value drops, for a test that asserts something while work is
+/// still queued behind it. On a GPU a kernel spins for `duration`, and the test must be done with what it
+/// holds the stream for before that ends (a timing fact of the GPU); on the simulated driver a host function
+/// blocks the stream until the value drops (or 10 s pass, so that a test that waits for the stream while
+/// holding it fails rather than hangs), however slow the machine.
+#[must_use = "the stream is released when the value drops"]
+pub fn hold(stream: &Stream, duration: std::time::Duration) -> Held {
+    #[cfg(feature = "gpu")]
+    {
+        spin_for(stream, duration);
+        Held {}
+    }
+    #[cfg(not(feature = "gpu"))]
+    {
+        use std::sync::{Arc, Condvar};
+        let _ = duration;
+        /// Blocks until the gate its argument points to opens, or 10 s pass.
+        ///
+        /// # Safety
+        /// The argument comes from `Arc::into_raw` of a gate, for this one call.
+        unsafe extern "C" fn wait(gate: *mut std::ffi::c_void) {
+            // SAFETY: as the function's contract says; the reference is dropped here.
+            let gate = unsafe { Arc::from_raw(gate.cast::<(Mutex<bool>, Condvar)>()) };
+            let open = gate.0.lock().unwrap_or_else(PoisonError::into_inner);
+            let timeout = std::time::Duration::from_secs(10);
+            drop(gate.1.wait_timeout_while(open, timeout, |open| !*open));
+        }
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let arg = Arc::into_raw(gate.clone()).cast_mut().cast();
+        // SAFETY: a live stream; the host function takes the reference `arg` holds and makes no CUDA call.
+        unsafe { cuda_pinned::driver_call!(cuLaunchHostFunc(stream.as_raw(), Some(wait), arg)) }
+            .unwrap();
+        Held { gate }
+    }
+}
+
+/// What [`hold`] returns: dropping it lets the stream go on.
+pub struct Held {
+    #[cfg(not(feature = "gpu"))]
+    gate: std::sync::Arc<(Mutex<bool>, std::sync::Condvar)>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        #[cfg(not(feature = "gpu"))]
+        {
+            *self.gate.0.lock().unwrap_or_else(PoisonError::into_inner) = true;
+            self.gate.1.notify_all();
+        }
+    }
+}
+
+/// On the simulated driver there are no kernels (they run through the CUDA runtime): `fill`, `spin` and
+/// `device_checksum` stand in for the crate's launchers of those names with work the driver runs in stream
+/// order, tracked as the kernels are, and timed like them in a stream's ledger (as kernels of the same names):
+/// an upload of a pinned buffer holding the value (the upload is timed as well), a host function that sleeps,
+/// and a download into pinned memory that a host function sums. The host never waits for any of them.
 #[cfg(not(feature = "gpu"))]
 pub mod kernels {
+    use std::ffi::c_void;
     use std::time::Duration;
 
     use bytemuck::Pod;
-    use cuda_pinned::{DeviceBuffer, DeviceDestination, DeviceViewMut, Pinned, Result, Stream};
+    use cuda_pinned::kernels::checksum;
+    use cuda_pinned::sys::CUdeviceptr;
+    use cuda_pinned::{
+        DeviceBuffer, DeviceDestination, DeviceSource, DeviceView, DeviceViewMut, Pinned, Result,
+        Stream, driver_call,
+    };
 
-    /// The element count of a device destination (the crate's own is sealed).
+    /// The element count of device memory (the crate's own is sealed).
     pub trait Elements {
         fn count(&self) -> usize;
     }
 
     impl<T: Pod> Elements for DeviceBuffer<T> {
+        fn count(&self) -> usize {
+            self.len()
+        }
+    }
+
+    impl<T: Pod> Elements for DeviceView<'_, T> {
         fn count(&self) -> usize {
             self.len()
         }
@@ -174,13 +239,133 @@ pub mod kernels {
         dst: &mut (impl DeviceDestination<T> + Elements),
         value: T,
     ) -> Result<()> {
-        let src = Pinned::from_slice(stream.context(), &vec![value; Elements::count(dst)])?;
-        stream.upload(&src, dst)
+        let n = Elements::count(dst);
+        if n == 0 {
+            return Ok(());
+        }
+        let src = Pinned::from_slice(stream.context(), &vec![value; n])?;
+        stream.profile("fill", n * size_of::<T>(), || stream.upload(&src, dst))
     }
 
     pub fn spin(stream: &Stream, duration: Duration) -> Result<()> {
-        super::spin_for(stream, duration);
-        Ok(())
+        stream.profile("spin", 0, || {
+            super::spin_for(stream, duration);
+            Ok(())
+        })
+    }
+
+    /// Writes the checksum of the bytes of `data` into `out[0]` on `stream`, as the crate's launcher does.
+    ///
+    /// # Panics
+    /// Unless `out` has one element (where the crate's returns an invalid-argument error).
+    pub fn device_checksum<T: Pod>(
+        stream: &Stream,
+        data: &(impl DeviceSource<T> + Elements),
+        out: &mut (impl DeviceDestination<u64> + Elements),
+    ) -> Result<()> {
+        assert_eq!(
+            out.count(),
+            1,
+            "device_checksum: `out` must have one element"
+        );
+        let (ctx, bytes) = (stream.context(), data.count() * size_of::<T>());
+        stream.profile("checksum", bytes, || {
+            let mut staging = Pinned::<T>::zeroed(ctx, data.count())?;
+            stream.download(data, &mut staging)?;
+            let sum = Pinned::<u64>::zeroed(ctx, 1)?;
+            // SAFETY: both stay allocated until the stream has passed the host function: the upload below
+            // reads `sum` after it, and `keep_until_here` makes `staging` wait for a read after it too.
+            unsafe { sum_on(stream, staging.as_ptr().cast(), bytes, &sum) }?;
+            stream.upload(&sum, out)?;
+            keep_until_here(stream, &staging)
+        })
+    }
+
+    /// Stands for the raw launcher `cuda_pinned_checksum`: work the crate does not track, ordered by `stream`
+    /// alone. Writes the checksum of the `len` bytes at device address `data` to device address `out`.
+    ///
+    /// # Safety
+    /// `data` and `out` (one `u64`) are device memory of `stream`'s context that stay allocated until the stream
+    /// has run this work, and other streams' work does not write `data` or touch `out` meanwhile.
+    pub unsafe fn raw_checksum(
+        stream: &Stream,
+        data: CUdeviceptr,
+        len: usize,
+        out: CUdeviceptr,
+    ) -> Result<()> {
+        let ctx = stream.context();
+        let staging = Pinned::<u8>::zeroed(ctx, len)?;
+        let sum = Pinned::<u64>::zeroed(ctx, 1)?;
+        let (host, s) = (
+            staging.as_ptr().cast_mut().cast::<c_void>(),
+            stream.as_raw(),
+        );
+        if len > 0 {
+            // SAFETY: `len` bytes of device memory (the caller's promise) into `len` bytes of pinned memory that
+            // nothing else uses and that stays allocated until the stream has passed `keep_until_here` below.
+            unsafe { driver_call!(cuMemcpyDtoHAsync_v2(host, data, len, s)) }?;
+        }
+        // SAFETY: as for the copy: `keep_until_here` keeps both buffers until the stream has passed it.
+        unsafe { sum_on(stream, staging.as_ptr(), len, &sum) }?;
+        // SAFETY: one u64 of pinned memory, kept as above, to one u64 of device memory (the caller's promise).
+        unsafe { driver_call!(cuMemcpyHtoDAsync_v2(out, sum.as_ptr().cast(), 8, s)) }?;
+        keep_until_here(stream, &staging)?;
+        keep_until_here(stream, &sum)
+    }
+
+    /// What the host function of `sum_on` reads and writes.
+    struct Sum {
+        data: *const u8,
+        len: usize,
+        out: *mut u64,
+    }
+
+    /// Enqueues on `stream` a host function that writes the checksum of the `len` bytes at `data` into `sum`.
+    ///
+    /// # Safety
+    /// The bytes and `sum` stay allocated until the stream has passed the host function, and nothing else
+    /// touches them meanwhile (the work before it on the stream may write the bytes).
+    unsafe fn sum_on(
+        stream: &Stream,
+        data: *const u8,
+        len: usize,
+        sum: &Pinned<u64>,
+    ) -> Result<()> {
+        /// # Safety
+        /// The argument comes from `Box::into_raw` in `sum_on`, for this one call, and points to memory
+        /// `sum_on`'s caller keeps.
+        unsafe extern "C" fn run(job: *mut c_void) {
+            // SAFETY: as the function's contract says.
+            let job = unsafe { Box::from_raw(job.cast::<Sum>()) };
+            // SAFETY: `len` readable bytes (or none) that nothing writes now, and one writable u64.
+            unsafe {
+                let bytes = std::slice::from_raw_parts(job.data, job.len);
+                job.out.write(checksum(bytes));
+            }
+        }
+        let job = Box::into_raw(Box::new(Sum {
+            data,
+            len,
+            out: sum.as_ptr().cast_mut(),
+        }));
+        // SAFETY: a live stream; the host function makes no CUDA call and owns `job`.
+        let launched =
+            unsafe { driver_call!(cuLaunchHostFunc(stream.as_raw(), Some(run), job.cast())) };
+        if launched.is_err() {
+            // SAFETY: not launched, so still ours.
+            drop(unsafe { Box::from_raw(job) });
+        }
+        launched
+    }
+
+    /// Keeps `buffer` allocated until `stream` has passed the work enqueued on it so far, which the crate does
+    /// not track: a tracked read of it enqueued now, which its release waits for.
+    fn keep_until_here<T: Pod>(stream: &Stream, buffer: &Pinned<T>) -> Result<()> {
+        if buffer.is_empty() {
+            return Ok(());
+        }
+        let mut scratch = DeviceBuffer::<T>::uninit(stream, 1)?;
+        stream.upload(&buffer.slice(..1)?, &mut scratch)
     }
 }
 
