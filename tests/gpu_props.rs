@@ -14,13 +14,12 @@ use std::time::Duration;
 
 #[cfg(not(feature = "gpu"))]
 use common::kernels;
-use common::{data, serial};
+use common::{SplitMix64, compare, data, env_number, serial};
 #[cfg(feature = "gpu")]
 use cuda_pinned::kernels;
 use cuda_pinned::{Context, DeviceBuffer, Pinned, Stream};
 use program::{
-    DEVICE_BUFFERS, MAX_SPIN_US, MAX_STREAMS, Op, PINNED_BUFFERS, Program, SIZES, SplitMix64,
-    compare, run_program,
+    DEVICE_BUFFERS, MAX_SPIN_US, MAX_STREAMS, Op, PINNED_BUFFERS, Program, SIZES, run_program,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestError, TestRunner};
@@ -90,17 +89,6 @@ fn program() -> impl Strategy<Value = Program> {
             sizes,
             ops,
         })
-}
-
-/// A number from the environment variable `name`, if set.
-fn env_number(name: &str) -> Option<u64> {
-    let value = std::env::var(name).ok()?;
-    Some(
-        value
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={value:?} is not a number")),
-    )
 }
 
 #[test]

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 #[cfg(not(feature = "gpu"))]
 use common::kernels::fill;
-use common::{data, serial, spin_for};
+use common::{SplitMix64, compare, data, env_number, serial, spin_for};
 #[cfg(feature = "gpu")]
 use cuda_pinned::kernels::fill;
 use cuda_pinned::profile::Category;
@@ -66,21 +66,16 @@ const SMALL_BUDGET: usize = 48 << 10;
 /// Set by the first thread that fails, so that the others stop early.
 static STOP: AtomicBool = AtomicBool::new(false);
 
-/// `SplitMix64`: a thread's choices and the values it writes.
-struct Rng(u64);
+/// A thread's choices and the values it writes: `SplitMix64` and the draws this test makes of it.
+struct Rng(SplitMix64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next()
     }
 
-    /// Uniform in `0..n` (`n > 0`), near enough.
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        self.0.below(n)
     }
 
     fn chance(&mut self, percent: u64) -> bool {
@@ -118,20 +113,14 @@ impl Rng {
 
     /// A fill value, odd so that it is never mistaken for the zeros of a new buffer.
     fn value(&mut self) -> u32 {
-        (self.next() >> 32) as u32 | 1
+        self.0.value()
     }
 }
 
 /// Panics unless `got` is `want`, naming the first element that differs.
 fn check(got: &[u32], want: &[u32], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: the length");
-    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
-        panic!(
-            "{what}: element {i} of {} is {:#x}, the model says {:#x}",
-            want.len(),
-            got[i],
-            want[i]
-        );
+    if let Err(e) = compare(got, want, what) {
+        panic!("{e}");
     }
 }
 
@@ -920,17 +909,6 @@ impl<'a> Worker<'a> {
     }
 }
 
-/// A number from the environment variable `name`, if set.
-fn env_number(name: &str) -> Option<u64> {
-    let value = std::env::var(name).ok()?;
-    Some(
-        value
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={value:?} is not a number")),
-    )
-}
-
 /// Names the seed if the test fails anywhere, in a thread or after.
 struct Replay(u64);
 
@@ -952,7 +930,7 @@ fn threads_share_a_context_a_pool_and_streams() {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
-        Rng(now ^ (u64::from(std::process::id()) << 32)).next()
+        SplitMix64(now ^ (u64::from(std::process::id()) << 32)).next()
     });
     let steps = env_number("CUDA_PINNED_STRESS_STEPS").unwrap_or(STEPS);
     let _replay = Replay(seed);
@@ -984,7 +962,9 @@ fn threads_share_a_context_a_pool_and_streams() {
                     id,
                     seed,
                     step: 0,
-                    rng: Rng(seed ^ (id as u64 + 1).wrapping_mul(0xD6E8_FEB8_6659_FD93)),
+                    rng: Rng(SplitMix64(
+                        seed ^ (id as u64 + 1).wrapping_mul(0xD6E8_FEB8_6659_FD93),
+                    )),
                     ctx: &ctx,
                     pool: &pool,
                     small: &small,

@@ -369,16 +369,81 @@ pub mod kernels {
     }
 }
 
-/// Fresh, distinct data for each seed (splitmix64), never zeros.
+/// Fresh data for each seed (splitmix64).
 pub fn data(len: usize, seed: u64) -> Vec<u32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x1234_5678;
-    (0..len)
-        .map(|_| {
-            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            (z ^ (z >> 31)) as u32
-        })
-        .collect()
+    let mut rng = SplitMix64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x1234_5678);
+    (0..len).map(|_| rng.next() as u32).collect()
+}
+
+/// `SplitMix64`: reproducible choices and values for the tests' random programs.
+#[derive(Clone, Debug)]
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n > 0`), near enough.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    /// A fresh value, odd so that it is never mistaken for the zeros of a new buffer.
+    pub fn value(&mut self) -> u32 {
+        (self.next() >> 32) as u32 | 1
+    }
+
+    pub fn fill(&mut self, out: &mut [u32]) {
+        for x in out {
+            *x = self.value();
+        }
+    }
+
+    pub fn values(&mut self, len: usize) -> Vec<u32> {
+        let mut v = vec![0; len];
+        self.fill(&mut v);
+        v
+    }
+}
+
+/// Where `got` first differs from `want`, as an error message.
+pub fn compare(got: &[u32], want: &[u32], what: &str) -> Result<(), String> {
+    if got == want {
+        return Ok(());
+    }
+    if got.len() != want.len() {
+        return Err(format!(
+            "{what}: {} elements, the model has {}",
+            got.len(),
+            want.len()
+        ));
+    }
+    let differ = got.iter().zip(want).filter(|(a, b)| a != b).count();
+    let i = got
+        .iter()
+        .zip(want)
+        .position(|(a, b)| a != b)
+        .expect("unequal slices of equal length differ somewhere");
+    Err(format!(
+        "{what}: element {i} of {} is {:#010x}, the model says {:#010x} ({differ} elements differ)",
+        want.len(),
+        got[i],
+        want[i]
+    ))
+}
+
+/// A number from the environment variable `name`, if set.
+pub fn env_number(name: &str) -> Option<u64> {
+    let value = std::env::var(name).ok()?;
+    Some(
+        value
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={value:?} is not a number")),
+    )
 }

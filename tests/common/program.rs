@@ -14,6 +14,7 @@ use std::time::Duration;
 
 #[cfg(not(feature = "gpu"))]
 use crate::common::kernels;
+use crate::common::{SplitMix64, compare};
 #[cfg(feature = "gpu")]
 use cuda_pinned::kernels;
 use cuda_pinned::{Context, DeviceBuffer, Event, Pinned, Stream};
@@ -25,42 +26,6 @@ pub const PINNED_BUFFERS: usize = 3;
 pub const MAX_STREAMS: usize = 4;
 /// The longest `spin`, in microseconds: longer than a 4 MiB copy, so work behind it is overtaken.
 pub const MAX_SPIN_US: u64 = 400;
-
-/// `SplitMix64`: the values a program writes, from the program's seed, in program order.
-#[derive(Clone, Debug)]
-pub struct SplitMix64(pub u64);
-
-impl SplitMix64 {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (`n > 0`), near enough.
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    /// A fresh value, odd so that it is never mistaken for the zeros of a new buffer.
-    pub fn value(&mut self) -> u32 {
-        (self.next() >> 32) as u32 | 1
-    }
-
-    pub fn fill(&mut self, out: &mut [u32]) {
-        for x in out {
-            *x = self.value();
-        }
-    }
-
-    pub fn values(&mut self, len: usize) -> Vec<u32> {
-        let mut v = vec![0; len];
-        self.fill(&mut v);
-        v
-    }
-}
 
 /// How an operand is passed: the buffer itself, or a view made with `slice` or `slice_mut`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -259,32 +224,6 @@ impl Program {
     pub fn len_of(&self, buffer: usize) -> usize {
         SIZES[self.sizes[buffer].unwrap_or(self.common_size)]
     }
-}
-
-/// Where `got` first differs from `want`, as an error message.
-pub fn compare(got: &[u32], want: &[u32], what: &str) -> Result<(), String> {
-    if got == want {
-        return Ok(());
-    }
-    if got.len() != want.len() {
-        return Err(format!(
-            "{what}: {} elements, the model has {}",
-            got.len(),
-            want.len()
-        ));
-    }
-    let differ = got.iter().zip(want).filter(|(a, b)| a != b).count();
-    let i = got
-        .iter()
-        .zip(want)
-        .position(|(a, b)| a != b)
-        .expect("unequal slices of equal length differ somewhere");
-    Err(format!(
-        "{what}: element {i} of {} is {:#010x}, the model says {:#010x} ({differ} elements differ)",
-        want.len(),
-        got[i],
-        want[i]
-    ))
 }
 
 fn gpu<T>(result: cuda_pinned::Result<T>) -> Result<T, String> {

@@ -147,7 +147,9 @@ pub unsafe extern "C" fn cuda_sim_violation(index: u64, buffer: *mut c_char, len
 pub unsafe extern "C" fn cuda_sim_live(out: *mut Live) {
     // Destroyed streams are gone once drained, and their workers joined.
     let state = SIM.wait_until(SIM.lock(), |s| {
-        s.streams.values().all(|s| s.queue.is_empty() && !s.destroyed)
+        s.streams
+            .values()
+            .all(|s| s.queue.is_empty() && !s.destroyed)
     });
     SIM.join_stopped(&state);
     let mut live = Live::default();
