@@ -57,7 +57,6 @@ use std::sync::LazyLock;
 
 use cuda_pinned::Context;
 use cuda_pinned_fuzz::Reader;
-use cuda_pinned_sim::Live;
 use libfuzzer_sys::fuzz_target;
 use program::{DEVICE_BUFFERS, MAX_STREAMS, Op, PINNED_BUFFERS, Program};
 
@@ -193,7 +192,7 @@ fn op(r: &mut Reader) -> Op {
     }
 }
 
-fn program(data: &[u8]) -> Program {
+fn decode(data: &[u8]) -> Program {
     let mut r = Reader::new(data);
     let streams = 2 + usize::from(r.byte()) % (MAX_STREAMS - 1);
     let common_size = usize::from(r.byte() % LENGTHS);
@@ -214,29 +213,23 @@ fn program(data: &[u8]) -> Program {
     }
 }
 
-/// What must be gone when a program ends: memory, streams and queued work (events may wait in trackers of
-/// memory on the deferred-release list until a later poll, as in tests/sim_faults.rs).
-fn memory(live: Live) -> Live {
-    Live { events: 0, ..live }
-}
-
 fuzz_target!(
     init: {
         use_simulator();
         LazyLock::force(&CONTEXT);
     },
     |data: &[u8]| {
-        let program = program(data);
+        let program = decode(data);
         // Checks, when it drops, that the simulator found no violation.
         let _serial = common::serial();
         let sim = common::sim().expect("CUDA_PINNED_LIBCUDA names the simulated driver");
         let ctx = &*CONTEXT;
-        let before = memory(sim.live());
+        let before = sim.live();
         if let Err(e) = program::run_program(ctx, &program) {
             panic!("{e}\nthe program: {program:#?}");
         }
         ctx.synchronize().expect("synchronize after the program");
-        let after = memory(sim.live());
+        let after = sim.live();
         assert_eq!(after, before, "the program left something allocated: {program:#?}");
     }
 );
