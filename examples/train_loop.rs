@@ -366,20 +366,11 @@ fn streaming_stores() -> bool {
     *STREAMING
 }
 
-/// `to.copy_from_slice(from)` with non-temporal stores: a 64-byte line per step, in two 32-byte stores, where
-/// AVX is there and `to` is 64-byte aligned (unless `SSE_STORES` is set), else 16 bytes at a time where `to` is
-/// 16-byte aligned.
+/// `to.copy_from_slice(from)` with 16-byte non-temporal stores where `to` is 16-byte aligned.
 #[cfg(target_arch = "x86_64")]
 fn stream_copy(to: &mut [f32], from: &[f32]) {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
-    static AVX: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
-        std::arch::is_x86_feature_detected!("avx") && std::env::var_os("SSE_STORES").is_none()
-    });
     assert_eq!(to.len(), from.len());
-    if *AVX && to.as_ptr().addr().is_multiple_of(64) {
-        // SAFETY: AVX is present (detected above); `to` is 64-byte aligned.
-        return unsafe { stream_copy_lines(to, from) };
-    }
     if !to.as_ptr().addr().is_multiple_of(16) {
         return to.copy_from_slice(from);
     }
@@ -394,27 +385,6 @@ fn stream_copy(to: &mut [f32], from: &[f32]) {
         unsafe { _mm_stream_si128(d.add(v), _mm_loadu_si128(s.add(v))) };
     }
     to[vectors * 4..].copy_from_slice(&from[vectors * 4..]);
-}
-
-/// [`stream_copy`] a 64-byte line at a time, in two 32-byte streaming stores.
-///
-/// # Safety
-/// The CPU has AVX; `to` is 64-byte aligned and as long as `from`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx")]
-unsafe fn stream_copy_lines(to: &mut [f32], from: &[f32]) {
-    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_stream_si256};
-    let lines = to.len() / 16;
-    let (d, s) = (
-        to.as_mut_ptr().cast::<__m256i>(),
-        from.as_ptr().cast::<__m256i>(),
-    );
-    for v in 0..2 * lines {
-        // SAFETY: v < 2 * lines, so both 32-byte accesses are inside the slices (same length); `d` is 64-byte
-        // aligned, so each store is 32-byte aligned as the streaming store requires; loads take any alignment.
-        unsafe { _mm256_stream_si256(d.add(v), _mm256_loadu_si256(s.add(v))) };
-    }
-    to[lines * 16..].copy_from_slice(&from[lines * 16..]);
 }
 
 #[cfg(not(target_arch = "x86_64"))]
