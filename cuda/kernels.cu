@@ -191,6 +191,31 @@ int cuda_pinned_spin(uint64_t ns, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+int cuda_pinned_preload(void) {
+  // Asking for a kernel's attributes makes the runtime load this file's module into the current
+  // context, which is what the first launch would otherwise do (and loading a module waits for
+  // all work on the device). One call loads the whole module; each kernel is asked for all the
+  // same, so that lazy loading of single functions happens here too.
+  cudaFuncAttributes attributes;
+  const void *kernels[] = {
+      reinterpret_cast<const void *>(&fill_kernel<uint8_t>),
+      reinterpret_cast<const void *>(&fill_kernel<uint16_t>),
+      reinterpret_cast<const void *>(&fill_kernel<uint32_t>),
+      reinterpret_cast<const void *>(&fill_kernel<uint64_t>),
+      reinterpret_cast<const void *>(&axpy_kernel),
+      reinterpret_cast<const void *>(&checksum_kernel),
+      reinterpret_cast<const void *>(&spin_kernel),
+  };
+  for (const void *kernel : kernels) {
+    const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      return err;
+    }
+  }
+  return cudaSuccess;
+}
+
 const char *cuda_pinned_error_name(int code) { return cudaGetErrorName(to_cuda_error(code)); }
 
 const char *cuda_pinned_error_string(int code) { return cudaGetErrorString(to_cuda_error(code)); }

@@ -56,6 +56,13 @@ int cuda_pinned_checksum(const void *data, size_t len, uint64_t *out, struct CUs
 int cuda_pinned_spin(uint64_t ns, struct CUstream_st *stream);
 
 /*
+ * Loads this file's kernels into the calling thread's current context, as their first launch
+ * would, and returns the error (0 for success). Loading a module waits until all work on the
+ * device has finished, so the crate does it on a thread of its own, never at a launch.
+ */
+int cuda_pinned_preload(void);
+
+/*
  * cudaGetErrorName / cudaGetErrorString of `code` from the statically linked runtime: static
  * strings that must not be freed. They need no GPU or context and accept any int: for a code
  * the runtime does not know, both return "unrecognized error code".

@@ -3,12 +3,13 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use crate::device::Device;
 use crate::driver_call;
 use crate::error::{Error, Result};
-use crate::sys::CUcontext;
+use crate::stream::Stream;
+use crate::sys::{CUcontext, CUevent, CUevent_flags, CUstream, CUstream_flags};
 
 /// The primary context of a device, retained while any clone (or any stream, event or buffer made in it) lives.
 ///
@@ -26,10 +27,20 @@ struct Inner {
     /// Errors that a destructor met and could not return (a failed wait before a release, say): kept for
     /// [`Context::check_deferred_errors`] rather than lost or turned into a panic.
     deferred: Mutex<Vec<Error>>,
+    /// Events for ordering, recorded without timing, ready for reuse (see `memory/marks.rs`).
+    events: Mutex<Vec<CUevent>>,
+    /// The streams made in the context, so that `synchronize` can close their segments.
+    streams: Mutex<Vec<Weak<crate::stream::Inner>>>,
+    /// The crate's own stream for frees that must wait for several streams (null until first needed).
+    release_stream: Mutex<CUstream>,
 }
 
+/// The most idle events a context keeps for reuse; more are destroyed as they come back.
+const POOLED_EVENTS: usize = 1024;
+
 // SAFETY: a CUcontext is a handle the driver lets any thread use (make current, pass to calls) concurrently;
-// the crate only ever uses it through driver calls. `deferred` is behind a Mutex.
+// the crate only ever uses it through driver calls. The pooled CUevents are handles of the same kind; the
+// lists are behind Mutexes.
 unsafe impl Send for Inner {}
 // SAFETY: as for Send: shared use of the handle from several threads is what the driver API supports.
 unsafe impl Sync for Inner {}
@@ -53,12 +64,19 @@ impl Context {
                 ))
             },
         )?;
-        Ok(Context(Arc::new(Inner {
+        let context = Context(Arc::new(Inner {
             device,
             raw,
             memory_pools,
             deferred: Mutex::new(Vec::new()),
-        })))
+            events: Mutex::new(Vec::new()),
+            streams: Mutex::new(Vec::new()),
+            release_stream: Mutex::new(std::ptr::null_mut()),
+        }));
+        // Loading the crate's kernels waits for all work on the device: done ahead, on a thread of its own.
+        #[cfg(feature = "gpu")]
+        crate::kernels::preload(&context);
+        Ok(context)
     }
 
     /// The primary context of the device with this ordinal: `Context::on(0)` for the first GPU.
@@ -86,19 +104,27 @@ impl Context {
         self.0.raw
     }
 
-    /// Blocks until all work in the context, on every stream, has completed.
+    /// Blocks until all work in the context, on every stream, has completed, and then until the pinned memory
+    /// dropped while that work used it has been released.
     ///
     /// # Errors
     /// The driver's, including errors of earlier asynchronous work.
     #[doc(alias = "cuCtxSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
-        let _current = self.enter()?;
-        // SAFETY: the context is current on this thread.
-        unsafe { driver_call!(cuCtxSynchronize()) }
-            .map_err(|e| e.context("synchronising the context"))?;
+        // Work other code enqueues afterwards must not delay what the crate's buffers wait for (see
+        // `memory/marks.rs`). A failure to close only makes later waits less precise.
+        let streams = lock(&self.0.streams).clone();
+        let closed = crate::stream::close_segments(&streams);
+        drop(streams);
+        {
+            let _current = self.enter()?;
+            // SAFETY: the context is current on this thread.
+            unsafe { driver_call!(cuCtxSynchronize()) }
+                .map_err(|e| e.context("synchronising the context"))?;
+        }
         // Everything has completed: host memory dropped while in use can go now.
-        crate::memory::release_idle();
-        Ok(())
+        crate::memory::flush_releases(self);
+        closed
     }
 
     /// The device memory (free, total) in bytes, as the driver sees it now.
@@ -134,30 +160,87 @@ impl Context {
         Ok((least, greatest))
     }
 
-    /// Errors that destructors met since the last call (a failed wait before releasing memory, say), which a
-    /// destructor cannot return. Memory whose release could not be ordered safely was leaked instead.
+    /// Errors that destructors and the crate's release thread met since the last call (a failed wait before
+    /// releasing memory, say), which they could not return. Memory whose release could not be ordered safely
+    /// was leaked instead.
     ///
     /// # Errors
-    /// The first such error; the rest are dropped with it.
+    /// The one such error, or [`Error::Deferred`] with all of them, oldest first, when there were several.
     pub fn check_deferred_errors(&self) -> Result<()> {
-        let mut deferred = self
-            .0
-            .deferred
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        match deferred.drain(..).next() {
-            Some(e) => Err(e),
-            None => Ok(()),
+        let mut errors = std::mem::take(&mut *lock(&self.0.deferred));
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(Error::Deferred { errors }),
         }
     }
 
     /// Keeps an error a destructor met, for [`Context::check_deferred_errors`].
     pub(crate) fn defer_error(&self, error: Error) {
-        self.0
-            .deferred
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(error);
+        lock(&self.0.deferred).push(error);
+    }
+
+    /// Remembers a stream made in this context, for `synchronize`; forgets streams that are gone.
+    pub(crate) fn register_stream(&self, stream: Weak<crate::stream::Inner>) {
+        let mut streams = lock(&self.0.streams);
+        // Pruning whenever the list doubles keeps it within twice the live streams, at constant cost per push.
+        if streams.len() >= 16 && streams.len().is_power_of_two() {
+            streams.retain(|s| s.strong_count() > 0);
+        }
+        streams.push(stream);
+    }
+
+    /// An event of this context for ordering (recorded without timing): an idle one of the pool, else a new one.
+    ///
+    /// # Errors
+    /// The driver's, from creating an event.
+    pub(crate) fn take_event(&self) -> Result<CUevent> {
+        if let Some(event) = lock(&self.0.events).pop() {
+            return Ok(event);
+        }
+        let _current = self.enter()?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: an out-pointer to a local; the context is current. Destroyed by `give_event` or Inner's Drop.
+        unsafe {
+            driver_call!(cuEventCreate(
+                &mut raw,
+                CUevent_flags::CU_EVENT_DISABLE_TIMING.0
+            ))
+        }
+        .map_err(|e| e.context("creating an event"))?;
+        Ok(raw)
+    }
+
+    /// The crate's own stream of this context for stream-ordered frees that wait for uses on several streams:
+    /// only such frees go there, so its waits delay nobody's work. Created on first use.
+    ///
+    /// # Errors
+    /// The driver's, from creating it.
+    pub(crate) fn release_stream(&self) -> Result<Stream> {
+        let mut raw = lock(&self.0.release_stream);
+        if raw.is_null() {
+            let _current = self.enter()?;
+            let flags = CUstream_flags::CU_STREAM_NON_BLOCKING.0;
+            // SAFETY: an out-pointer to the lock's place; the context is current. Destroyed in Inner's Drop.
+            unsafe { driver_call!(cuStreamCreate(&mut *raw, flags)) }
+                .map_err(|e| e.context("creating the stream for stream-ordered frees"))?;
+        }
+        Ok(Stream::borrowed(self, *raw))
+    }
+
+    /// Takes back an event of [`Context::take_event`] that nothing uses any more.
+    pub(crate) fn give_event(&self, event: CUevent) {
+        let mut events = lock(&self.0.events);
+        if events.len() < POOLED_EVENTS {
+            events.push(event);
+            return;
+        }
+        drop(events);
+        // SAFETY: an event of this context that nothing uses any more. The driver defers releasing an event
+        // whose recorded work is pending.
+        if let Err(e) = unsafe { driver_call!(cuEventDestroy_v2(event)) } {
+            self.defer_error(e.context("destroying an event"));
+        }
     }
 
     /// Makes this context current on the calling thread until the guard drops, which puts back the thread's
@@ -203,10 +286,34 @@ impl fmt::Debug for Context {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        let release_stream = *self
+            .release_stream
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !release_stream.is_null() {
+            // SAFETY: created by `release_stream`; every `Stream` lent from it held a clone of this context, so
+            // none is left. Frees still queued on it run first: the driver releases the stream afterwards.
+            let _ = unsafe { driver_call!(cuStreamDestroy_v2(release_stream)) };
+        }
+        for event in self
+            .events
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+        {
+            // SAFETY: an idle event of the pool; nothing else holds it. A failure leaks it: harmless.
+            let _ = unsafe { driver_call!(cuEventDestroy_v2(event)) };
+        }
         // SAFETY: balances the retain in Context::new. Everything made in the context holds a clone of it, so
         // nothing of the crate's uses the context after this. A failure leaves it retained: harmless.
         let _ = unsafe { driver_call!(cuDevicePrimaryCtxRelease_v2(self.device.as_raw())) };
     }
+}
+
+/// Locks one of the context's lists. Nothing under these locks panics but a bug, and a poisoned list is still a
+/// list, so it is taken over.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The context made current by [`Context::enter`]; dropping it puts back the thread's previous context. Not

@@ -301,7 +301,7 @@ impl Stream {
         let Some(bytes) = self.check_copy::<T>("uploading", src.len(), dst)? else {
             return Ok(());
         };
-        self.tracked_as(
+        let enqueued = self.tracked_as(
             Work::Timed(Category::Upload, "pageable", bytes),
             None,
             Some(dst.track()),
@@ -317,9 +317,11 @@ impl Stream {
                     ))
                 }
             },
-        )
-        .and_then(|()| self.finish())
-        .map_err(|e| {
+        );
+        // Whatever happened, part of the copy may be queued (an error may come after the enqueue, from the
+        // ledger say): return only once none of it is.
+        let finished = self.finish();
+        enqueued.and(finished).map_err(|e| {
             e.context(format_args!(
                 "uploading {} from pageable memory",
                 Bytes(bytes)
@@ -342,7 +344,7 @@ impl Stream {
             return Ok(());
         };
         let ptr = dst.as_mut_ptr().cast::<c_void>();
-        self.tracked_as(
+        let enqueued = self.tracked_as(
             Work::Timed(Category::Download, "pageable", bytes),
             Some(src.track()),
             None,
@@ -358,9 +360,11 @@ impl Stream {
                     ))
                 }
             },
-        )
-        .and_then(|()| self.finish())
-        .map_err(|e| {
+        );
+        // Whatever happened, part of the copy may be queued (an error may come after the enqueue, from the
+        // ledger say): return only once none of it is.
+        let finished = self.finish();
+        enqueued.and(finished).map_err(|e| {
             e.context(format_args!(
                 "downloading {} into pageable memory",
                 Bytes(bytes)
@@ -402,10 +406,6 @@ impl Stream {
 
     /// Runs `enqueue` between the trackers' `prepare` and `record_use`: the work waits for every conflicting
     /// use on other streams, and is recorded (even if the enqueue failed partway).
-    #[allow(
-        dead_code,
-        reason = "the prefetcher (being written) declares uses through it"
-    )]
     pub(crate) fn tracked(
         &self,
         read: Option<&Track>,
@@ -439,6 +439,15 @@ impl Stream {
         if let Some(w) = write.as_mut() {
             w.prepare(&Gpu, self, Access::Write)?;
         }
+        // The stream's segment, locked until the uses are recorded; closed first unless this work replaces
+        // every entry that holds it (see `memory/marks.rs`).
+        let segment = self.begin(|current| {
+            read.as_ref()
+                .map_or(0, |r| r.replaced_at(self, current, Access::Read))
+                + write
+                    .as_ref()
+                    .map_or(0, |w| w.replaced_at(self, current, Access::Write))
+        })?;
         // Recorded even if the enqueue failed: it may have enqueued part of its work (the checksum launcher
         // enqueues a memset, then the kernel), and recording a use that did not happen is only conservative.
         let enqueued = match work {
@@ -446,18 +455,32 @@ impl Stream {
             Work::Untimed => enqueue(),
         };
         if let Some(r) = read.as_mut() {
-            r.record_use(self, Access::Read);
+            r.record_use(self, segment.clone(), Access::Read);
         }
         if let Some(w) = write.as_mut() {
-            w.record_use(self, Access::Write);
+            w.record_use(self, segment.clone(), Access::Write);
         }
         enqueued
     }
 
-    /// Blocks until the work enqueued on this stream has completed. `cuStreamSynchronize` allocates nothing, so
-    /// it fails only when the context is lost, after which no device work runs: a pageable copy whose memory is
-    /// in fact page-locked (a slice of `Pinned`) cannot still be running when its caller gets the slice back.
+    /// Blocks until the work enqueued on this stream has completed, for the pageable copies, which must not
+    /// return while their copy may still read or write the caller's slice (it may be page-locked memory of the
+    /// crate's, lent as a slice). `cuStreamSynchronize` allocates nothing and fails only when the context is
+    /// lost; should it fail all the same, the stream is polled until it is idle, so the copy is never left
+    /// queued behind an `Err`. Only a failing poll ends that early: the context is then broken, and no queued
+    /// work of it runs any more.
     fn finish(&self) -> Result<()> {
-        self.synchronize()
+        // SAFETY: a live stream.
+        let Err(failed) = (unsafe { driver_call!(cuStreamSynchronize(self.as_raw())) }) else {
+            return Ok(());
+        };
+        let failed = failed.context("waiting for a pageable copy to complete");
+        loop {
+            match self.query() {
+                Ok(true) => return Err(failed),
+                Ok(false) => std::thread::sleep(std::time::Duration::from_micros(50)),
+                Err(e) => return Err(failed.context(format_args!("then, {e}"))),
+            }
+        }
     }
 }

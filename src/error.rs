@@ -127,6 +127,13 @@ pub enum Error {
         /// The closure's error, for downcasting; `None` for a panic.
         cause: Option<std::sync::Arc<dyn std::error::Error + Send + Sync>>,
     },
+    /// Several errors met where they could not be returned (in destructors, on the crate's release thread),
+    /// reported together by [`crate::Context::check_deferred_errors`].
+    #[non_exhaustive]
+    Deferred {
+        /// Every error, oldest first.
+        errors: Vec<Error>,
+    },
     /// The driver supports an older CUDA version than the bindings were generated from.
     #[non_exhaustive]
     DriverTooOld {
@@ -179,22 +186,28 @@ impl Error {
         }
     }
 
-    /// Adds what the crate (or the caller) was doing when a driver or runtime call failed, such as
-    /// `"allocating 4.0 GiB on device 0"`; the message then reads `..., while allocating 4.0 GiB on device 0`.
-    /// The first context given is kept: it is the closest to the failure. Other errors are returned unchanged,
-    /// since their messages already say everything.
+    /// Adds what the crate (or the caller) was doing when the error happened, such as
+    /// `"allocating 4.0 GiB on device 0"`: the message of a driver or runtime error then reads
+    /// `..., while allocating 4.0 GiB on device 0`, and each further context is added after the ones before
+    /// (innermost first), so a note such as "(leaked)" added by an outer caller is never lost. An
+    /// invalid-argument or worker error gets it appended to its message; the other kinds (load errors,
+    /// missing functions, an exhausted pool, an old driver, deferred errors) say everything already and are
+    /// returned unchanged.
     #[must_use]
     pub fn context(mut self, what: impl fmt::Display) -> Error {
-        if let Error::Driver {
-            context: context @ None,
-            ..
-        }
-        | Error::Runtime {
-            context: context @ None,
-            ..
-        } = &mut self
-        {
-            *context = Some(what.to_string());
+        match &mut self {
+            Error::Driver { context, .. } | Error::Runtime { context, .. } => match context {
+                Some(context) => {
+                    use fmt::Write as _;
+                    let _ = write!(context, ", while {what}");
+                }
+                None => *context = Some(what.to_string()),
+            },
+            Error::InvalidArgument { message } | Error::Worker { message, .. } => {
+                use fmt::Write as _;
+                let _ = write!(message, ", while {what}");
+            }
+            _ => {}
         }
         self
     }
@@ -304,6 +317,17 @@ impl fmt::Display for Error {
             Error::Worker { index, message, .. } => {
                 write!(f, "building batch {index} failed: {message}")
             }
+            Error::Deferred { errors } => {
+                write!(
+                    f,
+                    "{} errors met where they could not be returned:",
+                    errors.len()
+                )?;
+                for (i, e) in errors.iter().enumerate() {
+                    write!(f, "\n  {}. {e}", i + 1)?;
+                }
+                Ok(())
+            }
             Error::DriverTooOld {
                 path,
                 driver_version,
@@ -357,13 +381,27 @@ mod tests {
     }
 
     #[test]
-    fn first_context_is_kept() {
+    fn every_context_is_kept_innermost_first() {
         let e = Error::from_driver_parts(CUresult(1), None, None, "cuMemcpyHtoDAsync_v2")
             .context("inner")
-            .context("outer");
+            .context("outer (leaked)");
         assert!(
-            e.to_string().contains("while inner (cuMemcpyHtoDAsync_v2)"),
+            e.to_string()
+                .ends_with(", while inner, while outer (leaked) (cuMemcpyHtoDAsync_v2)"),
             "{e}"
+        );
+        let e = Error::invalid("bad range").context("copying");
+        assert_eq!(e.to_string(), "bad range, while copying");
+    }
+
+    #[test]
+    fn deferred_errors_are_all_listed() {
+        let e = Error::Deferred {
+            errors: vec![Error::invalid("first"), Error::invalid("second")],
+        };
+        assert_eq!(
+            e.to_string(),
+            "2 errors met where they could not be returned:\n  1. first\n  2. second"
         );
     }
 

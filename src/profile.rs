@@ -287,6 +287,10 @@ impl Stream {
     /// Use it for your own kernels, so that the report counts them. The crate's own launchers inside `work` are
     /// recorded too, so the kernel category then counts that time twice.
     ///
+    /// Work enqueued inside `work` (through the stream's raw handle: your kernels, another library's calls) is
+    /// known to the crate as work on the stream: waits for the crate's buffers used on this stream before it
+    /// never wait for it.
+    ///
     /// # Errors
     /// `work`'s error, or the driver's from recording the events.
     pub fn profile<R>(
@@ -295,6 +299,7 @@ impl Stream {
         bytes: usize,
         work: impl FnOnce() -> Result<R>,
     ) -> Result<R> {
+        self.close_segment()?;
         self.profiled(Category::Kernel, name, bytes, work)
     }
 

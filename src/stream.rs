@@ -1,12 +1,13 @@
 //! CUDA streams: queues of device work that run in order, concurrently with other streams.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::context::Context;
 use crate::driver_call;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::event::Event;
+use crate::memory::Current;
 use crate::profile::Ledger;
 use crate::sys::{CUresult, CUstream, CUstream_flags};
 
@@ -18,13 +19,15 @@ use crate::sys::{CUresult, CUstream, CUstream_flags};
 #[derive(Clone)]
 pub struct Stream(Arc<Inner>);
 
-struct Inner {
+pub(crate) struct Inner {
     raw: CUstream,
     /// Whether the crate created the stream (and destroys it), or borrowed it through `from_raw`.
     owned: bool,
     context: Context,
     /// Where the stream's copies and kernels are timed, if anywhere (opt-in: `with_ledger`).
     ledger: Option<Ledger>,
+    /// The segment of the stream's work that the crate's next operation joins (see `memory/marks.rs`).
+    segment: Mutex<Current>,
 }
 
 // SAFETY: a CUstream is a driver handle usable from any thread; the driver orders and synchronises its use.
@@ -74,12 +77,41 @@ impl Stream {
             None => unsafe { driver_call!(cuStreamCreate(&mut raw, flags)) },
         };
         created.map_err(|e| e.context("creating a stream"))?;
-        Ok(Stream(Arc::new(Inner {
+        Ok(Stream::wrap(Inner {
             raw,
             owned: true,
             context: context.clone(),
             ledger,
-        })))
+            segment: Mutex::default(),
+        }))
+    }
+
+    /// A stream of `inner`, known to its context (which closes its segments when it synchronizes).
+    fn wrap(inner: Inner) -> Stream {
+        let stream = Stream(Arc::new(inner));
+        stream.0.context.register_stream(Arc::downgrade(&stream.0));
+        stream
+    }
+
+    /// A handle of `raw`, a stream of `context` that the context owns (its release stream), for one use: not
+    /// destroyed with the handle, not known to the context's list.
+    pub(crate) fn borrowed(context: &Context, raw: CUstream) -> Stream {
+        Stream(Arc::new(Inner {
+            raw,
+            owned: false,
+            context: context.clone(),
+            ledger: None,
+            segment: Mutex::default(),
+        }))
+    }
+
+    /// Locks the stream's current segment (see `memory/marks.rs`). Nothing under this lock panics but a bug,
+    /// and a poisoned lock holds a valid segment, so it is taken over.
+    pub(crate) fn segment(&self) -> MutexGuard<'_, Current> {
+        self.0
+            .segment
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The ledger this stream's work is timed in, if any.
@@ -90,15 +122,35 @@ impl Stream {
 
     /// Wraps a stream made elsewhere (another library, the CUDA runtime). The crate never destroys it.
     ///
+    /// Work that other code enqueues on the stream through its handle is invisible to the crate's tracking;
+    /// enqueue it through [`Stream::profile`] so that the crate orders its own waits before it.
+    ///
+    /// # Errors
+    /// An invalid-argument error for the null stream and the special handles `CU_STREAM_LEGACY` and
+    /// `CU_STREAM_PER_THREAD`: they are not one in-order queue of their own (they synchronize with other
+    /// streams, or stand for a different stream on each thread), which the tracking relies on.
+    ///
     /// # Safety
     /// `raw` must be a stream of `context`, and stay valid while the returned value or any clone of it lives,
-    /// including while buffers that were used on it have work pending (they keep a clone).
-    pub unsafe fn from_raw(context: &Context, raw: CUstream) -> Stream {
-        Stream(Arc::new(Inner {
+    /// including while buffers that were used on it have work pending (they keep a clone). It must not be a
+    /// stream created with `CU_STREAM_DEFAULT` flags that synchronizes with the legacy default stream if other
+    /// code uses that stream (its work would then wait for unrelated work there).
+    #[doc(alias = "CU_STREAM_LEGACY")]
+    #[doc(alias = "CU_STREAM_PER_THREAD")]
+    pub unsafe fn from_raw(context: &Context, raw: CUstream) -> Result<Stream> {
+        // cuda.h: CU_STREAM_LEGACY is ((CUstream)0x1), CU_STREAM_PER_THREAD ((CUstream)0x2).
+        if (raw as usize) <= 2 {
+            return Err(Error::invalid(format_args!(
+                "Stream::from_raw: {raw:p} is the null stream, CU_STREAM_LEGACY or CU_STREAM_PER_THREAD, not a \
+                 stream of its own; create one (cuStreamCreate with CU_STREAM_NON_BLOCKING) and wrap that"
+            )));
+        }
+        Ok(Stream::wrap(Inner {
             raw,
             owned: false,
             context: context.clone(),
             ledger: None,
+            segment: Mutex::default(),
         }))
     }
 
@@ -120,9 +172,13 @@ impl Stream {
     /// The driver's, including errors of the work on the stream.
     #[doc(alias = "cuStreamSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
+        // Work other code enqueues later must not delay what the crate's buffers wait for on this stream. A
+        // failure to close only makes later waits less precise: the synchronization still happens.
+        let closed = self.close_segment();
         // SAFETY: a live stream.
         unsafe { driver_call!(cuStreamSynchronize(self.0.raw)) }
-            .map_err(|e| e.context("synchronising a stream"))
+            .map_err(|e| e.context("synchronising a stream"))?;
+        closed
     }
 
     /// Whether all work enqueued on the stream has completed, without blocking.
@@ -146,6 +202,8 @@ impl Stream {
     /// The driver's.
     #[doc(alias = "cuStreamWaitEvent")]
     pub fn wait(&self, event: &Event) -> Result<()> {
+        // The wait delays everything after it: close the segment before, so that no buffer's wait includes it.
+        self.close_segment()?;
         // SAFETY: a live stream and a live event (the driver copies the event's state at this call).
         unsafe { driver_call!(cuStreamWaitEvent(self.0.raw, event.as_raw(), 0)) }
             .map_err(|e| e.context("making a stream wait for an event"))
@@ -171,6 +229,19 @@ impl Stream {
             .map_err(|e| e.context("reading a stream's priority"))?;
         Ok(priority)
     }
+}
+
+/// Closes the current segment of every stream still alive in `streams` (see `memory/marks.rs`), as the context
+/// does before it synchronizes. Tries every stream; returns the first error.
+pub(crate) fn close_segments(streams: &[std::sync::Weak<Inner>]) -> Result<()> {
+    let mut first = Ok(());
+    for inner in streams.iter().filter_map(std::sync::Weak::upgrade) {
+        let closed = Stream(inner).close_segment();
+        if first.is_ok() {
+            first = closed;
+        }
+    }
+    first
 }
 
 impl PartialEq for Stream {

@@ -202,7 +202,7 @@ fn a_borrowed_stream_is_not_destroyed() {
     // SAFETY: an out-pointer to a local; destroyed at the end of this test.
     unsafe { driver_call!(cuStreamCreate(&mut raw, 1)) }.unwrap();
     // SAFETY: `raw` is a stream of `ctx`, destroyed only after the wrapper and its clones are gone.
-    let wrapped = unsafe { Stream::from_raw(&ctx, raw) };
+    let wrapped = unsafe { Stream::from_raw(&ctx, raw) }.unwrap();
     assert_eq!(wrapped.as_raw(), raw);
     spin(&wrapped, 1);
     wrapped.synchronize().unwrap();
@@ -211,6 +211,22 @@ fn a_borrowed_stream_is_not_destroyed() {
     unsafe {
         driver_call!(cuStreamQuery(raw)).unwrap();
         driver_call!(cuStreamDestroy_v2(raw)).unwrap();
+    }
+}
+
+#[test]
+fn the_null_legacy_and_per_thread_streams_are_refused() {
+    let _serial = serial();
+    let ctx = Context::on(0).unwrap();
+    // cuda.h: the null stream, CU_STREAM_LEGACY ((CUstream)0x1) and CU_STREAM_PER_THREAD ((CUstream)0x2).
+    for raw in [0usize, 1, 2] {
+        // SAFETY: refused before anything uses the handle.
+        let e = unsafe { Stream::from_raw(&ctx, raw as cuda_pinned::sys::CUstream) }.unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("CU_STREAM_LEGACY or CU_STREAM_PER_THREAD"),
+            "{e}"
+        );
     }
 }
 

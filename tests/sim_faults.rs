@@ -72,6 +72,9 @@ fn each_call_fails(name: &str, op: impl Fn(&Fixture) -> Result<()>) -> usize {
         let _ = f.ctx.synchronize();
         f.ctx.check_deferred_errors()
     };
+    // A first run makes what a context keeps for its whole life once used (its pooled events, its stream
+    // for frees that wait for several streams), so that the baseline holds them.
+    op(&fixture).unwrap_or_else(|e| panic!("{name}: fails with no fault injected: {e}"));
     settle(&fixture).unwrap();
     let baseline = sim.live();
 
@@ -80,7 +83,12 @@ fn each_call_fails(name: &str, op: impl Fn(&Fixture) -> Result<()>) -> usize {
     let calls = sim.trace_stop();
     settle(&fixture)
         .unwrap_or_else(|e| panic!("{name}: deferred error with no fault injected: {e}"));
-    assert_eq!(sim.live(), baseline, "{name}: leaks with no fault injected");
+    // Events are not compared: the context's pool keeps as many as were in use at once, which varies.
+    assert_eq!(
+        memory(sim.live()),
+        memory(baseline),
+        "{name}: leaks with no fault injected"
+    );
     assert!(!calls.is_empty(), "{name}: makes no driver call");
 
     // Each call of the trace, by function and occurrence (a call's global index can shift between runs, as

@@ -5,19 +5,25 @@ use std::marker::PhantomData;
 
 use bytemuck::Pod;
 
+use super::host::check_alignment;
+use super::release::release_host;
 use super::{Bytes, Gpu, Track, byte_len, lock};
 use crate::context::Context;
 use crate::driver_call;
 use crate::error::Result;
 use crate::stream::Stream;
 use crate::sys::CUdeviceptr;
-use crate::track::Access;
+
+/// The alignment the driver guarantees for device allocations (`cuMemAlloc`, `cuMemAllocAsync`).
+const ALIGNMENT: usize = 256;
 
 /// `len` elements of `T` in device memory.
 ///
 /// Allocation is stream-ordered (`cuMemAllocAsync`) on devices with memory pools, else `cuMemAlloc`. Dropping
-/// the buffer never frees memory that enqueued work may still use and never blocks the host on such devices:
-/// the free is enqueued on a stream after every pending use (on other devices it waits for them first).
+/// the buffer never frees memory that enqueued work may still use, never blocks the host and never makes a
+/// stream wait for anything: the free is enqueued after every pending use, on the stream of those uses when
+/// they are all on one, else on a stream of the crate's own that waits for them (on devices without memory
+/// pools, the crate's release thread frees it once they have completed).
 pub struct DeviceBuffer<T> {
     ptr: CUdeviceptr,
     len: usize,
@@ -35,11 +41,12 @@ impl<T: Pod> DeviceBuffer<T> {
     ///
     /// # Errors
     /// `CUDA_ERROR_OUT_OF_MEMORY` naming the size and device; [`crate::Error::InvalidArgument`] if the size in
-    /// bytes overflows.
+    /// bytes overflows, or if `T` is aligned to more than the 256 bytes the driver guarantees.
     #[doc(alias = "cuMemAllocAsync")]
     #[doc(alias = "cuMemAlloc")]
     pub fn uninit(stream: &Stream, len: usize) -> Result<DeviceBuffer<T>> {
         let bytes = byte_len::<T>(len, "allocating device memory")?;
+        check_alignment::<T>(ALIGNMENT, "allocating device memory")?;
         let context = stream.context();
         let device = context.device();
         let mut buffer = DeviceBuffer {
@@ -56,8 +63,11 @@ impl<T: Pod> DeviceBuffer<T> {
         let _current = context.enter()?;
         let mut ptr = 0;
         let allocated = if buffer.ordered {
-            // SAFETY: an out-pointer to a local and a live stream; the context is current. Freed in Drop.
-            unsafe { driver_call!(cuMemAllocAsync(&mut ptr, bytes, stream.as_raw())) }
+            // The allocation is work on `stream`: another stream must wait for it like for a write.
+            stream.tracked(None, Some(&buffer.track), || {
+                // SAFETY: an out-pointer to a local and a live stream; the context is current. Freed in Drop.
+                unsafe { driver_call!(cuMemAllocAsync(&mut ptr, bytes, stream.as_raw())) }
+            })
         } else {
             // SAFETY: an out-pointer to a local; the context is current. Freed in Drop.
             unsafe { driver_call!(cuMemAlloc_v2(&mut ptr, bytes)) }
@@ -70,10 +80,6 @@ impl<T: Pod> DeviceBuffer<T> {
             ))
         })?;
         buffer.ptr = ptr;
-        if buffer.ordered {
-            // The allocation is work on `stream`: another stream must wait for it like for a write.
-            lock(&buffer.track).record_use(stream, Access::Write);
-        }
         Ok(buffer)
     }
 
@@ -86,15 +92,17 @@ impl<T: Pod> DeviceBuffer<T> {
         let buffer = DeviceBuffer::uninit(stream, len)?;
         let bytes = buffer.byte_len();
         if bytes > 0 {
-            let _current = stream.context().enter()?;
-            let mut track = lock(&buffer.track);
-            track.prepare(&Gpu, stream, Access::Write)?;
-            // SAFETY: the range is this allocation; the tracker ordered the write after any pending use.
-            unsafe { driver_call!(cuMemsetD8Async(buffer.ptr, 0, bytes, stream.as_raw())) }
+            let ptr = buffer.ptr;
+            // Recorded even if the memset fails: the buffer's later users and its free wait for whatever it
+            // enqueued.
+            stream
+                .tracked(None, Some(&buffer.track), || {
+                    // SAFETY: the range is this allocation; the tracker ordered the write after any pending use.
+                    unsafe { driver_call!(cuMemsetD8Async(ptr, 0, bytes, stream.as_raw())) }
+                })
                 .map_err(|e| {
                     e.context(format_args!("zeroing {} of device memory", Bytes(bytes)))
                 })?;
-            track.record_use(stream, Access::Write);
         }
         Ok(buffer)
     }
@@ -136,24 +144,59 @@ impl<T> DeviceBuffer<T> {
         &self.track
     }
 
+    /// Frees the memory after every pending use: stream-ordered where the device supports it, else on the
+    /// crate's release thread once the uses have completed (the synchronous `cuMemFree` waits for the whole
+    /// device). Returns at once.
     fn release(&mut self) -> Result<()> {
-        let _current = self.stream.context().enter()?;
-        let mut track = lock(&self.track);
-        if self.ordered {
-            let stream = track
-                .any_stream()
-                .cloned()
-                .unwrap_or_else(|| self.stream.clone());
-            track.order_before(&Gpu, &stream)?;
-            // SAFETY: allocated by cuMemAllocAsync; `stream` now waits for every pending use of it, so the
-            // free runs after them.
-            unsafe { driver_call!(cuMemFreeAsync(self.ptr, stream.as_raw())) }
-        } else {
-            track.synchronize_all(&Gpu)?;
-            // SAFETY: allocated by cuMemAlloc; every use of it has completed.
-            unsafe { driver_call!(cuMemFree_v2(self.ptr)) }
+        let context = self.stream.context();
+        let ptr = self.ptr;
+        if !self.ordered {
+            let track = std::mem::take(&mut *lock(&self.track));
+            let free = move || {
+                // SAFETY: allocated by cuMemAlloc; run once, when every use has completed.
+                unsafe { driver_call!(cuMemFree_v2(ptr)) }
+            };
+            release_host(context, track, Box::new(free), self.byte_len());
+            return Ok(());
+        }
+        let _current = context.enter()?;
+        let track = lock(&self.track);
+        // Where the free goes: after the uses in stream order where they are all on one stream (no wait, and
+        // that stream's later work does not wait for anything), else on the context's release stream, which
+        // waits for each of them. Freeing on one of the users' streams behind a wait for another would make
+        // that stream's later, unrelated work wait too.
+        let sole = match track.sole_stream() {
+            Some(stream) => Some(stream.clone()),
+            None if track.is_empty() => Some(self.stream.clone()),
+            None => None,
+        };
+        match sole {
+            Some(stream) => {
+                // The free joins the stream's segment if only this buffer's entries hold it, else the segment is
+                // closed first, so that nothing waiting for other buffers' work there waits for the free too.
+                let segment = stream.begin(|current| {
+                    track.replaced_at(&stream, current, crate::track::Access::Write)
+                })?;
+                let freed = free_async(ptr, &stream);
+                drop(segment);
+                freed
+            }
+            None => {
+                let release = context.release_stream()?;
+                // Nothing else enqueues on the release stream but other frees, each after waits of its own, and
+                // interleaving those only makes a free wait for more than its own uses.
+                let mut track = track;
+                track.order_before(&Gpu, &release)?;
+                free_async(ptr, &release)
+            }
         }
     }
+}
+
+/// Enqueues the stream-ordered free of `ptr` on `stream`.
+fn free_async(ptr: CUdeviceptr, stream: &Stream) -> Result<()> {
+    // SAFETY: allocated by cuMemAllocAsync; `stream` is ordered after every pending use of it.
+    unsafe { driver_call!(cuMemFreeAsync(ptr, stream.as_raw())) }
 }
 
 impl<T> Drop for DeviceBuffer<T> {

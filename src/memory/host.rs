@@ -4,9 +4,9 @@
 
 use std::ptr::NonNull;
 
-use super::{Gpu, Track, lock};
-use crate::error::Result;
-use crate::track::{Access, Tracker};
+use super::{Gpu, GpuTracker, Track, lock};
+use crate::error::{Error, Result};
+use crate::track::Access;
 
 /// `len` elements at `ptr` that device work may use, with the tracker of that work.
 pub(crate) struct HostRegion<T> {
@@ -24,9 +24,11 @@ impl<T> HostRegion<T> {
     /// A region with no work in flight.
     ///
     /// # Safety
-    /// `ptr` must point to `len` initialised, page-locked elements that stay allocated, and that nothing but
-    /// this region (and device work recorded in its tracker) reads or writes, for as long as the region lives.
+    /// `ptr` must be aligned for `T` and point to `len` initialised, page-locked elements that stay allocated,
+    /// and that nothing but this region (and device work recorded in its tracker) reads or writes, for as long
+    /// as the region lives.
     pub(crate) unsafe fn new(ptr: NonNull<T>, len: usize) -> HostRegion<T> {
+        debug_assert!(ptr.as_ptr().is_aligned(), "a misaligned host region");
         HostRegion {
             ptr,
             len,
@@ -51,9 +53,7 @@ impl<T> HostRegion<T> {
     }
 
     /// The work still in flight, taken out for the release of the memory.
-    pub(crate) fn take_track(
-        &mut self,
-    ) -> Tracker<crate::stream::Stream, std::sync::Arc<crate::event::Event>> {
+    pub(crate) fn take_track(&mut self) -> GpuTracker {
         std::mem::take(&mut *lock(&self.track))
     }
 
@@ -85,4 +85,21 @@ impl<T> HostRegion<T> {
         // SAFETY: as in `write`, once the query says all uses are done.
         Ok(ready.then(|| unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }))
     }
+}
+
+/// Checks that memory aligned to `align` bytes (a page, say) can hold elements of `T`: an element type aligned
+/// more strictly than the memory the crate gets from the driver would give misaligned slices.
+///
+/// # Errors
+/// An invalid-argument error naming the type's alignment, the memory's and `what` was being made.
+pub(crate) fn check_alignment<T>(align: usize, what: &str) -> Result<()> {
+    if align_of::<T>() <= align {
+        return Ok(());
+    }
+    Err(Error::invalid(format_args!(
+        "{what}: {} is aligned to {} bytes, more than the {align} bytes this memory is guaranteed to be; \
+         nothing was allocated",
+        std::any::type_name::<T>(),
+        align_of::<T>()
+    )))
 }

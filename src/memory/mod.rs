@@ -6,68 +6,41 @@
 
 mod device;
 mod host;
+mod marks;
 mod pinned;
 mod pool;
 mod registered;
 mod release;
 mod view;
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub use device::DeviceBuffer;
+pub(crate) use marks::{Current, Gpu, Mark};
 pub use pinned::{Pinned, PinnedBuilder};
 pub use pool::{PinnedPool, Pinning, PoolBuilder, PoolStats, WhenFull};
 pub use registered::Registered;
-pub(crate) use release::release_idle;
+pub(crate) use release::flush_releases;
 pub use view::{DeviceView, DeviceViewMut, PinnedView, PinnedViewMut};
 // The pure parts the fuzz targets reach through `crate::fuzzing`.
 pub(crate) use {pool::state as pool_state, view::bounds as view_bounds};
 
 use crate::error::{Error, Result};
-use crate::event::Event;
 use crate::stream::Stream;
-use crate::track::{Timeline, Tracker};
+use crate::track::Tracker;
+
+/// The tracker of a buffer on the real device.
+pub(crate) type GpuTracker = Tracker<Stream, Mark>;
 
 /// A buffer's record of the work in flight on it, shared by the buffer and its views. (`pub` only so that the
 /// sealed copy traits can name it; the module is private, so users cannot.)
 #[derive(Default)]
-pub struct Track(Mutex<Tracker<Stream, Arc<Event>>>);
+pub struct Track(Mutex<GpuTracker>);
 
 /// Locks a buffer's tracker. A panic while it was held (only possible from a bug in the tracker) leaves the
 /// state conservative, so the lock is taken over rather than propagated.
-pub(crate) fn lock(track: &Track) -> MutexGuard<'_, Tracker<Stream, Arc<Event>>> {
+pub(crate) fn lock(track: &Track) -> MutexGuard<'_, GpuTracker> {
     track.0.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// The real device, as the tracker sees it: events recorded without timing, waits on the device.
-pub(crate) struct Gpu;
-
-impl Timeline for Gpu {
-    type Stream = Stream;
-    type Event = Arc<Event>;
-    type Error = Error;
-
-    fn record(&self, stream: &Stream) -> Result<Arc<Event>> {
-        let event = Event::without_timing(stream.context())?;
-        event.record(stream)?;
-        Ok(Arc::new(event))
-    }
-
-    fn wait(&self, stream: &Stream, event: &Arc<Event>) -> Result<()> {
-        stream.wait(event)
-    }
-
-    fn is_complete(&self, event: &Arc<Event>) -> Result<bool> {
-        event.query()
-    }
-
-    fn is_idle(&self, stream: &Stream) -> Result<bool> {
-        stream.query()
-    }
-
-    fn synchronize(&self, event: &Arc<Event>) -> Result<()> {
-        event.synchronize()
-    }
 }
 
 /// The size in bytes of `len` elements of `T`, or an error naming `what` if it overflows.

@@ -6,9 +6,9 @@ use std::ptr::NonNull;
 
 use bytemuck::Pod;
 
-use super::host::HostRegion;
+use super::host::{HostRegion, check_alignment};
 use super::pool::Loan;
-use super::release::{release_host, release_idle};
+use super::release::release_host;
 use super::{Bytes, Track, byte_len};
 use crate::context::Context;
 use crate::driver_call;
@@ -16,6 +16,9 @@ use crate::error::Result;
 use crate::sys::{
     CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_WRITECOMBINED,
 };
+
+/// The alignment the driver guarantees for `cuMemHostAlloc`: a page.
+const PAGE: usize = 4096;
 
 /// `len` elements of `T` in page-locked host memory (`cuMemHostAlloc`), which the GPU's copy engines read and
 /// write directly: copies from and to it run at the full speed of the link and can be asynchronous.
@@ -92,15 +95,16 @@ impl PinnedBuilder {
     ///
     /// # Errors
     /// `CUDA_ERROR_OUT_OF_MEMORY` when the system cannot lock that much memory; an invalid-argument error if
-    /// the size in bytes overflows.
+    /// the size in bytes overflows, or if `T` is aligned to more than a page (4096 bytes), which is all the
+    /// driver guarantees.
     #[doc(alias = "cuMemHostAlloc")]
     pub fn zeroed<T: Pod>(self, len: usize) -> Result<Pinned<T>> {
         let bytes = byte_len::<T>(len, "allocating pinned memory")?;
+        check_alignment::<T>(PAGE, "allocating pinned memory")?;
         let ptr = if bytes == 0 {
             NonNull::dangling()
         } else {
             let _current = self.context.enter()?;
-            release_idle();
             let mut ptr = std::ptr::null_mut();
             // SAFETY: an out-pointer to a local; the context is current. Freed in Drop (deferred while in use).
             unsafe { driver_call!(cuMemHostAlloc(&mut ptr, bytes, self.flags)) }.map_err(|e| {
@@ -112,12 +116,21 @@ impl PinnedBuilder {
             // The driver does not initialise the memory; a `T` made of uninitialised bytes would be undefined.
             // SAFETY: cuMemHostAlloc succeeded: `bytes` writable bytes that nothing else uses yet.
             unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, bytes) };
-            // SAFETY: cuMemHostAlloc succeeded for a non-zero size, so `ptr` is non-null and page-aligned, which
-            // covers the alignment of any `T`.
-            unsafe { NonNull::new_unchecked(ptr.cast::<T>()) }
+            // The driver returns page-aligned memory; checked rather than assumed, since a misaligned slice of `T`
+            // would be undefined behaviour.
+            NonNull::new(ptr.cast::<T>())
+                .filter(|p| p.as_ptr().is_aligned())
+                .ok_or_else(|| {
+                    // SAFETY: allocated just above by cuMemHostAlloc; nothing uses it.
+                    let _ = unsafe { driver_call!(cuMemFreeHost(ptr)) };
+                    crate::error::Error::invalid(format_args!(
+                        "cuMemHostAlloc returned {ptr:p}, not aligned for {}",
+                        std::any::type_name::<T>()
+                    ))
+                })?
         };
-        // SAFETY: `len` zeroed page-locked elements (or none: zero bytes), owned by the new value alone and freed
-        // only by its Drop.
+        // SAFETY: `len` zeroed page-locked elements, aligned for `T` (checked above; a dangling pointer is too),
+        // or none, owned by the new value alone and freed only by its Drop.
         let host = unsafe { HostRegion::new(ptr, len) };
         Ok(Pinned {
             host,

@@ -14,6 +14,7 @@ use crate::driver_call;
 use crate::error::Result;
 
 /// A `Vec<T>` page-locked in place, so it can be the host side of asynchronous copies like [`crate::Pinned`].
+/// (A `Vec<T>` is always aligned for `T`, so any element type is accepted.)
 ///
 /// It owns the `Vec` so that forgetting it leaks the memory rather than letting the program reuse memory that a
 /// copy may still write; [`Registered::into_vec`] waits for pending work, unregisters and hands the `Vec` back.
@@ -50,8 +51,9 @@ impl<T: Pod> Registered<T> {
                 },
             )?;
         }
-        // SAFETY: the Vec's initialised elements, now page-locked (or zero bytes), owned by the new value, whose
-        // Vec is never touched again until unregistered after all device work.
+        // SAFETY: the Vec's initialised elements, aligned for `T` (a Vec's pointer always is, dangling or not),
+        // now page-locked (or zero bytes), owned by the new value, whose Vec is never touched again until
+        // unregistered after all device work.
         let host = unsafe { HostRegion::new(ptr, vec.len()) };
         Ok(Registered {
             vec: Some(vec),
@@ -110,15 +112,21 @@ impl<T: Pod> Registered<T> {
         self.host.try_write()
     }
 
-    /// Waits for all device work on the memory, unpins it and returns the `Vec`.
+    /// Unpins the memory and returns the `Vec`.
+    ///
+    /// Blocks until *all* work in the context has completed, not only the work on this memory: the driver's
+    /// `cuMemHostUnregister` waits for the whole device, so this call synchronizes the context first, openly
+    /// ([`Context::synchronize`]). To give the memory back without waiting, drop the `Registered` instead: its
+    /// unpinning then happens on the crate's release thread (and the `Vec` is freed there).
     ///
     /// # Errors
-    /// The driver's, from the wait or `cuMemHostUnregister`. The memory is then released by `Drop` as usual
+    /// The driver's, from the waits or `cuMemHostUnregister`. The memory is then released by `Drop` as usual
     /// (once its work completes, or leaked if that cannot be known), and the `Vec` is not returned.
     #[doc(alias = "cuMemHostUnregister")]
     pub fn into_vec(mut self) -> Result<Vec<T>> {
         lock(self.host.track()).synchronize_all(&Gpu)?;
         if self.host.byte_len() > 0 {
+            self.context.synchronize()?;
             let _current = self.context.enter()?;
             // SAFETY: registered in `new`; no device work uses it any more.
             unsafe { driver_call!(cuMemHostUnregister(self.host_ptr())) }
@@ -145,10 +153,15 @@ impl<T: Pod> Drop for Registered<T> {
         let ptr = self.host.ptr() as usize;
         let owned = SendVec { _vec: vec };
         let release = move || {
-            // SAFETY: registered in `new`; called once, when no device work uses it. The Vec is freed after.
+            // SAFETY: registered in `new`; called once, when no device work uses it.
             let unpinned = unsafe { driver_call!(cuMemHostUnregister(ptr as *mut c_void)) };
-            drop(owned);
-            unpinned
+            match unpinned {
+                Ok(()) => drop(owned),
+                // Still registered, as far as anyone can tell: freeing it would hand page-locked memory back
+                // to the allocator, where a later registration of it would fail. Leak it, as the pool does.
+                Err(_) => std::mem::forget(owned),
+            }
+            unpinned.map_err(|e| e.context("unpinning a registered Vec (leaked)"))
         };
         release_host(
             &self.context,

@@ -181,6 +181,8 @@ pub struct Prefetched<B: Batch> {
     index: usize,
     position: usize,
     shared: Arc<Shared<B>>,
+    /// The stream the batch is used on.
+    consumer: Stream,
 }
 
 impl<B: Batch> Prefetcher<B> {
@@ -228,6 +230,7 @@ impl<B: Batch> Prefetcher<B> {
             index: self.shared.indices.get(position),
             position,
             shared: self.shared.clone(),
+            consumer: self.consumer.clone(),
         };
         // On failure the batch drops here and its slot goes back.
         declare::<B>(&self.consumer, batch.device())?;
@@ -455,8 +458,9 @@ fn declare<B: Batch>(consumer: &Stream, device: &B::Device) -> Result<()> {
                 consumer.context().device().ordinal()
             )));
         }
-        // Nothing to enqueue: the tracker's `prepare` makes the stream wait, and the write it records on the
-        // consumer stream stands for all the consumer enqueues there until it gives the batch back.
+        // Nothing to enqueue: the tracker's `prepare` makes the stream wait, and the write recorded on the
+        // consumer stream (again when the batch is given back, at the stream's end then) stands for all the
+        // consumer enqueues there until it gives the batch back, tracked or not.
         consumer.tracked(None, Some(track), || Ok(()))?;
     }
     Ok(())
@@ -632,11 +636,14 @@ impl<B: Batch> Drop for Prefetched<B> {
         let Some(slot) = self.slot.take() else {
             return;
         };
-        // The events of the consumer's work, recorded now, cover what it enqueued before this drop and
-        // nothing after, so the refill does not wait for its later batches. If recording fails, the refill's
-        // upload records them instead: later, still after the work. The failure is still the driver's to report,
-        // and a destructor reports through the context.
-        if let Err(e) = mark::<B>(&slot.device) {
+        // The consumer's use, declared again at the stream's end, covers all it enqueued before this drop,
+        // through the crate or not (its own kernels); its event, recorded now, nothing after, so the refill does
+        // not wait for its later batches. If that fails, the use declared on delivery stays, and the refill
+        // waits for it: too little only if the consumer enqueued untracked work, and the failure is reported.
+        // A destructor reports through the context.
+        let declared =
+            declare::<B>(&self.consumer, &slot.device).and_then(|()| mark::<B>(&slot.device));
+        if let Err(e) = declared {
             self.shared.copy.context().defer_error(
                 e.context("recording the end of the consumer's work on a prefetched batch"),
             );

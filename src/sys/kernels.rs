@@ -37,6 +37,9 @@ unsafe extern "C" {
     ) -> c_int;
     /// Keeps `stream` busy for at least `ns` nanoseconds of the GPU's clock.
     pub fn cuda_pinned_spin(ns: u64, stream: CUstream) -> c_int;
+    /// Loads the kernels into the calling thread's current context, as their first launch would (which waits
+    /// for all work on the device); returns the error.
+    pub fn cuda_pinned_preload() -> c_int;
     /// The statically linked runtime's `cudaGetErrorName` (a static string, never null).
     pub fn cuda_pinned_error_name(code: c_int) -> *const c_char;
     /// The statically linked runtime's `cudaGetErrorString` (a static string, never null).

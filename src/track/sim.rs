@@ -4,7 +4,9 @@
 //! A use of memory enqueued on a stream carries a payload of the caller's type `U` (what it touches, how);
 //! the simulator records on which stream each use was enqueued and whether it has executed, and calls
 //! [`Payload::before_execute`] just before a use executes, so that a test can check what must have run
-//! before it. Events complete when their record op runs (at once on an idle stream, as in CUDA), a wait
+//! before it. A mark ([`Sim::mark`]) stands for the point right after the last use enqueued on a stream; when
+//! the code under test first needs to wait for it, an event is recorded exactly there (the precise marks the
+//! real device keeps too), unless that use has already run. Events complete when their record op runs, a wait
 //! blocks its stream until the event has completed, and `synchronize` advances only the streams the event
 //! depends on. Failures are injected into the [`Timeline`] calls on demand (`fail_after`) or at random
 //! (`fail_one_in`, from a seeded xorshift).
@@ -62,11 +64,23 @@ struct Event {
     complete: bool,
 }
 
+/// A mark: right after use `after` of its stream (`None`: before any use), with the event recorded for it once
+/// someone had to wait, and whether it was seen complete.
+#[derive(Debug)]
+struct Mark {
+    after: Option<usize>,
+    event: Option<usize>,
+    complete: bool,
+}
+
 /// The device's state, behind the `RefCell` of a [`Sim`].
 #[derive(Debug)]
 struct Device<U> {
     queues: Vec<VecDeque<Op>>,
     events: Vec<Event>,
+    marks: Vec<Mark>,
+    /// The last use enqueued on each stream.
+    last: Vec<Option<usize>>,
     /// Every use ever enqueued, in enqueue order.
     uses: Vec<Use<U>>,
     counts: Counts,
@@ -100,6 +114,8 @@ impl<U: Payload> Sim<U> {
         Sim(RefCell::new(Device {
             queues: vec![VecDeque::new(); streams],
             events: Vec::new(),
+            marks: Vec::new(),
+            last: vec![None; streams],
             uses: Vec::new(),
             counts: Counts::default(),
             fail_after: None,
@@ -155,7 +171,25 @@ impl<U: Payload> Sim<U> {
             executed: false,
         });
         d.queues[stream].push_back(Op::Use(id));
+        d.last[stream] = Some(id);
         id
+    }
+
+    /// The event recorded for `mark`, if one was.
+    pub(crate) fn mark_event(&self, mark: usize) -> Option<usize> {
+        self.0.borrow().marks[mark].event
+    }
+
+    /// The point right after the last use enqueued on `stream`, for `record_use`. Makes no `Timeline` call.
+    pub(crate) fn mark(&self, stream: usize) -> usize {
+        let mut d = self.0.borrow_mut();
+        let after = d.last[stream];
+        d.marks.push(Mark {
+            after,
+            event: None,
+            complete: false,
+        });
+        d.marks.len() - 1
     }
 
     /// Runs the next op of `stream` unless it is blocked or idle; whether it ran one.
@@ -251,55 +285,79 @@ impl<U: Payload> Device<U> {
     }
 }
 
+impl<U: Payload> Device<U> {
+    /// The event to wait for to see the work before `mark` complete, recorded now right after that work if it
+    /// has none yet; `None` once that work is known complete. Finding out whether the marked use has run is a
+    /// query (it counts, and can fail), as the real device's stream query is.
+    fn event_of(&mut self, mark: usize) -> Result<Option<usize>, Injected> {
+        let m = &self.marks[mark];
+        if m.complete {
+            return Ok(None);
+        }
+        if let Some(event) = m.event {
+            return Ok(Some(event));
+        }
+        self.counts.queries += 1;
+        self.inject()?;
+        let Some(after) = self.marks[mark].after.filter(|&id| !self.uses[id].executed) else {
+            self.marks[mark].complete = true;
+            return Ok(None);
+        };
+        self.counts.records += 1;
+        self.inject()?;
+        let stream = self.uses[after].stream;
+        let event = self.events.len();
+        self.events.push(Event {
+            stream,
+            complete: false,
+        });
+        let at = self.queues[stream]
+            .iter()
+            .position(|op| *op == Op::Use(after))
+            .expect("sim: a use that has not run is still queued");
+        self.queues[stream].insert(at + 1, Op::Record(event));
+        self.marks[mark].event = Some(event);
+        Ok(Some(event))
+    }
+}
+
 impl<U: Payload> Timeline for Sim<U> {
     type Stream = usize;
-    type Event = usize;
+    type Mark = usize;
     type Error = Injected;
 
-    fn record(&self, stream: &usize) -> Result<usize, Injected> {
+    fn wait(&self, stream: &usize, _on: &usize, mark: &usize) -> Result<(), Injected> {
         let mut d = self.0.borrow_mut();
-        d.counts.records += 1;
-        d.inject()?;
-        let event = d.events.len();
-        // On an idle stream an event is complete at once, as in CUDA.
-        let idle = d.queues[*stream].is_empty();
-        d.events.push(Event {
-            stream: *stream,
-            complete: idle,
-        });
-        if !idle {
-            d.queues[*stream].push_back(Op::Record(event));
-        }
-        Ok(event)
-    }
-
-    fn wait(&self, stream: &usize, event: &usize) -> Result<(), Injected> {
-        let mut d = self.0.borrow_mut();
+        let Some(event) = d.event_of(*mark)? else {
+            return Ok(());
+        };
         d.counts.waits += 1;
         d.inject()?;
-        d.queues[*stream].push_back(Op::Wait(*event));
+        d.queues[*stream].push_back(Op::Wait(event));
         Ok(())
     }
 
-    fn is_complete(&self, event: &usize) -> Result<bool, Injected> {
+    fn is_complete(&self, _on: &usize, mark: &usize) -> Result<bool, Injected> {
         let mut d = self.0.borrow_mut();
+        let Some(event) = d.event_of(*mark)? else {
+            return Ok(true);
+        };
         d.counts.queries += 1;
         d.inject()?;
-        Ok(d.events[*event].complete)
+        let complete = d.events[event].complete;
+        d.marks[*mark].complete = complete;
+        Ok(complete)
     }
 
-    fn is_idle(&self, stream: &usize) -> Result<bool, Injected> {
+    fn synchronize(&self, _on: &usize, mark: &usize) -> Result<(), Injected> {
         let mut d = self.0.borrow_mut();
-        d.counts.queries += 1;
-        d.inject()?;
-        Ok(d.queues[*stream].is_empty())
-    }
-
-    fn synchronize(&self, event: &usize) -> Result<(), Injected> {
-        let mut d = self.0.borrow_mut();
+        let Some(event) = d.event_of(*mark)? else {
+            return Ok(());
+        };
         d.counts.syncs += 1;
         d.inject()?;
-        d.run_until(*event, 0);
+        d.run_until(event, 0);
+        d.marks[*mark].complete = true;
         Ok(())
     }
 }

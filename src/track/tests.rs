@@ -85,7 +85,7 @@ type T = Tracker<usize, usize>;
 fn device_use(tracker: &mut T, sim: &Sim, buffer: u32, stream: usize, access: Access) -> usize {
     tracker.prepare(sim, &stream, access).unwrap();
     let id = sim.touch(buffer, stream, access.into());
-    tracker.record_use(&stream, access);
+    tracker.record_use(&stream, sim.mark(stream), access);
     id
 }
 
@@ -120,7 +120,7 @@ fn same_stream_work_records_no_event_and_no_wait() {
     assert!(
         t.write
             .as_ref()
-            .is_some_and(|w| w.stream == 1 && w.event.is_none())
+            .is_some_and(|w| w.stream == 1 && sim.mark_event(w.mark).is_none())
     );
     assert!(t.reads.is_empty());
 }
@@ -136,13 +136,14 @@ fn read_after_write_on_another_stream_waits_for_the_write() {
         Counts {
             records: 1,
             waits: 1,
+            queries: 1,
             ..Counts::default()
         }
     );
     assert_eq!(sim.queue(0), [Op::Use(0), Op::Record(0)]);
     assert_eq!(sim.queue(1), [Op::Wait(0), Op::Use(1)]);
     // The read is not ordered before anything yet, so it has no event.
-    assert!(t.reads.len() == 1 && t.reads[0].event.is_none());
+    assert!(t.reads.len() == 1 && sim.mark_event(t.reads[0].mark).is_none());
 }
 
 #[test]
@@ -156,13 +157,14 @@ fn write_after_read_on_another_stream_waits_for_the_read() {
         Counts {
             records: 1,
             waits: 1,
+            queries: 1,
             ..Counts::default()
         }
     );
     assert_eq!(sim.queue(0), [Op::Use(0), Op::Record(0)]);
     assert_eq!(sim.queue(1), [Op::Wait(0), Op::Use(1)]);
     assert!(t.reads.is_empty());
-    assert_eq!(t.any_stream(), Some(&1));
+    assert_eq!(t.sole_stream(), Some(&1));
 }
 
 #[test]
@@ -176,6 +178,7 @@ fn write_after_write_on_another_stream_waits_for_the_write() {
         Counts {
             records: 1,
             waits: 1,
+            queries: 1,
             ..Counts::default()
         }
     );
@@ -183,8 +186,34 @@ fn write_after_write_on_another_stream_waits_for_the_write() {
     assert!(
         t.write
             .as_ref()
-            .is_some_and(|w| w.stream == 1 && w.event.is_none())
+            .is_some_and(|w| w.stream == 1 && sim.mark_event(w.mark).is_none())
     );
+}
+
+#[test]
+fn the_event_follows_the_marked_work_not_later_work_on_its_stream() {
+    let sim = Sim::new(2);
+    let (mut a, mut b) = (T::new(), T::new());
+    device_use(&mut a, &sim, 0, 0, Access::Write);
+    // Unrelated work queued on stream 0 after the write: a wait for the write must not wait for it.
+    device_use(&mut b, &sim, 1, 0, Access::Write);
+    device_use(&mut a, &sim, 0, 1, Access::Read);
+    assert_eq!(sim.queue(0), [Op::Use(0), Op::Record(0), Op::Use(1)]);
+    assert_eq!(sim.queue(1), [Op::Wait(0), Op::Use(2)]);
+}
+
+#[test]
+fn work_seen_complete_is_not_waited_for_again() {
+    let sim = Sim::new(2);
+    let mut t = T::new();
+    device_use(&mut t, &sim, 0, 0, Access::Read);
+    sim.finish(0);
+    // Long unrelated work on stream 0 afterwards: the write on stream 1 must not wait for it.
+    sim.touch(1, 0, Kind::Write);
+    device_use(&mut t, &sim, 0, 1, Access::Write);
+    assert_eq!(sim.counts().records, 0);
+    assert_eq!(sim.counts().waits, 0);
+    assert_eq!(sim.queue(1), [Op::Use(2)]);
 }
 
 #[test]
@@ -210,6 +239,7 @@ fn one_event_serves_every_waiter() {
         Counts {
             records: 1,
             waits: 2,
+            queries: 1,
             ..Counts::default()
         }
     );
@@ -230,6 +260,7 @@ fn a_write_waits_for_every_read_of_other_streams_and_clears_them() {
         Counts {
             records: 2,
             waits: 2,
+            queries: 2,
             ..Counts::default()
         }
     );
@@ -244,13 +275,13 @@ fn a_write_waits_for_every_read_of_other_streams_and_clears_them() {
 }
 
 #[test]
-fn repeated_reads_on_one_stream_keep_one_entry_without_an_event() {
+fn repeated_reads_on_one_stream_keep_one_entry_at_the_newest_mark() {
     let sim = Sim::new(2);
     let mut t = T::new();
     device_use(&mut t, &sim, 0, 0, Access::Read);
     // Another stream's write forces the read's event...
     t.prepare(&sim, &1, Access::Write).unwrap();
-    assert!(t.reads[0].event.is_some());
+    assert!(sim.mark_event(t.reads[0].mark).is_some());
     // ...but that write fails to enqueue; a newer read replaces the entry, and the old event, which
     // predates it, must not stand for it.
     let capacity = t.reads.capacity();
@@ -258,7 +289,7 @@ fn repeated_reads_on_one_stream_keep_one_entry_without_an_event() {
         device_use(&mut t, &sim, 0, 0, Access::Read);
     }
     assert_eq!(t.reads.len(), 1);
-    assert!(t.reads[0].event.is_none());
+    assert!(sim.mark_event(t.reads[0].mark).is_none());
     assert_eq!(t.reads.capacity(), capacity);
 }
 
@@ -270,7 +301,11 @@ fn a_failed_enqueue_after_prepare_leaves_the_tracker_correct() {
     device_use(&mut t, &sim, 0, 0, Access::Read);
     t.prepare(&sim, &1, Access::Write).unwrap();
     // No record_use: both entries stay, now with events, so the next attempt reuses them.
-    assert!(t.write.as_ref().is_some_and(|w| w.event.is_some()));
+    assert!(
+        t.write
+            .as_ref()
+            .is_some_and(|w| sim.mark_event(w.mark).is_some())
+    );
     assert_eq!(t.reads.len(), 1);
     let records = sim.counts().records;
     t.prepare(&sim, &1, Access::Write).unwrap();
@@ -307,7 +342,7 @@ fn host_write_waits_for_everything_and_leaves_nothing_in_flight() {
     t.host_wait(&sim, Access::Write).unwrap();
     sim.assert_host_ordered(0, Kind::Write, "host write");
     assert!(t.is_empty());
-    assert_eq!(t.any_stream(), None);
+    assert_eq!(t.sole_stream(), None);
 }
 
 #[test]
@@ -319,8 +354,12 @@ fn try_host_is_false_until_the_work_completes() {
     assert!(!t.try_host(&sim, Access::Write).unwrap());
     // The poll recorded the events of both entries, so the next polls only query.
     let records = sim.counts().records;
-    assert!(t.write.as_ref().is_some_and(|w| w.event.is_some()));
-    assert!(t.reads[0].event.is_some());
+    assert!(
+        t.write
+            .as_ref()
+            .is_some_and(|w| sim.mark_event(w.mark).is_some())
+    );
+    assert!(sim.mark_event(t.reads[0].mark).is_some());
     assert!(sim.advance(0) && sim.advance(0)); // the write, its event
     assert!(!t.try_host(&sim, Access::Write).unwrap());
     assert!(t.write.is_none(), "a write seen complete is forgotten");
@@ -342,7 +381,7 @@ fn is_idle_only_when_every_entry_has_completed() {
     assert!(!t.is_idle(&sim).unwrap());
     while sim.advance(0) {}
     assert!(!t.is_idle(&sim).unwrap());
-    assert_eq!(t.any_stream(), Some(&1));
+    assert_eq!(t.sole_stream(), Some(&1));
     while sim.advance(1) {}
     assert!(t.is_idle(&sim).unwrap());
     sim.assert_host_ordered(0, Kind::Free, "is_idle");
@@ -391,7 +430,7 @@ fn a_failed_record_propagates_and_forgets_nothing() {
     assert!(
         t.write
             .as_ref()
-            .is_some_and(|w| w.stream == 0 && w.event.is_none())
+            .is_some_and(|w| w.stream == 0 && sim.mark_event(w.mark).is_none())
     );
     sim.fail_next();
     assert_eq!(t.host_wait(&sim, Access::Read), Err(Injected));
@@ -402,7 +441,7 @@ fn a_failed_record_propagates_and_forgets_nothing() {
     assert!(
         t.write
             .as_ref()
-            .is_some_and(|w| w.stream == 0 && w.event.is_none())
+            .is_some_and(|w| w.stream == 0 && sim.mark_event(w.mark).is_none())
     );
     assert_eq!(sim.queue(1), []);
 }
@@ -412,11 +451,15 @@ fn a_failed_wait_propagates_and_keeps_the_event() {
     let sim = Sim::new(2);
     let mut t = T::new();
     device_use(&mut t, &sim, 0, 0, Access::Write);
-    // Fail the wait, not the record: record first so the failure hits `wait`.
-    t.write.as_mut().unwrap().event(&sim).unwrap();
+    // Fail the wait, not the record: record first (a poll does) so the failure hits `wait`.
+    assert!(!t.try_host(&sim, Access::Read).unwrap());
     sim.fail_next();
     assert_eq!(t.order_before(&sim, &1), Err(Injected));
-    assert!(t.write.as_ref().is_some_and(|w| w.event == Some(0)));
+    assert!(
+        t.write
+            .as_ref()
+            .is_some_and(|w| sim.mark_event(w.mark) == Some(0))
+    );
     t.order_before(&sim, &1).unwrap();
     assert_eq!(sim.queue(1), [Op::Wait(0)]);
 }
@@ -443,7 +486,7 @@ fn a_failed_synchronize_or_query_forgets_only_what_was_seen_complete() {
     sim.fail_after(1);
     assert_eq!(t.is_idle(&sim), Err(Injected));
     assert_eq!(t.reads.len(), 1);
-    assert_eq!(t.any_stream(), Some(&2));
+    assert_eq!(t.sole_stream(), Some(&2));
 
     t.synchronize_all(&sim).unwrap();
     sim.assert_host_ordered(0, Kind::Free, "synchronize_all");
@@ -478,7 +521,7 @@ enum Step {
         polls: Vec<usize>,
         block: bool,
     },
-    /// Stream-ordered free: `order_before` then a free on `stream`, or on `any_stream` if None.
+    /// Stream-ordered free: `order_before` then a free on `stream`, or on `sole_stream` if None.
     Free {
         buffer: usize,
         stream: Option<usize>,
@@ -565,7 +608,7 @@ fn run(program: &Program) {
                 let stream = stream % streams;
                 if b.tracker.prepare(&sim, &stream, access).is_ok() && !enqueue_fails {
                     sim.touch(b.id, stream, access.into());
-                    b.tracker.record_use(&stream, access);
+                    b.tracker.record_use(&stream, sim.mark(stream), access);
                 }
                 assert_shape(&b.tracker);
             }
@@ -623,7 +666,7 @@ fn run(program: &Program) {
                 let b = &mut buffers[slot];
                 let stream = match stream {
                     Some(stream) => stream % streams,
-                    None => b.tracker.any_stream().copied().unwrap_or(0),
+                    None => b.tracker.sole_stream().copied().unwrap_or(0),
                 };
                 if b.tracker.order_before(&sim, &stream).is_ok() {
                     // Checked when it executes: every use of the buffer must have run by then.

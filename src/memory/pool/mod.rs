@@ -19,11 +19,10 @@ use bytemuck::Pod;
 use self::state::{Config, Lease, PoolState, Take};
 use super::host::HostRegion;
 use super::release::release_host;
-use super::{Bytes, Gpu, Pinned, PinnedBuilder, byte_len};
+use super::{Bytes, Gpu, GpuTracker, Mark, Pinned, PinnedBuilder, byte_len};
 use crate::context::Context;
 use crate::driver_call;
 use crate::error::{Error, Result};
-use crate::event::Event;
 use crate::stream::Stream;
 
 /// The page size the pool's classes are multiples of.
@@ -71,7 +70,7 @@ struct Shared {
     context: Context,
     when_full: WhenFull,
     pinning: Pinning,
-    state: Mutex<PoolState<Block, Stream, Arc<Event>>>,
+    state: Mutex<PoolState<Block, Stream, Mark>>,
     /// Signalled whenever a buffer comes back, for `WhenFull::Wait`.
     returned: Condvar,
     pin_nanos: AtomicU64,
@@ -325,11 +324,11 @@ impl PinnedPool {
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, PoolState<Block, Stream, Arc<Event>>> {
+    fn lock(&self) -> MutexGuard<'_, PoolState<Block, Stream, Mark>> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn exhausted(&self, state: &PoolState<Block, Stream, Arc<Event>>, requested: usize) -> Error {
+    fn exhausted(&self, state: &PoolState<Block, Stream, Mark>, requested: usize) -> Error {
         let stats = state.stats();
         Error::PoolExhausted {
             requested,
@@ -379,7 +378,7 @@ pub(crate) struct Loan {
 
 impl Loan {
     /// Gives the block back with the device work still in flight on it.
-    pub(crate) fn give_back(mut self, track: crate::track::Tracker<Stream, Arc<Event>>) {
+    pub(crate) fn give_back(mut self, track: GpuTracker) {
         if let (Some(block), Some(lease)) = (self.block.take(), self.lease.take()) {
             self.pool.lock().give_back(block, lease, track);
             self.pool.returned.notify_all();

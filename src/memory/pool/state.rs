@@ -119,22 +119,22 @@ impl Lease {
 
 /// A block that was still pending when the pool was drained: to be released only once `track` is idle.
 #[derive(Debug)]
-pub(crate) struct PendingBlock<B, S, E> {
+pub(crate) struct PendingBlock<B, S, M> {
     /// The block.
     pub(crate) block: B,
     /// Its size (class) in bytes.
     pub(crate) bytes: usize,
     /// The device work that may still use it.
-    pub(crate) track: Tracker<S, E>,
+    pub(crate) track: Tracker<S, M>,
 }
 
 /// Everything [`PoolState::drain`] removed: idle blocks to unpin now, pending ones to release once idle.
 #[derive(Debug)]
-pub(crate) struct Drained<B, S, E> {
+pub(crate) struct Drained<B, S, M> {
     /// Cached blocks, idle: unpin them.
     pub(crate) idle: Vec<B>,
     /// Blocks with device work maybe in flight, oldest given back first.
-    pub(crate) pending: Vec<PendingBlock<B, S, E>>,
+    pub(crate) pending: Vec<PendingBlock<B, S, M>>,
 }
 
 /// The pool's counters and byte sums, all exact. `reserved == in_use + cached + pending + reserving`.
@@ -169,20 +169,20 @@ pub(crate) struct Stats {
 
 /// The pool's bookkeeping; see the module docs. The caller serializes access (the pool holds it in a `Mutex`).
 #[derive(Debug)]
-pub(crate) struct PoolState<B, S, E> {
+pub(crate) struct PoolState<B, S, M> {
     config: Config,
     /// Cached idle blocks by (class, stamp): the last of a class is its most recently cached, served first.
     cached: BTreeMap<(usize, u64), B>,
     /// The same blocks by stamp, oldest first: the eviction order. Always the same keys as `cached`.
     lru: BTreeMap<u64, usize>,
     /// Blocks given back with device work recorded, oldest first.
-    pending: VecDeque<PendingBlock<B, S, E>>,
+    pending: VecDeque<PendingBlock<B, S, M>>,
     /// Increases on every block cached, so stamps order blocks by when they were last given back or found idle.
     next_stamp: u64,
     stats: Stats,
 }
 
-impl<B, S: Clone + Eq, E> PoolState<B, S, E> {
+impl<B, S: Clone + Eq, M: Clone + Eq> PoolState<B, S, M> {
     /// An empty pool.
     ///
     /// # Panics
@@ -232,7 +232,7 @@ impl<B, S: Clone + Eq, E> PoolState<B, S, E> {
     /// pending; the others were polled all the same, and those found idle are cached. Nothing is handed out.
     pub(crate) fn take<T>(&mut self, t: &T, bytes: usize) -> Result<Take<B>, T::Error>
     where
-        T: Timeline<Stream = S, Event = E>,
+        T: Timeline<Stream = S, Mark = M>,
     {
         let budget = self.config.budget;
         let Some(class) = self.class_of(bytes).filter(|&class| class <= budget) else {
@@ -311,7 +311,7 @@ impl<B, S: Clone + Eq, E> PoolState<B, S, E> {
 
     /// Takes back a block in use, with its lease and the device work recorded on it: cached at once if
     /// `track` is empty, else pending until it is idle. Returns at once, with no device call.
-    pub(crate) fn give_back(&mut self, block: B, lease: Lease, track: Tracker<S, E>) {
+    pub(crate) fn give_back(&mut self, block: B, lease: Lease, track: Tracker<S, M>) {
         let Lease { class, requested } = lease;
         self.stats.in_use -= class;
         self.stats.requested_in_use -= requested;
@@ -336,7 +336,7 @@ impl<B, S: Clone + Eq, E> PoolState<B, S, E> {
     /// that polling found idle before or after it are cached all the same.
     pub(crate) fn wait_for_any<T>(&mut self, t: &T) -> Result<bool, T::Error>
     where
-        T: Timeline<Stream = S, Event = E>,
+        T: Timeline<Stream = S, Mark = M>,
     {
         if self.pending.is_empty() {
             return Ok(false);
@@ -371,7 +371,7 @@ impl<B, S: Clone + Eq, E> PoolState<B, S, E> {
     /// Removes every block the pool holds (cached and pending), as when the pool is dropped: the idle ones to
     /// unpin now, the pending ones to release once their work completes. Blocks in use and reservations stay
     /// counted until they come back.
-    pub(crate) fn drain(&mut self) -> Drained<B, S, E> {
+    pub(crate) fn drain(&mut self) -> Drained<B, S, M> {
         let idle = self.trim();
         let pending: Vec<_> = self.pending.drain(..).collect();
         self.stats.pending = 0;
@@ -396,7 +396,7 @@ impl<B, S: Clone + Eq, E> PoolState<B, S, E> {
     /// polled, and the first error is returned.
     pub(crate) fn poll_pending<T>(&mut self, t: &T) -> Result<usize, T::Error>
     where
-        T: Timeline<Stream = S, Event = E>,
+        T: Timeline<Stream = S, Mark = M>,
     {
         let mut first_error = None;
         let mut cached = 0;

@@ -1193,7 +1193,7 @@ pub extern "C" fn cuEventCreate(phEvent: *mut CUevent, Flags: c_uint) -> CUresul
         let data = EventData {
             timing: Flags & disable_timing == 0,
             recorded: 0,
-            completed: 0,
+            pending: Default::default(),
             time: None,
             destroyed: false,
             refs: 0,
@@ -1215,6 +1215,7 @@ fn record(function: &'static str, hEvent: CUevent, hStream: CUstream, flags: c_u
         let e = state.events.get_mut(&event).expect("checked live");
         e.recorded += 1;
         let generation = e.recorded;
+        e.pending.insert(generation);
         submit(state, hStream, Op::Record { event, generation }, false)
     })
 }
@@ -1237,7 +1238,7 @@ pub extern "C" fn cuEventRecordWithFlags(
 pub extern "C" fn cuEventQuery(hEvent: CUevent) -> CUresult {
     entry("cuEventQuery", |state| {
         let e = &state.events[&live_event(&state, hEvent)?];
-        if e.completed >= e.recorded {
+        if !e.pending.contains(&e.recorded) {
             Ok(())
         } else {
             Err(CUresult::CUDA_ERROR_NOT_READY)
@@ -1251,7 +1252,9 @@ pub extern "C" fn cuEventSynchronize(hEvent: CUevent) -> CUresult {
         let event = live_event(&state, hEvent)?;
         let target = state.events[&event].recorded;
         drop(SIM.wait_until(state, |s| {
-            s.events.get(&event).is_none_or(|e| e.completed >= target)
+            s.events
+                .get(&event)
+                .is_none_or(|e| !e.pending.contains(&target))
         }));
         Ok(())
     })
@@ -1287,7 +1290,7 @@ pub extern "C" fn cuEventElapsedTime_v2(
         let (Some(t0), Some(t1)) = (start.time, end.time) else {
             return Err(CUresult::CUDA_ERROR_NOT_READY);
         };
-        if start.completed < start.recorded || end.completed < end.recorded {
+        if start.pending.contains(&start.recorded) || end.pending.contains(&end.recorded) {
             return Err(CUresult::CUDA_ERROR_NOT_READY);
         }
         let ms = if t1 >= t0 {

@@ -259,8 +259,9 @@ pub(crate) struct EventData {
     pub(crate) timing: bool,
     /// Records queued so far; a record's generation is the count when it was queued.
     pub(crate) recorded: u64,
-    /// The highest generation that has fired.
-    pub(crate) completed: u64,
+    /// The generations recorded and not fired yet: records of one event on several streams fire in any order,
+    /// and a wait or a query is about one record, not the highest.
+    pub(crate) pending: std::collections::BTreeSet<u64>,
     /// When the latest record fired.
     pub(crate) time: Option<Instant>,
     pub(crate) destroyed: bool,

@@ -244,7 +244,7 @@ fn execute<'a>(mut state: MutexGuard<'a, State>, op: &Op, stream: usize) -> Mute
         }
         Op::Record { event, generation } => {
             if let Some(e) = state.events.get_mut(&event) {
-                e.completed = e.completed.max(generation);
+                e.pending.remove(&generation);
                 e.time = Some(Instant::now());
             }
         }
@@ -252,7 +252,7 @@ fn execute<'a>(mut state: MutexGuard<'a, State>, op: &Op, stream: usize) -> Mute
             state = SIM.wait_until(state, |s| {
                 s.events
                     .get(&event)
-                    .is_none_or(|e| e.completed >= generation)
+                    .is_none_or(|e| !e.pending.contains(&generation))
             });
         }
         Op::Host(call) => {

@@ -1,0 +1,265 @@
+//! Marks: the points in a stream's work that buffers' trackers wait for, kept precise at the cost of one event
+//! record where it is needed, and the real device as the tracker sees it ([`Gpu`]).
+//!
+//! A stream's work is cut into *segments*. Work the crate enqueues joins the stream's current segment, and
+//! the tracker entries it leaves hold that segment as their mark. An event for a segment, when someone has to
+//! wait for it, must complete right after the segment's last work: recorded later, behind unrelated work,
+//! it would make the waiter wait for that work too (a hidden wait, against the crate's rule 7). So the
+//! current segment is *closed*, its event recorded at the stream's end, before anything else is enqueued on
+//! the stream while an entry may still need it:
+//!
+//! - before each operation of the crate on the stream, unless every entry that holds the segment is about to
+//!   be replaced by that very operation (the fast path: the same buffers used again on one stream records
+//!   nothing, as it did before marks existed);
+//! - before work the crate does not track is enqueued through its API ([`Stream::wait`], [`Stream::profile`]);
+//! - before the stream or the context is synchronized, so that work enqueued afterwards by other code, which
+//!   the crate cannot see, does not delay the segment's event: it completes with the synchronization.
+//!
+//! Whether an entry may still need the segment is read from the segment's reference count: the stream holds
+//! one reference and every entry one more. Entries are created only under the stream's lock, by operations on
+//! the stream, so while the lock is held the count can only fall (entries dropped elsewhere), which at worst
+//! records an event that turns out unneeded.
+//!
+//! Work enqueued on a stream through its raw handle (`Stream::as_raw`) is invisible: an entry whose segment is
+//! still open when such work follows gets an event behind that work. Enqueue other code's work through
+//! [`Stream::profile`] to keep marks precise.
+//!
+//! The events come from a per-context pool: creating and destroying a CUDA event costs more than recording
+//! one, and a stream crossing costs one record and one wait.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, MutexGuard, OnceLock};
+
+use crate::context::Context;
+use crate::driver_call;
+use crate::error::Result;
+use crate::stream::Stream;
+use crate::sys::CUevent;
+use crate::track::Timeline;
+
+/// A segment of a stream's work (see the module docs). Cheap to clone; equal when it is the same segment.
+#[derive(Clone, Default)]
+pub(crate) struct Mark(Arc<Segment>);
+
+#[derive(Default)]
+struct Segment {
+    /// Recorded right after the segment's last work, once the segment is closed.
+    event: OnceLock<PooledEvent>,
+    /// Seen complete (its event, or the whole stream, found done): nothing to wait for.
+    complete: AtomicBool,
+}
+
+impl PartialEq for Mark {
+    fn eq(&self, other: &Mark) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Mark {}
+
+impl std::fmt::Debug for Mark {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mark")
+            .field("closed", &self.0.event.get().is_some())
+            .field("complete", &self.is_complete())
+            .finish()
+    }
+}
+
+impl Mark {
+    fn is_complete(&self) -> bool {
+        self.0.complete.load(Ordering::Acquire)
+    }
+
+    fn set_complete(&self) {
+        self.0.complete.store(true, Ordering::Release);
+    }
+
+    /// How many tracker entries hold this segment, given that the stream holds it too.
+    fn holders(&self) -> usize {
+        Arc::strong_count(&self.0) - 1
+    }
+}
+
+/// A stream's current segment, behind the stream's lock: what operations join and what [`Stream::event_of`]
+/// closes.
+pub(crate) type Current = Mark;
+
+/// An event of a context's pool, recorded without timing; back to the pool when dropped.
+pub(crate) struct PooledEvent {
+    raw: CUevent,
+    context: Context,
+}
+
+// SAFETY: a CUevent is a driver handle usable from any thread; the crate only passes it to driver calls.
+unsafe impl Send for PooledEvent {}
+// SAFETY: as for Send; every use takes `&self` and goes through thread-safe driver calls.
+unsafe impl Sync for PooledEvent {}
+
+impl PooledEvent {
+    /// An event of `stream`'s context, recorded at the stream's end now.
+    fn record(stream: &Stream) -> Result<PooledEvent> {
+        let context = stream.context();
+        let event = PooledEvent {
+            raw: context.take_event()?,
+            context: context.clone(),
+        };
+        // SAFETY: a live event of the stream's context and a live stream. On failure the event goes back to
+        // the pool unrecorded, which is harmless: recording again replaces whatever it held.
+        unsafe { driver_call!(cuEventRecord(event.raw, stream.as_raw())) }
+            .map_err(|e| e.context("recording an event to order work after"))?;
+        Ok(event)
+    }
+
+    pub(crate) fn as_raw(&self) -> CUevent {
+        self.raw
+    }
+
+    fn query(&self) -> Result<bool> {
+        // SAFETY: a live event.
+        match unsafe { driver_call!(cuEventQuery(self.raw)) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.driver_code() == Some(crate::sys::CUresult::CUDA_ERROR_NOT_READY) => {
+                Ok(false)
+            }
+            Err(e) => Err(e.context("querying whether work has completed")),
+        }
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        // SAFETY: a live event.
+        unsafe { driver_call!(cuEventSynchronize(self.raw)) }
+            .map_err(|e| e.context("waiting for work to complete"))
+    }
+}
+
+impl Drop for PooledEvent {
+    fn drop(&mut self) {
+        self.context.give_event(self.raw);
+    }
+}
+
+/// The stream's side of marks. Lock order: a buffer's tracker, then at most one stream's segment lock.
+impl Stream {
+    /// Closes the current segment if any entry holds it (records its event), so that what the caller enqueues
+    /// next does not delay that event. For work the crate does not track, enqueued through its API.
+    ///
+    /// # Errors
+    /// The driver's, from recording the event; nothing is closed then, and the caller must not enqueue.
+    pub(crate) fn close_segment(&self) -> Result<()> {
+        let mut current = self.segment();
+        if current.holders() > 0 {
+            self.close(&mut current)?;
+        }
+        Ok(())
+    }
+
+    /// Starts an operation of the crate on this stream: closes the current segment unless the only entries that
+    /// hold it are the `replaced` ones the operation will replace (count them with
+    /// `Tracker::replaced_at`), and returns the segment, locked, for the operation's entries to join. Hold the
+    /// guard from before the enqueue until the entries are recorded.
+    ///
+    /// # Errors
+    /// The driver's, from recording the event; the caller must not enqueue then.
+    pub(crate) fn begin(
+        &self,
+        replaced: impl FnOnce(&Mark) -> usize,
+    ) -> Result<MutexGuard<'_, Current>> {
+        let mut current = self.segment();
+        let replaced = replaced(&current);
+        if current.holders() > replaced {
+            self.close(&mut current)?;
+        }
+        Ok(current)
+    }
+
+    /// Records the current segment's event now and starts a new segment.
+    fn close(&self, current: &mut Current) -> Result<()> {
+        let event = PooledEvent::record(self)?;
+        // Only a closed segment has an event, and only `close` sets one, under the lock that `current` is.
+        let _ = current.0.event.set(event);
+        *current = Mark::default();
+        Ok(())
+    }
+
+    /// The event to wait for to see the work before `mark` (a mark of this stream) complete: its segment's,
+    /// closing the segment now if it is still the current one; `None` when that work is known complete. With
+    /// `query`, an open segment on a stream found idle is complete and needs no event.
+    ///
+    /// # Errors
+    /// The driver's, from querying the stream or recording the event.
+    fn event_of<'m>(&self, mark: &'m Mark, query: bool) -> Result<Option<&'m PooledEvent>> {
+        if mark.is_complete() {
+            return Ok(None);
+        }
+        if let Some(event) = mark.0.event.get() {
+            return Ok(Some(event));
+        }
+        let mut current = self.segment();
+        // Closed, or found complete, by another thread since the checks above?
+        if mark.is_complete() {
+            return Ok(None);
+        }
+        if let Some(event) = mark.0.event.get() {
+            return Ok(Some(event));
+        }
+        if *current != *mark {
+            // Every segment but the current one was closed with an event (only `close` starts a new one, after
+            // setting it) or found complete, so this cannot happen. Were it to, an event recorded now is late
+            // but never early: the work before the mark precedes it.
+            debug_assert!(
+                false,
+                "a segment left open that is not its stream's current one"
+            );
+            let _ = mark.0.event.set(PooledEvent::record(self)?);
+            return Ok(mark.0.event.get());
+        }
+        if query && self.query()? {
+            mark.set_complete();
+            *current = Mark::default();
+            return Ok(None);
+        }
+        self.close(&mut current)?;
+        Ok(mark.0.event.get())
+    }
+}
+
+/// The real device, as the tracker sees it: marks of [`Stream`]s, waits on the device through pooled events.
+pub(crate) struct Gpu;
+
+impl Timeline for Gpu {
+    type Stream = Stream;
+    type Mark = Mark;
+    type Error = crate::error::Error;
+
+    fn wait(&self, stream: &Stream, on: &Stream, mark: &Mark) -> Result<()> {
+        // No stream query first: a wait for an event that has completed costs the device nothing, and the
+        // query would cost the host as much as the record it might save.
+        let Some(event) = on.event_of(mark, false)? else {
+            return Ok(());
+        };
+        // SAFETY: a live stream and a live event (the driver copies the event's state at this call).
+        unsafe { driver_call!(cuStreamWaitEvent(stream.as_raw(), event.as_raw(), 0)) }
+            .map_err(|e| e.context("making a stream wait for another stream's work"))
+    }
+
+    fn is_complete(&self, on: &Stream, mark: &Mark) -> Result<bool> {
+        let Some(event) = on.event_of(mark, true)? else {
+            return Ok(true);
+        };
+        let complete = event.query()?;
+        if complete {
+            mark.set_complete();
+        }
+        Ok(complete)
+    }
+
+    fn synchronize(&self, on: &Stream, mark: &Mark) -> Result<()> {
+        let Some(event) = on.event_of(mark, true)? else {
+            return Ok(());
+        };
+        event.synchronize()?;
+        mark.set_complete();
+        Ok(())
+    }
+}
