@@ -38,13 +38,20 @@
 //!    `try_` forms never block. There is no `Deref`. A borrowed slice cannot be held across a copy into the
 //!    same buffer: the copy needs the buffer exclusively.
 //! 4. **Memory is released only after its work has completed.** Dropping a [`DeviceBuffer`] enqueues a
-//!    stream-ordered free after every pending use. Dropping pinned memory with work pending keeps it (and its
-//!    context) in a process-wide list; it is released at the next pinned allocation, pinned drop or
-//!    [`Context::synchronize`] after that work has completed. Nothing blocks in `drop` where the device can order
-//!    the release instead. If a wait fails, the memory is leaked rather than freed early, and the error is kept
-//!    for [`Context::check_deferred_errors`].
+//!    stream-ordered free after every pending use. Dropping pinned or registered memory hands it to the crate's
+//!    release thread, which unpins it once its work has completed; [`Context::synchronize`] waits for that.
+//!    If a wait fails, the memory is leaked rather than freed early, and the error is kept for
+//!    [`Context::check_deferred_errors`].
 //! 5. **Nothing relies on a destructor running.** Forgetting a buffer leaks it; a forgotten [`Registered`]
 //!    keeps its `Vec` too, so the program cannot reuse memory a copy may still write.
+//! 6. **No hidden waits.** An operation waits only for work it conflicts with: never for work on an unrelated
+//!    stream, never for work that has completed, never on a lock while the device runs. The event a stream
+//!    waits for completes right after the work it stands for, not behind later work on the same stream;
+//!    freeing a buffer used on several streams makes none of them wait; the driver calls that wait for the
+//!    whole device (unpinning, the synchronous free, loading the kernels) run on threads of the crate's own.
+//!    The exceptions say so: the pageable copies wait for their own stream, [`Registered::into_vec`] and
+//!    [`Context::synchronize`] for the context.
+//! 7. **No hangs.** Every wait ends: with the work done, with an `Err`, or at a deadline.
 //!
 //! Errors are values: every failure, from a missing driver to a length mismatch, is an [`Error`] with CUDA's
 //! own words and what the crate was doing, never a panic.
