@@ -352,14 +352,18 @@ pub mod kernels {
         Stream, driver_call,
     };
 
-    /// The element count of device memory (the crate's own is sealed).
+    /// The element count and address of device memory (the crate's own are sealed).
     pub trait Elements {
         fn count(&self) -> usize;
+        fn address(&self) -> CUdeviceptr;
     }
 
     impl<T: Pod> Elements for DeviceBuffer<T> {
         fn count(&self) -> usize {
             self.len()
+        }
+        fn address(&self) -> CUdeviceptr {
+            self.as_raw()
         }
     }
 
@@ -367,12 +371,31 @@ pub mod kernels {
         fn count(&self) -> usize {
             self.len()
         }
+        fn address(&self) -> CUdeviceptr {
+            self.as_raw()
+        }
     }
 
     impl<T: Pod> Elements for DeviceViewMut<'_, T> {
         fn count(&self) -> usize {
             self.len()
         }
+        fn address(&self) -> CUdeviceptr {
+            self.as_raw()
+        }
+    }
+
+    /// Ends a stand-in with work on `stream` that touches `data` and `out` (device addresses; 0 for none), as
+    /// the kernel it stands for does last, and moves nothing: a copy of zero bytes. The simulator judges a wait
+    /// for an event recorded after a kernel (as the prefetcher's refill waits for the consumer's work) by what
+    /// the last work before the event touches, and counts a host function as touching nothing.
+    fn touch(stream: &Stream, out: CUdeviceptr, data: CUdeviceptr) -> Result<()> {
+        if out == 0 || data == 0 {
+            return Ok(());
+        }
+        // SAFETY: zero bytes: nothing is read or written; both addresses are device memory the caller keeps
+        // until the stream has passed this.
+        unsafe { driver_call!(cuMemcpyDtoDAsync_v2(out, data, 0, stream.as_raw())) }
     }
 
     pub fn fill<T: Pod>(
@@ -415,7 +438,8 @@ pub mod kernels {
             // reads `sum` after it, and `keep_until_here` makes `staging` wait for a read after it too.
             unsafe { sum_on(stream, staging.as_ptr().cast(), bytes, &sum) }?;
             stream.upload(&sum, out)?;
-            keep_until_here(stream, &staging)
+            keep_until_here(stream, &staging)?;
+            touch(stream, out.address(), data.address())
         })
     }
 
@@ -448,7 +472,8 @@ pub mod kernels {
         // SAFETY: one u64 of pinned memory, kept as above, to one u64 of device memory (the caller's promise).
         unsafe { driver_call!(cuMemcpyHtoDAsync_v2(out, sum.as_ptr().cast(), 8, s)) }?;
         keep_until_here(stream, &staging)?;
-        keep_until_here(stream, &sum)
+        keep_until_here(stream, &sum)?;
+        touch(stream, out, data)
     }
 
     /// What the host function of `sum_on` reads and writes.

@@ -16,9 +16,12 @@
 //! wait costs nothing and is forgotten. Otherwise S remembers it, and S's next operation that touches memory
 //! (a copy, a memset, a stream-ordered free) is judged: each remembered work must touch one of the
 //! allocations that operation touches (allocations, not byte ranges: the crate tracks whole allocations, so
-//! two views of one buffer are one). A host function next forgets them unjudged (what it touches is unknown);
-//! a stream-ordered allocation next neither judges nor forgets them: it needs no earlier work, the wait delays
-//! it no more than the operation after it, and a wait made for that later operation is judged there.
+//! two views of one buffer are one) if both come from the same call into the crate (see `same_call`). A host
+//! function next forgets them unjudged (what it touches is unknown); a stream-ordered allocation next neither
+//! judges nor forgets them: it needs no earlier work, the wait delays it no more than the operation after it,
+//! and a wait made for that later operation is judged there. A host function *awaited* counts as touching no
+//! memory: it is how the tests stand in for kernels, and those that stand in for kernels using memory end
+//! with work on that memory (tests/common).
 
 use std::backtrace::Backtrace;
 
@@ -167,18 +170,19 @@ pub(crate) struct FalseDependency {
 }
 
 impl FalseDependency {
-    /// The report, with the callers of the wait and of the operation judged (`op_caller`, from [`caller`]);
-    /// `None` where the wait was a user's explicit request through the crate's `Stream::wait`: the user
-    /// ordered the stream so, and no buffer caused the wait.
-    pub(crate) fn report(self, op_caller: &str) -> Option<String> {
+    /// The report, with the callers of the wait and of the operation judged (`op_caller`, from
+    /// [`caller_frames`]); `None` where the two come from different calls into the crate (see
+    /// [`same_call`]): then the operation is not what the wait was made for.
+    pub(crate) fn report(self, op_caller: &[Frame]) -> Option<String> {
         let waited_from = callers(&frames(&self.waited_from.to_string()));
-        if is_explicit_wait(&waited_from) {
+        if !same_call(&waited_from, op_caller) {
             return None;
         }
         Some(format!(
-            "{}; the wait was {}; the operation was {op_caller}",
+            "{}; the wait was {}; the operation was {}",
             self.report,
-            describe_callers(&waited_from)
+            describe_callers(&waited_from),
+            describe_callers(op_caller)
         ))
     }
 }
@@ -257,13 +261,18 @@ fn memory(state: &State, ids: &[u64]) -> String {
 /// standard library where no crate function is on the stack (a raw driver call). Slow (it reads debug
 /// information): call it without the simulator's lock, and only to report.
 pub(crate) fn caller() -> String {
-    let backtrace = Backtrace::force_capture().to_string();
-    describe_callers(&callers(&frames(&backtrace)))
+    describe_callers(&caller_frames())
+}
+
+/// The frames of the calling thread's callers, innermost first (see [`callers`]), for [`describe_callers`]
+/// and [`FalseDependency::report`]. As slow as [`caller`].
+pub(crate) fn caller_frames() -> Vec<Frame> {
+    callers(&frames(&Backtrace::force_capture().to_string()))
 }
 
 /// One frame of a backtrace: the function and, where known, its place.
 #[derive(Debug, PartialEq)]
-struct Frame {
+pub(crate) struct Frame {
     function: String,
     at: Option<String>,
 }
@@ -411,14 +420,18 @@ fn callers(frames: &[Frame]) -> Vec<Frame> {
     callers
 }
 
-/// Whether the crate function nearest the driver call is `Stream::wait`, called by code outside the crate: a
-/// wait its user asked for in so many words.
-fn is_explicit_wait(callers: &[Frame]) -> bool {
-    let Some(at) = callers.iter().position(|f| in_crate(&f.function)) else {
-        return false;
-    };
-    callers[at].function == "cuda_pinned::stream::Stream::wait"
-        && callers.get(at + 1).is_some_and(|f| !in_crate(&f.function))
+/// Whether a wait and an operation come from one call into the crate: the same outermost crate frame (the
+/// API called, and the line in it that led to the driver call) called from the same place; or both from raw
+/// driver calls, which the simulator judges as it sees them. The crate makes the waits an operation needs in
+/// the call that enqueues it; a wait made by one call and followed by an operation of another (a user's own
+/// `Stream::wait`, the prefetcher's hand-over of a batch, which readies the stream for whatever the consumer
+/// enqueues, raw kernels included) is not made for that operation, and is not judged by it.
+fn same_call(wait: &[Frame], op: &[Frame]) -> bool {
+    fn entry(callers: &[Frame]) -> Option<(&Frame, Option<&Frame>)> {
+        let at = callers.iter().rposition(|f| in_crate(&f.function))?;
+        Some((&callers[at], callers.get(at + 1)))
+    }
+    entry(wait) == entry(op)
 }
 
 /// "called from" the crate functions among `callers`, outermost first (a few), or the nearest caller where
@@ -520,21 +533,34 @@ mod tests {
     }
 
     #[test]
-    fn only_a_users_own_wait_is_explicit() {
-        let wait = |caller: &str| {
+    fn a_wait_is_judged_by_an_operation_of_the_same_call() {
+        let stack = |inner: &str, caller: &str| {
             let text = format!(
-                "   0: cuda_pinned_sim::detect::awaited\n   1: cuStreamWaitEvent\n   2: \
-                 cuda_pinned::stream::Stream::wait::{{{{closure}}}}\n   3: core::result::Result<T,E>::and_then\n   \
-                 4: cuda_pinned::stream::Stream::wait\n   5: {caller}\n"
+                "   0: cuda_pinned_sim::detect::caller\n   1: {inner}\n             at /x/src/copy.rs:440:9\n   \
+                 2: cuda_pinned::copy::Stream::copy\n             at /x/src/copy.rs:270:9\n   3: {caller}\n"
             );
-            is_explicit_wait(&callers(&frames(&text)))
+            callers(&frames(&text))
         };
-        assert!(wait("sim_stress::Worker::events"));
-        assert!(!wait(
-            "<cuda_pinned::memory::Gpu as cuda_pinned::track::Timeline>::wait"
+        let copy_at = |line: u32| format!("user::main\n             at ./src/main.rs:{line}:5");
+        let prepare = stack("cuda_pinned::track::Tracker<S,E>::prepare", &copy_at(10));
+        let enqueue = stack("cuda_pinned::copy::Stream::tracked_as", &copy_at(10));
+        assert!(same_call(&prepare, &enqueue));
+        // The next copy of the program, from another line.
+        let next = stack("cuda_pinned::copy::Stream::tracked_as", &copy_at(11));
+        assert!(!same_call(&prepare, &next));
+        // A user's own wait, then a copy.
+        let wait = callers(&frames(
+            "   0: cuStreamWaitEvent\n   1: cuda_pinned::stream::Stream::wait\n             at /x/src/stream.rs:150:9\n   \
+             2: user::main\n             at ./src/main.rs:9:5\n",
         ));
-        let raw = "   0: cuStreamWaitEvent\n   1: sim_detectors::wait\n";
-        assert!(!is_explicit_wait(&callers(&frames(raw))));
+        assert!(!same_call(&wait, &enqueue));
+        // Raw calls on both sides.
+        let raw = |line: u32| {
+            callers(&frames(&format!(
+                "   0: cuStreamWaitEvent\n   1: user::main\n             at ./src/main.rs:{line}:5\n"
+            )))
+        };
+        assert!(same_call(&raw(3), &raw(4)));
     }
 
     #[test]

@@ -16,8 +16,8 @@
 //! wait*, a call that synchronizes the whole device (`cuMemFreeHost`, `cuMemHostUnregister`, `cuMemFree_v2`,
 //! which wait here for every operation queued on the device, as the driver's do) made on a thread other than
 //! the crate's service threads (`cuda-pinned-*`) while unrelated work is queued; and a *false dependency*, a
-//! stream made to wait for work that does not touch the memory of the stream's next operation. Both name the
-//! crate functions on the caller's stack.
+//! stream made to wait for work that does not touch the memory of the operation the same call then enqueues on
+//! it. Both name the crate functions on the caller's stack.
 //!
 //! Faults on demand: `CUDA_SIM_FAIL=cuMemAlloc_v2:3:CUDA_ERROR_OUT_OF_MEMORY` fails the third call (see
 //! `faults.rs`), and `CUDA_SIM_DEVICE_MEMORY` / `CUDA_SIM_PINNED_LIMIT` bound memory (see `config.rs`).

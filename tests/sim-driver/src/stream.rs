@@ -107,7 +107,7 @@ pub(crate) fn submit<'a>(
     if !false_dependencies.is_empty() {
         // Naming the caller reads debug information: not under the lock, which every stream needs.
         drop(state);
-        let caller = detect::caller();
+        let caller = detect::caller_frames();
         state = SIM.lock();
         for found in false_dependencies {
             if let Some(report) = found.report(&caller) {
