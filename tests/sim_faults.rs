@@ -4,14 +4,18 @@
 //! find no memory freed under queued work, and nothing may leak, except where the crate leaks on purpose:
 //! memory whose release, or the wait before it, failed (the safety model's rule 4), which it reports.
 //!
+//! Every public-API call, and each run of a case as a whole, is bounded (`common::bounded`): a call that hangs
+//! (rule 8: every wait ends) aborts the test process with its name instead of stalling the suite.
+//!
 //! Only without feature `gpu`: a real driver cannot be made to fail on demand.
 #![cfg(not(feature = "gpu"))]
 
+#[macro_use]
 mod common;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use common::{serial, sim};
+use common::{LIMIT, bounded, serial, sim};
 use cuda_pinned::sys::CUdevice_attribute;
 use cuda_pinned::{
     Context, Device, DeviceBuffer, Event, Ledger, Pinned, PinnedPool, Pinning, Prefetcher,
@@ -58,34 +62,37 @@ struct Fixture {
 /// calls were failed.
 fn each_call_fails(name: &str, op: impl Fn(&Fixture) -> Result<()>) -> usize {
     let sim = sim().expect("these tests run on the simulated driver");
-    let ctx = Context::on(0).unwrap();
+    let ctx = bounded!(Context::on(0)).unwrap();
     let fixture = Fixture {
-        a: Stream::new(&ctx).unwrap(),
-        b: Stream::new(&ctx).unwrap(),
+        a: bounded!(Stream::new(&ctx)).unwrap(),
+        b: bounded!(Stream::new(&ctx)).unwrap(),
         ctx,
     };
     let settle = |f: &Fixture| {
         sim.clear_faults();
         // Deferred releases run at a context synchronize once their work is done; a second pass catches
         // what the first one's completion queued.
-        let _ = f.ctx.synchronize();
-        let _ = f.ctx.synchronize();
-        f.ctx.check_deferred_errors()
+        let _ = bounded!(f.ctx.synchronize());
+        let _ = bounded!(f.ctx.synchronize());
+        bounded!(f.ctx.check_deferred_errors())
     };
+    // The whole of one run of `op`: the calls in it are bounded one by one, but not the drops at its end.
+    let run = |what: &str| bounded(what, LIMIT, || op(&fixture));
+    let live = || bounded!(sim.live());
     // A first run makes what a context keeps for its whole life once used (its pooled events, its stream
     // for frees that wait for several streams), so that the baseline holds them.
-    op(&fixture).unwrap_or_else(|e| panic!("{name}: fails with no fault injected: {e}"));
+    run(name).unwrap_or_else(|e| panic!("{name}: fails with no fault injected: {e}"));
     settle(&fixture).unwrap();
-    let baseline = sim.live();
+    let baseline = live();
 
     sim.trace_start();
-    op(&fixture).unwrap_or_else(|e| panic!("{name}: fails with no fault injected: {e}"));
+    run(name).unwrap_or_else(|e| panic!("{name}: fails with no fault injected: {e}"));
     let calls = sim.trace_stop();
     settle(&fixture)
         .unwrap_or_else(|e| panic!("{name}: deferred error with no fault injected: {e}"));
     // Events are not compared: the context's pool keeps as many as were in use at once, which varies.
     assert_eq!(
-        memory(sim.live()),
+        memory(live()),
         memory(baseline),
         "{name}: leaks with no fault injected"
     );
@@ -106,10 +113,10 @@ fn each_call_fails(name: &str, op: impl Fn(&Fixture) -> Result<()>) -> usize {
         // Each case is judged against what was live just before it, not before the first: memory an earlier
         // case leaked on purpose (a failed release, or a failed wait before one) stays leaked for good, and
         // would otherwise count against every case after it.
-        let before = sim.live();
+        let before = live();
         sim.fail(&format!("{function}:{nth}:CUDA_ERROR_UNKNOWN"))
             .unwrap();
-        let result = catch_unwind(AssertUnwindSafe(|| op(&fixture)));
+        let result = catch_unwind(AssertUnwindSafe(|| run(&what)));
         let deferred = settle(&fixture);
         let result = result.unwrap_or_else(|_| panic!("{what}: panicked"));
         let new: Vec<String> = sim.violations().split_off(violations);
@@ -129,7 +136,7 @@ fn each_call_fails(name: &str, op: impl Fn(&Fixture) -> Result<()>) -> usize {
                     && !e.to_string().contains("leaked")
                 {
                     assert_eq!(
-                        memory(sim.live()),
+                        memory(live()),
                         memory(before),
                         "{what}: leaked after returning {e}"
                     );
@@ -149,7 +156,7 @@ fn each_call_fails(name: &str, op: impl Fn(&Fixture) -> Result<()>) -> usize {
     }
     assert!(swallowed.is_empty(), "no error came back: {swallowed:#?}");
     // The harness itself leaves nothing behind once its fixture is gone.
-    drop(fixture);
+    bounded!(drop(fixture));
     calls.len()
 }
 
@@ -169,171 +176,181 @@ macro_rules! fault_tests {
 
 fault_tests! {
     device_queries: |_f| {
-        let device = Device::get(0)?;
-        Device::count()?;
-        device.name()?;
-        device.uuid()?;
-        device.compute_capability()?;
-        device.total_memory()?;
-        device.pci_bus_id()?;
-        device.async_engine_count()?;
-        device.can_map_host_memory()?;
-        device.supports_memory_pools()?;
+        let device = bounded!(Device::get(0))?;
+        bounded!(Device::count())?;
+        bounded!(device.name())?;
+        bounded!(device.uuid())?;
+        bounded!(device.compute_capability())?;
+        bounded!(device.total_memory())?;
+        bounded!(device.pci_bus_id())?;
+        bounded!(device.async_engine_count())?;
+        bounded!(device.can_map_host_memory())?;
+        bounded!(device.supports_memory_pools())?;
         Ok(())
     };
     device_enumeration: |_f| {
-        let devices = Device::all()?;
-        devices[0].free_memory()?;
-        devices[0].attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let devices = bounded!(Device::all())?;
+        bounded!(devices[0].free_memory())?;
+        bounded!(devices[0].attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT))?;
         Ok(())
     };
     context_on_and_queries: |_f| {
-        let ctx = Context::on(0)?;
-        ctx.memory_info()?;
-        ctx.stream_priority_range()?;
-        ctx.synchronize()?;
+        let ctx = bounded!(Context::on(0))?;
+        bounded!(ctx.memory_info())?;
+        bounded!(ctx.stream_priority_range())?;
+        bounded!(ctx.synchronize())?;
         // Errors of its destructors' calls are kept in it: ask before it goes.
-        ctx.check_deferred_errors()
+        bounded!(ctx.check_deferred_errors())
     };
     streams: |f| {
-        let s = Stream::with_priority(&f.ctx, -1)?;
-        s.priority()?;
-        s.query()?;
-        s.synchronize()?;
-        let t = Stream::new(&f.ctx)?;
-        t.synchronize()
+        let s = bounded!(Stream::with_priority(&f.ctx, -1))?;
+        bounded!(s.priority())?;
+        bounded!(s.query())?;
+        bounded!(s.synchronize())?;
+        let t = bounded!(Stream::new(&f.ctx))?;
+        bounded!(t.synchronize())
     };
     events: |f| {
-        let (start, end) = (Event::new(&f.ctx)?, Event::new(&f.ctx)?);
-        start.record(&f.a)?;
-        end.record(&f.a)?;
-        f.b.wait(&end)?;
-        end.synchronize()?;
-        end.query()?;
-        end.elapsed_since(&start)?;
-        Event::without_timing(&f.ctx)?.record(&f.b)
+        let (start, end) = (bounded!(Event::new(&f.ctx))?, bounded!(Event::new(&f.ctx))?);
+        bounded!(start.record(&f.a))?;
+        bounded!(end.record(&f.a))?;
+        bounded!(f.b.wait(&end))?;
+        bounded!(end.synchronize())?;
+        bounded!(end.query())?;
+        bounded!(end.elapsed_since(&start))?;
+        bounded!(Event::without_timing(&f.ctx)?.record(&f.b))
     };
     device_buffers: |f| {
-        let zeroed = DeviceBuffer::<u32>::zeroed(&f.a, 1000)?;
-        let uninit = DeviceBuffer::<u64>::uninit(&f.b, 77)?;
-        drop((zeroed, uninit));
+        let zeroed = bounded!(DeviceBuffer::<u32>::zeroed(&f.a, 1000))?;
+        let uninit = bounded!(DeviceBuffer::<u64>::uninit(&f.b, 77))?;
+        bounded!(drop((zeroed, uninit)));
         Ok(())
     };
     pinned_memory: |f| {
-        let p = Pinned::<u32>::zeroed(&f.ctx, 1000)?;
-        let q = Pinned::from_slice(&f.ctx, &[1u8, 2, 3])?;
-        let wc = cuda_pinned::PinnedBuilder::new(&f.ctx).portable(true).device_mapped(true).write_combined(true).zeroed::<u16>(50)?;
-        drop((p, q, wc));
+        let p = bounded!(Pinned::<u32>::zeroed(&f.ctx, 1000))?;
+        let q = bounded!(Pinned::from_slice(&f.ctx, &[1u8, 2, 3]))?;
+        let wc = bounded!(cuda_pinned::PinnedBuilder::new(&f.ctx).portable(true).device_mapped(true).write_combined(true).zeroed::<u16>(50))?;
+        bounded!(drop((p, q, wc)));
         Ok(())
     };
     registered_vectors: |f| {
-        let r = Registered::new(&f.ctx, vec![7u32; 5000])?;
-        let v = r.into_vec()?;
+        let r = bounded!(Registered::new(&f.ctx, vec![7u32; 5000]))?;
+        let v = bounded!(r.into_vec())?;
         assert_eq!(v[4999], 7);
         Ok(())
     };
     copies_across_streams: |f| {
         let want: Vec<u32> = common::data(4096, 3);
-        let src = Pinned::from_slice(&f.ctx, &want)?;
-        let mut d0 = DeviceBuffer::<u32>::uninit(&f.a, want.len())?;
-        let mut d1 = DeviceBuffer::<u32>::uninit(&f.a, want.len())?;
-        let mut back = Pinned::<u32>::zeroed(&f.ctx, want.len())?;
-        f.a.upload(&src, &mut d0)?;
-        f.b.copy(&d0, &mut d1)?;
-        f.a.download(&d1, &mut back)?;
-        assert_eq!(back.as_slice()?, &want[..]);
+        let src = bounded!(Pinned::from_slice(&f.ctx, &want))?;
+        let mut d0 = bounded!(DeviceBuffer::<u32>::uninit(&f.a, want.len()))?;
+        let mut d1 = bounded!(DeviceBuffer::<u32>::uninit(&f.a, want.len()))?;
+        let mut back = bounded!(Pinned::<u32>::zeroed(&f.ctx, want.len()))?;
+        bounded!(f.a.upload(&src, &mut d0))?;
+        bounded!(f.b.copy(&d0, &mut d1))?;
+        bounded!(f.a.download(&d1, &mut back))?;
+        assert_eq!(bounded!(back.as_slice())?, &want[..]);
+        bounded!(drop((src, d0, d1, back)));
         Ok(())
     };
     registered_access: |f| {
-        let mut r = Registered::new(&f.ctx, vec![1u32; 4096])?;
-        let mut d = DeviceBuffer::<u32>::zeroed(&f.a, r.len())?;
-        f.a.upload(&r, &mut d)?;
-        r.try_as_mut_slice()?;
-        r.as_mut_slice()?.fill(2);
-        f.b.download(&d, &mut r)?;
-        r.try_as_slice()?;
-        assert_eq!(r.as_slice()?[4095], 1);
+        let mut r = bounded!(Registered::new(&f.ctx, vec![1u32; 4096]))?;
+        let mut d = bounded!(DeviceBuffer::<u32>::zeroed(&f.a, r.len()))?;
+        bounded!(f.a.upload(&r, &mut d))?;
+        bounded!(r.try_as_mut_slice())?;
+        bounded!(r.as_mut_slice().map(|s| s.fill(2)))?;
+        bounded!(f.b.download(&d, &mut r))?;
+        bounded!(r.try_as_slice())?;
+        assert_eq!(bounded!(r.as_slice())?[4095], 1);
+        bounded!(drop((r, d)));
         Ok(())
     };
     pageable_copies: |f| {
         let want: Vec<u16> = (0..3000).collect();
-        let mut d = DeviceBuffer::<u16>::uninit(&f.a, want.len())?;
-        f.a.upload_pageable(&want, &mut d)?;
+        let mut d = bounded!(DeviceBuffer::<u16>::uninit(&f.a, want.len()))?;
+        bounded!(f.a.upload_pageable(&want, &mut d))?;
         let mut back = vec![0u16; want.len()];
-        f.b.download_pageable(&d, &mut back)?;
+        bounded!(f.b.download_pageable(&d, &mut back))?;
         assert_eq!(back, want);
+        bounded!(drop(d));
         Ok(())
     };
     host_access_waits: |f| {
-        let mut p = Pinned::<u8>::zeroed(&f.ctx, 100)?;
-        let d = DeviceBuffer::<u8>::zeroed(&f.a, 100)?;
-        f.a.download(&d, &mut p)?;
-        p.try_as_slice()?;
-        p.as_mut_slice()?.fill(1);
+        let mut p = bounded!(Pinned::<u8>::zeroed(&f.ctx, 100))?;
+        let d = bounded!(DeviceBuffer::<u8>::zeroed(&f.a, 100))?;
+        bounded!(f.a.download(&d, &mut p))?;
+        bounded!(p.try_as_slice())?;
+        bounded!(p.as_mut_slice().map(|s| s.fill(1)))?;
+        bounded!(drop((p, d)));
         Ok(())
     };
     pool_alloc_and_trim: |f| {
         for pinning in [Pinning::HostAlloc, Pinning::Register] {
-            let pool = PinnedPool::builder(&f.ctx, 8 << 20).pinning(pinning).when_full(WhenFull::Wait).build();
-            let mut p = pool.alloc::<u32>(1000)?;
-            let d = DeviceBuffer::<u32>::zeroed(&f.a, 1000)?;
-            f.a.download(&d, &mut p)?;
-            drop(p);
-            let q = pool.try_alloc::<u32>(1000)?;
-            drop(q);
-            f.a.synchronize()?;
-            pool.trim()?;
+            let pool = bounded!(PinnedPool::builder(&f.ctx, 8 << 20).pinning(pinning).when_full(WhenFull::Wait).build());
+            let mut p = bounded!(pool.alloc::<u32>(1000))?;
+            let d = bounded!(DeviceBuffer::<u32>::zeroed(&f.a, 1000))?;
+            bounded!(f.a.download(&d, &mut p))?;
+            bounded!(drop(p));
+            let q = bounded!(pool.try_alloc::<u32>(1000))?;
+            bounded!(drop(q));
+            bounded!(f.a.synchronize())?;
+            bounded!(pool.trim())?;
+            bounded!(drop((d, pool)));
         }
         Ok(())
     };
     pool_eviction: |f| {
         // Room for one block of two pages: a request of another class unpins it to pin its own.
-        let pool = PinnedPool::builder(&f.ctx, 2 << 12).pinning(Pinning::HostAlloc).build();
-        drop(pool.alloc::<u8>(2 << 12)?);
-        drop(pool.alloc::<u8>(1 << 12)?);
-        assert_eq!(pool.stats().evictions, 1, "the second request evicts the first block");
-        pool.trim()
+        let pool = bounded!(PinnedPool::builder(&f.ctx, 2 << 12).pinning(Pinning::HostAlloc).build());
+        bounded!(pool.alloc::<u8>(2 << 12).map(drop))?;
+        bounded!(pool.alloc::<u8>(1 << 12).map(drop))?;
+        assert_eq!(bounded!(pool.stats()).evictions, 1, "the second request evicts the first block");
+        bounded!(pool.trim())?;
+        bounded!(drop(pool));
+        Ok(())
     };
     staged_transfers: |f| {
-        let pool = PinnedPool::new(&f.ctx, 4 << 20);
+        let pool = bounded!(PinnedPool::new(&f.ctx, 4 << 20));
         let options = cuda_pinned::staging::StagingOptions { chunk_bytes: 1 << 20, threads: 2 };
         let want: Vec<u8> = (0..(3 << 20) + 5).map(|i| i as u8).collect();
-        let mut d = DeviceBuffer::<u8>::uninit(&f.a, want.len())?;
-        f.a.upload_staged_with(&pool, options, &want, &mut d)?;
+        let mut d = bounded!(DeviceBuffer::<u8>::uninit(&f.a, want.len()))?;
+        bounded!(f.a.upload_staged_with(&pool, options, &want, &mut d))?;
         let mut back = vec![0u8; want.len()];
-        f.b.download_staged_with(&pool, options, &d, &mut back)?;
+        bounded!(f.b.download_staged_with(&pool, options, &d, &mut back))?;
         assert!(back == want);
+        bounded!(drop((d, pool)));
         Ok(())
     };
     ledger: |f| {
-        let ledger = Ledger::new();
-        let s = Stream::with_ledger(&f.ctx, &ledger)?;
-        let p = Pinned::<u32>::zeroed(&f.ctx, 256)?;
-        let mut d = DeviceBuffer::<u32>::uninit(&s, 256)?;
-        s.upload(&p, &mut d)?;
-        s.synchronize()?;
-        ledger.report()?;
+        let ledger = bounded!(Ledger::new());
+        let s = bounded!(Stream::with_ledger(&f.ctx, &ledger))?;
+        let p = bounded!(Pinned::<u32>::zeroed(&f.ctx, 256))?;
+        let mut d = bounded!(DeviceBuffer::<u32>::uninit(&s, 256))?;
+        bounded!(s.upload(&p, &mut d))?;
+        bounded!(s.synchronize())?;
+        bounded!(ledger.report())?;
+        bounded!(drop((p, d, s, ledger)));
         Ok(())
     };
     ledger_record_and_profile: |f| {
-        let ledger = Ledger::new();
-        let s = Stream::with_ledger(&f.ctx, &ledger)?;
-        s.record(&Event::without_timing(&f.ctx)?)?;
-        let p = Pinned::<u8>::zeroed(&f.ctx, 64)?;
-        let mut d = s.profile("allocate and upload", 64, || {
+        let ledger = bounded!(Ledger::new());
+        let s = bounded!(Stream::with_ledger(&f.ctx, &ledger))?;
+        bounded!(s.record(&Event::without_timing(&f.ctx)?))?;
+        let p = bounded!(Pinned::<u8>::zeroed(&f.ctx, 64))?;
+        let mut d = bounded!(s.profile("allocate and upload", 64, || {
             let mut d = DeviceBuffer::<u8>::uninit(&s, 64)?;
             s.upload(&p, &mut d)?;
             Ok(d)
-        })?;
-        s.download(&d, &mut Pinned::<u8>::zeroed(&f.ctx, 64)?)?;
-        s.copy(&DeviceBuffer::<u8>::zeroed(&s, 64)?, &mut d)?;
-        ledger.report()?;
-        ledger.clear();
+        }))?;
+        bounded!(s.download(&d, &mut Pinned::<u8>::zeroed(&f.ctx, 64)?))?;
+        bounded!(s.copy(&DeviceBuffer::<u8>::zeroed(&s, 64)?, &mut d))?;
+        bounded!(ledger.report())?;
+        bounded!(ledger.clear());
+        bounded!(drop((p, d, s, ledger)));
         Ok(())
     };
     prefetcher_of_several_parts_unordered: |f| {
-        let pool = PinnedPool::new(&f.ctx, 1 << 20);
-        let batches = Prefetcher::<(Pinned<u32>, [Pinned<u8>; 2])>::builder(&pool, &f.a, (256, [16, 32]))
+        let pool = bounded!(PinnedPool::new(&f.ctx, 1 << 20));
+        let batches = bounded!(Prefetcher::<(Pinned<u32>, [Pinned<u8>; 2])>::builder(&pool, &f.a, (256, [16, 32]))
             .indices([4, 1, 3])
             .workers(2)
             .depth(2)
@@ -344,28 +361,69 @@ fault_tests! {
                 y.as_mut_slice()?.fill(i as u8);
                 z.as_mut_slice()?.fill(!(i as u8));
                 Ok(())
-            })?;
-        let mut scratch = DeviceBuffer::<u32>::uninit(&f.a, 256)?;
-        for batch in batches {
+            }))?;
+        let mut scratch = bounded!(DeviceBuffer::<u32>::uninit(&f.a, 256))?;
+        let mut batches = batches;
+        while let Some(batch) = bounded!(batches.next()) {
             let mut batch = batch?;
-            f.a.copy(&batch.device().0, &mut scratch)?;
-            f.a.copy(&scratch, &mut batch.device_mut().0)?;
+            bounded!(f.a.copy(&batch.device().0, &mut scratch))?;
+            bounded!(f.a.copy(&scratch, &mut batch.device_mut().0))?;
+            bounded!(drop(batch));
         }
+        bounded!(drop((batches, scratch, pool)));
         Ok(())
     };
     prefetcher: |f| {
-        let pool = PinnedPool::new(&f.ctx, 1 << 20);
-        let batches = Prefetcher::<Pinned<u32>>::builder(&pool, &f.a, 1024)
+        let pool = bounded!(PinnedPool::new(&f.ctx, 1 << 20));
+        let batches = bounded!(Prefetcher::<Pinned<u32>>::builder(&pool, &f.a, 1024)
             .batches(3)
             .workers(1)
             .depth(2)
             .build(|i, host: &mut Pinned<u32>| {
                 host.as_mut_slice()?.fill(i as u32);
                 Ok(())
-            })?;
-        for batch in batches {
-            batch?;
+            }))?;
+        let mut batches = batches;
+        while let Some(batch) = bounded!(batches.next()) {
+            bounded!(batch.map(drop))?;
         }
+        bounded!(drop((batches, pool)));
         Ok(())
     };
+}
+
+/// Set in the environment of the child process that `a_hung_call_aborts_the_process_naming_it` starts.
+const HANG_CHILD: &str = "CUDA_PINNED_TEST_HANG_CHILD";
+
+/// Run as a child process by the test below; does nothing otherwise.
+#[test]
+fn hung_call_child() {
+    if std::env::var_os(HANG_CHILD).is_none() {
+        return;
+    }
+    bounded(
+        "a call that never returns",
+        std::time::Duration::from_millis(200),
+        || loop {
+            std::thread::park();
+        },
+    );
+}
+
+/// What `bounded` does with a call that hangs: the process aborts, naming it, instead of stalling the suite.
+#[test]
+fn a_hung_call_aborts_the_process_naming_it() {
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "hung_call_child", "--nocapture"])
+        .env(HANG_CHILD, "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&child.stderr);
+    assert!(!child.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "HUNG: `a call that never returns` on thread hung_call_child did not return within 200ms"
+        ),
+        "{stderr}"
+    );
 }

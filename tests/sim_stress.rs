@@ -13,10 +13,14 @@
 //! missing wait show as wrong data, and a missing order before a release as memory freed under queued work.
 //! On a GPU (feature `gpu`) the same programs run, with the crate's `fill` kernel.
 //!
+//! Each operation of a thread, and each call of the main thread, is bounded (`common::bounded`): one that hangs
+//! aborts the test process with its name (and the seed) instead of stalling the suite.
+//!
 //! `CUDA_PINNED_STRESS_SEED` replays the threads' programs (random by default; printed, and named by a
 //! failure); `CUDA_PINNED_STRESS_STEPS` sets the operations per thread. How the threads interleave is up to
 //! the scheduler, so a seed replays each thread's choices, not their timing.
 
+#[macro_use]
 mod common;
 
 use std::collections::VecDeque;
@@ -27,7 +31,7 @@ use std::time::{Duration, Instant};
 
 #[cfg(not(feature = "gpu"))]
 use common::kernels::fill;
-use common::{SplitMix64, compare, data, env_number, serial, spin_for};
+use common::{LIMIT, SplitMix64, bounded, compare, data, env_number, serial, spin_for};
 #[cfg(feature = "gpu")]
 use cuda_pinned::kernels::fill;
 use cuda_pinned::profile::Category;
@@ -360,9 +364,17 @@ impl<'a> Worker<'a> {
                 return;
             }
             self.step = step;
-            self.one_step();
+            let what = format!(
+                "stress thread {} step {step} (CUDA_PINNED_STRESS_SEED={} replays its program)",
+                self.id, self.seed
+            );
+            bounded(&what, LIMIT, || self.one_step());
         }
-        self.finish();
+        let what = format!(
+            "stress thread {}'s final checks (CUDA_PINNED_STRESS_SEED={} replays its program)",
+            self.id, self.seed
+        );
+        bounded(&what, LIMIT, || self.finish());
     }
 
     fn note(&mut self, text: String) {
@@ -937,21 +949,23 @@ fn threads_share_a_context_a_pool_and_streams() {
     println!("CUDA_PINNED_STRESS_SEED={seed}, {steps} operations on each of {THREADS} threads");
     let violations_before = common::sim().map_or(0, |s| s.violations().len());
     #[cfg(not(feature = "gpu"))]
-    let baseline = common::sim().map(|s| s.live());
+    let baseline = common::sim().map(|s| bounded!(s.live()));
     let started = Instant::now();
     {
-        let ctx = Context::on(0).expect("a CUDA device under feature `gpu`");
-        let pool = PinnedPool::builder(&ctx, BUDGET)
-            .when_full(WhenFull::Wait)
-            .build();
-        let small = PinnedPool::new(&ctx, SMALL_BUDGET);
+        let ctx = bounded!(Context::on(0)).expect("a CUDA device under feature `gpu`");
+        let pool = bounded!(
+            PinnedPool::builder(&ctx, BUDGET)
+                .when_full(WhenFull::Wait)
+                .build()
+        );
+        let small = bounded!(PinnedPool::new(&ctx, SMALL_BUDGET));
         let ledger = Ledger::new();
         let streams: Vec<Stream> = (0..STREAMS)
             .map(|i| {
                 if i == STREAMS - 1 {
-                    Stream::with_ledger(&ctx, &ledger).unwrap()
+                    bounded!(Stream::with_ledger(&ctx, &ledger)).unwrap()
                 } else {
-                    Stream::new(&ctx).unwrap()
+                    bounded!(Stream::new(&ctx)).unwrap()
                 }
             })
             .collect();
@@ -984,26 +998,24 @@ fn threads_share_a_context_a_pool_and_streams() {
         for (i, slot) in shared.iter().enumerate() {
             if let Some(dev) = lock(slot).take() {
                 let stream = &streams[i % STREAMS];
-                dev.check(
-                    stream,
-                    0..dev.model.len(),
-                    &format!("shared buffer {i} at the end"),
-                );
+                let what = format!("shared buffer {i} at the end");
+                bounded!(dev.check(stream, 0..dev.model.len(), &what));
                 // Dropped with a fill still queued on another stream.
                 let mut dev = dev;
-                fill(&streams[(i + 1) % STREAMS], &mut dev.buf, 7u32).unwrap();
+                bounded!(fill(&streams[(i + 1) % STREAMS], &mut dev.buf, 7u32)).unwrap();
+                bounded!(drop(dev));
             }
         }
-        ctx.synchronize().unwrap();
-        ctx.check_deferred_errors().unwrap();
+        bounded!(ctx.synchronize()).unwrap();
+        bounded!(ctx.check_deferred_errors()).unwrap();
         for (pool, budget) in [(&pool, BUDGET), (&small, SMALL_BUDGET)] {
-            let stats = pool.stats();
+            let stats = bounded!(pool.stats());
             println!("{stats:?}");
             assert_eq!(stats.in_use, 0, "every pool buffer came back: {stats:?}");
             assert!(stats.peak_reserved <= budget, "{stats:?}");
             assert!(stats.hits > 0, "blocks were reused: {stats:?}");
-            pool.trim().unwrap();
-            let stats = pool.stats();
+            bounded!(pool.trim()).unwrap();
+            let stats = bounded!(pool.stats());
             assert_eq!(
                 (stats.reserved, stats.cached, stats.pending),
                 (0, 0, 0),
@@ -1011,7 +1023,7 @@ fn threads_share_a_context_a_pool_and_streams() {
             );
         }
         // Every thread timed its work on the last stream in the one ledger.
-        let report = ledger.report().unwrap();
+        let report = bounded!(ledger.report()).unwrap();
         for category in [
             Category::Upload,
             Category::Download,
@@ -1024,9 +1036,10 @@ fn threads_share_a_context_a_pool_and_streams() {
                 "{category:?} in the ledger:\n{report}"
             );
         }
-        drop((pool, small, streams, ledger));
-        ctx.synchronize().unwrap();
-        ctx.check_deferred_errors().unwrap();
+        bounded!(drop((pool, small, streams, ledger)));
+        bounded!(ctx.synchronize()).unwrap();
+        bounded!(ctx.check_deferred_errors()).unwrap();
+        bounded!(drop(ctx));
     }
     println!("{:?}", started.elapsed());
     if let Some(sim) = common::sim() {
@@ -1039,6 +1052,10 @@ fn threads_share_a_context_a_pool_and_streams() {
     }
     #[cfg(not(feature = "gpu"))]
     if let (Some(sim), Some(baseline)) = (common::sim(), baseline) {
-        assert_eq!(sim.live(), baseline, "everything is released once dropped");
+        assert_eq!(
+            bounded!(sim.live()),
+            baseline,
+            "everything is released once dropped"
+        );
     }
 }

@@ -5,6 +5,7 @@
 #[cfg(not(feature = "gpu"))]
 use std::sync::Once;
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use cuda_pinned::Stream;
 
@@ -12,15 +13,17 @@ use cuda_pinned::Stream;
 pub const SIMULATED: bool = cfg!(not(feature = "gpu"));
 
 /// Holds the tests of a binary to one at a time, and on the simulated driver checks, when dropped, that
-/// the test caused no violation (memory freed under in-flight work, work on freed memory).
+/// the test caused no violation (memory freed under in-flight work, work on freed memory, a hidden wait, a
+/// false dependency) other than those it took with [`Serial::take_violations`].
 pub struct Serial {
     _lock: MutexGuard<'static, ()>,
     violations_before: usize,
 }
 
 /// Runs the tests of a binary one at a time. Several assert that work is still in flight behind a `spin`;
-/// another thread's call that synchronises the whole device (`cuMemFreeHost`, `cuMemHostRegister` and their
-/// kin do) would block this thread's driver calls until the spin ends and make such an assertion fail.
+/// another thread's call that synchronises the whole device (`cuMemFreeHost`, `cuMemHostUnregister`,
+/// `cuMemFree` and module loading do) would block this thread's driver calls until the spin ends and make
+/// such an assertion fail.
 ///
 /// Without feature `gpu`, the first call points the crate at the simulated driver (unless
 /// `CUDA_PINNED_LIBCUDA` already names a driver).
@@ -35,6 +38,17 @@ pub fn serial() -> Serial {
     }
 }
 
+impl Serial {
+    /// The violations the simulated driver found since the test began (or since the last call), which the
+    /// test thereby expects: they no longer fail it when `self` drops. Empty on a GPU.
+    pub fn take_violations(&mut self) -> Vec<String> {
+        let Some(sim) = sim() else { return Vec::new() };
+        let new = sim.violations().split_off(self.violations_before);
+        self.violations_before += new.len();
+        new
+    }
+}
+
 impl Drop for Serial {
     fn drop(&mut self) {
         let Some(sim) = sim() else { return };
@@ -45,6 +59,125 @@ impl Drop for Serial {
                 new.len(),
                 new.join("\n")
             );
+        }
+    }
+}
+
+/// How long one call may take in the fault and stress tests before [`bounded`] takes it for hung: far more
+/// than any of them takes on a loaded machine.
+pub const LIMIT: Duration = Duration::from_secs(60);
+
+/// Runs `f` on the calling thread and returns what it returns; if it has not returned within `limit`, prints
+/// `what` (with the other calls being watched) and aborts the process. A hung driver call cannot be
+/// interrupted, and a test that hangs stalls CI until its job times out, saying nothing: this fails it loudly.
+pub fn bounded<R>(what: &str, limit: Duration, f: impl FnOnce() -> R) -> R {
+    let _watch = watchdog::Watch::start(what, limit);
+    f()
+}
+
+/// [`bounded`] with [`LIMIT`], naming the call by its source text: `bounded!(stream.synchronize())?`.
+#[allow(unused_macros, reason = "each test file uses a different subset")]
+macro_rules! bounded {
+    ($call:expr) => {
+        $crate::common::bounded(stringify!($call), $crate::common::LIMIT, || $call)
+    };
+}
+
+/// One thread that watches every [`bounded`] call of the process, so that a call costs a lock and a notify
+/// rather than a thread.
+mod watchdog {
+    use std::collections::BTreeMap;
+    use std::sync::{Condvar, Mutex, MutexGuard, Once, PoisonError};
+    use std::time::{Duration, Instant};
+
+    struct Watched {
+        deadline: Instant,
+        limit: Duration,
+        what: String,
+        thread: String,
+    }
+
+    #[derive(Default)]
+    struct Calls {
+        next: u64,
+        running: BTreeMap<u64, Watched>,
+    }
+
+    static CALLS: Mutex<Calls> = Mutex::new(Calls {
+        next: 0,
+        running: BTreeMap::new(),
+    });
+    static CHANGED: Condvar = Condvar::new();
+    static START: Once = Once::new();
+
+    fn calls() -> MutexGuard<'static, Calls> {
+        CALLS.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A call being watched; dropping it (the call returned, or unwound) ends the watch.
+    pub(super) struct Watch(u64);
+
+    impl Watch {
+        pub(super) fn start(what: &str, limit: Duration) -> Watch {
+            START.call_once(|| {
+                std::thread::Builder::new()
+                    .name("bounded-watchdog".into())
+                    .spawn(watch)
+                    .expect("starting the watchdog thread of `bounded`");
+            });
+            let thread = std::thread::current();
+            let watched = Watched {
+                deadline: Instant::now() + limit,
+                limit,
+                what: what.to_owned(),
+                thread: thread.name().unwrap_or("an unnamed thread").to_owned(),
+            };
+            let mut calls = calls();
+            let id = calls.next;
+            calls.next += 1;
+            calls.running.insert(id, watched);
+            CHANGED.notify_one();
+            Watch(id)
+        }
+    }
+
+    impl Drop for Watch {
+        fn drop(&mut self) {
+            calls().running.remove(&self.0);
+        }
+    }
+
+    fn watch() {
+        let mut calls = calls();
+        loop {
+            let now = Instant::now();
+            let earliest = calls.running.values().map(|w| w.deadline).min();
+            match earliest {
+                None => {
+                    calls = CHANGED.wait(calls).unwrap_or_else(PoisonError::into_inner);
+                }
+                Some(deadline) if deadline > now => {
+                    calls = CHANGED
+                        .wait_timeout(calls, deadline - now)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                }
+                Some(_) => {
+                    let (hung, others): (Vec<&Watched>, Vec<&Watched>) =
+                        calls.running.values().partition(|w| w.deadline <= now);
+                    for w in hung {
+                        eprintln!(
+                            "HUNG: `{}` on thread {} did not return within {:?}",
+                            w.what, w.thread, w.limit
+                        );
+                    }
+                    for w in others {
+                        eprintln!("  still running: `{}` on thread {}", w.what, w.thread);
+                    }
+                    eprintln!("aborting the test process: a hung call cannot be interrupted");
+                    std::process::abort();
+                }
+            }
         }
     }
 }
@@ -105,20 +238,29 @@ impl NoSimulator {
 }
 
 /// Keeps `stream` busy for `ms` milliseconds: work queued behind it waits, so a missing wait shows. On a GPU
-/// a kernel spins; on the simulated driver a host function sleeps.
+/// a kernel spins; on the simulated driver a host function sleeps. Enqueued through [`Stream::profile`], as a
+/// user's kernel is, so that the crate knows of it (and a ledger times it as a kernel named `spin`).
 pub fn spin(stream: &Stream, ms: u64) {
-    spin_for(stream, std::time::Duration::from_millis(ms));
+    spin_for(stream, Duration::from_millis(ms));
 }
 
 /// [`spin`] for any duration.
-pub fn spin_for(stream: &Stream, duration: std::time::Duration) {
+pub fn spin_for(stream: &Stream, duration: Duration) {
+    stream
+        .profile("spin", 0, || enqueue_spin(stream, duration))
+        .unwrap();
+}
+
+/// Enqueues the stand-in of [`spin`] on `stream` without the crate: the raw kernel on a GPU, a host function
+/// that sleeps on the simulated driver.
+fn enqueue_spin(stream: &Stream, duration: Duration) -> cuda_pinned::Result<()> {
     let ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
     #[cfg(feature = "gpu")]
     {
         use cuda_pinned::sys::kernels;
         // SAFETY: a live stream; the kernel touches no memory.
         let code = unsafe { kernels::cuda_pinned_spin(ns, stream.as_raw()) };
-        kernels::check_launch(code, "cuda_pinned_spin").unwrap();
+        kernels::check_launch(code, "cuda_pinned_spin")
     }
     #[cfg(not(feature = "gpu"))]
     {
@@ -127,7 +269,7 @@ pub fn spin_for(stream: &Stream, duration: std::time::Duration) {
         /// # Safety
         /// None beyond cuLaunchHostFunc's: it makes no CUDA call.
         unsafe extern "C" fn sleep(ns: *mut std::ffi::c_void) {
-            std::thread::sleep(std::time::Duration::from_nanos(ns as u64));
+            std::thread::sleep(Duration::from_nanos(ns as u64));
         }
         // SAFETY: a live stream; the host function reads nothing through its argument, which is a number.
         unsafe {
@@ -137,7 +279,6 @@ pub fn spin_for(stream: &Stream, duration: std::time::Duration) {
                 ns as usize as *mut _
             ))
         }
-        .unwrap();
     }
 }
 
@@ -211,14 +352,18 @@ pub mod kernels {
         Stream, driver_call,
     };
 
-    /// The element count of device memory (the crate's own is sealed).
+    /// The element count and address of device memory (the crate's own are sealed).
     pub trait Elements {
         fn count(&self) -> usize;
+        fn address(&self) -> CUdeviceptr;
     }
 
     impl<T: Pod> Elements for DeviceBuffer<T> {
         fn count(&self) -> usize {
             self.len()
+        }
+        fn address(&self) -> CUdeviceptr {
+            self.as_raw()
         }
     }
 
@@ -226,12 +371,31 @@ pub mod kernels {
         fn count(&self) -> usize {
             self.len()
         }
+        fn address(&self) -> CUdeviceptr {
+            self.as_raw()
+        }
     }
 
     impl<T: Pod> Elements for DeviceViewMut<'_, T> {
         fn count(&self) -> usize {
             self.len()
         }
+        fn address(&self) -> CUdeviceptr {
+            self.as_raw()
+        }
+    }
+
+    /// Ends a stand-in with work on `stream` that touches `data` and `out` (device addresses; 0 for none), as
+    /// the kernel it stands for does last, and moves nothing: a copy of zero bytes. The simulator judges a wait
+    /// for an event recorded after a kernel (as the prefetcher's refill waits for the consumer's work) by what
+    /// the last work before the event touches, and counts a host function as touching nothing.
+    fn touch(stream: &Stream, out: CUdeviceptr, data: CUdeviceptr) -> Result<()> {
+        if out == 0 || data == 0 {
+            return Ok(());
+        }
+        // SAFETY: zero bytes: nothing is read or written; both addresses are device memory the caller keeps
+        // until the stream has passed this.
+        unsafe { driver_call!(cuMemcpyDtoDAsync_v2(out, data, 0, stream.as_raw())) }
     }
 
     pub fn fill<T: Pod>(
@@ -248,10 +412,7 @@ pub mod kernels {
     }
 
     pub fn spin(stream: &Stream, duration: Duration) -> Result<()> {
-        stream.profile("spin", 0, || {
-            super::spin_for(stream, duration);
-            Ok(())
-        })
+        stream.profile("spin", 0, || super::enqueue_spin(stream, duration))
     }
 
     /// Writes the checksum of the bytes of `data` into `out[0]` on `stream`, as the crate's launcher does.
@@ -277,7 +438,8 @@ pub mod kernels {
             // reads `sum` after it, and `keep_until_here` makes `staging` wait for a read after it too.
             unsafe { sum_on(stream, staging.as_ptr().cast(), bytes, &sum) }?;
             stream.upload(&sum, out)?;
-            keep_until_here(stream, &staging)
+            keep_until_here(stream, &staging)?;
+            touch(stream, out.address(), data.address())
         })
     }
 
@@ -310,7 +472,8 @@ pub mod kernels {
         // SAFETY: one u64 of pinned memory, kept as above, to one u64 of device memory (the caller's promise).
         unsafe { driver_call!(cuMemcpyHtoDAsync_v2(out, sum.as_ptr().cast(), 8, s)) }?;
         keep_until_here(stream, &staging)?;
-        keep_until_here(stream, &sum)
+        keep_until_here(stream, &sum)?;
+        touch(stream, out, data)
     }
 
     /// What the host function of `sum_on` reads and writes.

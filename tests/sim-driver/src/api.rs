@@ -9,6 +9,7 @@ use std::ffi::{c_char, c_int, c_uchar, c_uint, c_ushort, c_void};
 use std::sync::MutexGuard;
 
 use crate::codes;
+use crate::detect::{self, DeviceSync};
 use crate::sim::{
     Allocation, DEVICE_GAP, EventData, HostCall, Kind, Loc, Op, Primary, SIM, State, Storage,
 };
@@ -209,14 +210,18 @@ fn copy_sync(state: MutexGuard<'static, State>, dst: Loc, src: Loc, bytes: usize
     )
 }
 
-/// Refuses to free an allocation work still uses (a violation, then waits for what runs now to end), and
-/// unmaps it.
+/// Releases an allocation as the driver's `cuMemFreeHost`, `cuMemHostUnregister` and `cuMemFree_v2` do: once
+/// every operation queued on the device when the call is made has finished (on every device, for host memory:
+/// the simulator does not track which contexts map it). Memory that queued work uses is a violation at the
+/// call, although that work then runs before the release; waiting for work that does not touch the memory, on
+/// a thread other than the crate's service threads, is a hidden wait (see `detect.rs`).
 fn free_now<'a>(
     mut state: MutexGuard<'a, State>,
     id: u64,
     function: &str,
 ) -> MutexGuard<'a, State> {
     let allocation = &state.allocations[&id];
+    let device = allocation.kind.is_device().then_some(allocation.device);
     if allocation.pending > 0 {
         let message = format!(
             "{function} freed {} at {:#x} ({} bytes) while queued work still uses it: {}",
@@ -227,6 +232,17 @@ fn free_now<'a>(
         );
         state.violation(message);
     }
+    let sync = DeviceSync::now(&state, device, id);
+    if let Some(report) = sync.hidden_wait(function)
+        && !detect::on_service_thread()
+    {
+        // Naming the caller reads debug information: not under the lock, which every stream needs.
+        drop(state);
+        let caller = detect::caller();
+        state = SIM.lock();
+        state.finding(format!("{report}; {caller}"));
+    }
+    let state = SIM.wait_until(state, |s| sync.done(s));
     let mut state = SIM.wait_until(state, |s| {
         s.allocations.get(&id).is_none_or(|a| a.executing == 0)
     });
@@ -1120,12 +1136,20 @@ pub extern "C" fn cuStreamGetFlags(hStream: CUstream, flags: *mut c_uint) -> CUr
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamWaitEvent(hStream: CUstream, hEvent: CUevent, Flags: c_uint) -> CUresult {
-    entry("cuStreamWaitEvent", |state| {
+    entry("cuStreamWaitEvent", |mut state| {
         if Flags & !1 != 0 {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         let event = live_event(&state, hEvent)?;
         let generation = state.events[&event].recorded;
+        // The event may be of another context or device (the driver allows it): no check of that here.
+        if !is_default_stream(hStream) {
+            let (handle, _) = live_stream(&state, hStream)?;
+            if let Some(dependency) = detect::awaited(&state, handle, event, generation) {
+                let stream = state.streams.get_mut(&handle).expect("checked live");
+                stream.depends.push(dependency);
+            }
+        }
         submit(state, hStream, Op::Wait { event, generation }, false)
     })
 }
@@ -1180,7 +1204,7 @@ pub extern "C" fn cuStreamDestroy_v2(hStream: CUstream) -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventCreate(phEvent: *mut CUevent, Flags: c_uint) -> CUresult {
     entry("cuEventCreate", |mut state| {
-        current(&state)?;
+        let device = current(&state)? as i32;
         let disable_timing = CUevent_flags::CU_EVENT_DISABLE_TIMING.0;
         let interprocess = CUevent_flags::CU_EVENT_INTERPROCESS.0;
         if phEvent.is_null()
@@ -1191,6 +1215,7 @@ pub extern "C" fn cuEventCreate(phEvent: *mut CUevent, Flags: c_uint) -> CUresul
         }
         let handle = state.handle();
         let data = EventData {
+            device,
             timing: Flags & disable_timing == 0,
             recorded: 0,
             pending: Default::default(),
@@ -1209,8 +1234,14 @@ fn record(function: &'static str, hEvent: CUevent, hStream: CUstream, flags: c_u
             return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
         }
         let event = live_event(&state, hEvent)?;
-        if !is_default_stream(hStream) {
-            live_stream(&state, hStream)?;
+        let device = if is_default_stream(hStream) {
+            current(&state)?
+        } else {
+            live_stream(&state, hStream)?.1
+        };
+        // As the driver: the event and the stream must be of one context.
+        if state.events[&event].device != device as i32 {
+            return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
         }
         let e = state.events.get_mut(&event).expect("checked live");
         e.recorded += 1;

@@ -12,6 +12,13 @@
 //! stderr, a `CUDA_ERROR_ILLEGAL_ADDRESS` from the next driver call, and an entry tests can read through
 //! [`Control`].
 //!
+//! It also reports what is right but costs time (`detect.rs`), as violations that fail no call: a *hidden
+//! wait*, a call that synchronizes the whole device (`cuMemFreeHost`, `cuMemHostUnregister`, `cuMemFree_v2`,
+//! which wait here for every operation queued on the device, as the driver's do) made on a thread other than
+//! the crate's service threads (`cuda-pinned-*`) while unrelated work is queued; and a *false dependency*, a
+//! stream made to wait for work that does not touch the memory of the operation the same call then enqueues on
+//! it. Both name the crate functions on the caller's stack.
+//!
 //! Faults on demand: `CUDA_SIM_FAIL=cuMemAlloc_v2:3:CUDA_ERROR_OUT_OF_MEMORY` fails the third call (see
 //! `faults.rs`), and `CUDA_SIM_DEVICE_MEMORY` / `CUDA_SIM_PINNED_LIMIT` bound memory (see `config.rs`).
 //!
@@ -27,6 +34,7 @@ mod attributes;
 mod codes;
 mod config;
 mod control;
+mod detect;
 mod faults;
 mod runtime;
 mod sim;

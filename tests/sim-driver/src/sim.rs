@@ -232,6 +232,20 @@ impl Op {
         })
     }
 
+    /// The allocations the operation touches or makes, for the false-dependency detector: those of
+    /// [`Op::allocations`], and the one a stream-ordered allocation or free concerns.
+    pub(crate) fn footprint(&self) -> Vec<u64> {
+        match *self {
+            Op::Allocate { id } | Op::Free { id } => vec![id],
+            _ => self.allocations().collect(),
+        }
+    }
+
+    /// Whether the operation is work (rather than an event record or wait, which take no time of their own).
+    pub(crate) fn is_work(&self) -> bool {
+        !matches!(self, Op::Record { .. } | Op::Wait { .. })
+    }
+
     pub(crate) fn describe(&self) -> String {
         match self {
             Op::Copy { bytes, .. } => format!("a copy of {bytes} bytes"),
@@ -253,9 +267,27 @@ pub(crate) struct StreamData {
     pub(crate) queue: VecDeque<Op>,
     /// Destroyed by the crate: the handle is invalid, the worker finishes the queue and ends.
     pub(crate) destroyed: bool,
+    /// Work on other streams this stream was made to wait for since its last operation that touches memory
+    /// (see `detect.rs`).
+    pub(crate) depends: Vec<Dependency>,
+}
+
+/// Queued work on another stream that a stream was made to wait for (`cuStreamWaitEvent`): the last work
+/// ahead of the event's record.
+pub(crate) struct Dependency {
+    /// The stream the work is queued on.
+    pub(crate) stream: usize,
+    /// The work and the memory it touches, described when the wait was made (the memory may go later).
+    pub(crate) work: String,
+    /// The allocations it touches or makes (none for a host function).
+    pub(crate) allocations: Vec<u64>,
+    /// The stack of the `cuStreamWaitEvent` call, named only if the wait is reported.
+    pub(crate) waited_from: std::backtrace::Backtrace,
 }
 
 pub(crate) struct EventData {
+    /// The device of the context it was created in.
+    pub(crate) device: i32,
     pub(crate) timing: bool,
     /// Records queued so far; a record's generation is the count when it was queued.
     pub(crate) recorded: u64,
@@ -326,9 +358,15 @@ impl State {
 
     /// Records a violation: a log line now, an error from the next driver call.
     pub(crate) fn violation(&mut self, message: String) {
+        self.finding(message);
+        self.unreported = true;
+    }
+
+    /// Records a violation that costs time rather than correctness (a hidden wait, a false dependency): a log
+    /// line and an entry in the list tests read, but no error from any driver call, since the work is right.
+    pub(crate) fn finding(&mut self, message: String) {
         eprintln!("cuda-pinned-sim: VIOLATION: {message}");
         self.violations.push(message);
-        self.unreported = true;
     }
 
     /// A fresh handle value for a stream or an event (never null, never reused).

@@ -2,11 +2,23 @@
 //! the crate forgot to order runs in the wrong order and shows as wrong data. Operations check, when they
 //! run, that the memory they touch is still there.
 
+use std::cell::Cell;
 use std::sync::{MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::detect;
 use crate::sim::{Kind, Loc, Op, SIM, State, StreamData};
 use crate::sys::CUresult;
+
+thread_local! {
+    /// On a stream's worker thread, the stream's handle.
+    static WORKER: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// The stream whose worker is the calling thread (running a host function that makes a driver call), if any.
+pub(crate) fn current_worker() -> Option<usize> {
+    WORKER.get()
+}
 
 /// Creates a stream and its worker; the handle.
 pub(crate) fn create(
@@ -22,6 +34,7 @@ pub(crate) fn create(
         priority,
         queue: Default::default(),
         destroyed: false,
+        depends: Vec::new(),
     };
     state.streams.insert(handle, data);
     state.finished.insert(handle, 0);
@@ -73,13 +86,15 @@ fn release(state: &mut State, op: &Op) {
     }
 }
 
-/// Queues `op` on stream `handle` (which the caller checked); with `wait`, returns when it has run.
+/// Queues `op` on stream `handle` (which the caller checked); with `wait`, returns when it has run. Judges it
+/// first against the work the stream was made to wait for (see `detect.rs`).
 pub(crate) fn submit<'a>(
     mut state: MutexGuard<'a, State>,
     handle: usize,
     op: Op,
     wait: bool,
 ) -> MutexGuard<'a, State> {
+    let false_dependencies = detect::judge(&mut state, handle, &op);
     hold(&mut state, &op);
     let stream = state
         .streams
@@ -89,6 +104,17 @@ pub(crate) fn submit<'a>(
     // Ours is done once it and those queued before it have left the front.
     let target = finished(&state, handle) + state.streams[&handle].queue.len() as u64;
     SIM.changed.notify_all();
+    if !false_dependencies.is_empty() {
+        // Naming the caller reads debug information: not under the lock, which every stream needs.
+        drop(state);
+        let caller = detect::caller_frames();
+        state = SIM.lock();
+        for found in false_dependencies {
+            if let Some(report) = found.report(&caller) {
+                state.finding(report);
+            }
+        }
+    }
     if wait {
         state = SIM.wait_until(state, |s| finished(s, handle) >= target);
     }
@@ -109,11 +135,12 @@ pub(crate) fn run_now<'a>(
 }
 
 /// How many operations stream `handle` has finished; all of them, once it is gone.
-fn finished(state: &State, handle: usize) -> u64 {
+pub(crate) fn finished(state: &State, handle: usize) -> u64 {
     state.finished.get(&handle).copied().unwrap_or(u64::MAX)
 }
 
 fn worker(handle: usize, seed: u64) {
+    WORKER.set(Some(handle));
     let mut rng = Rng(seed | 1);
     let mut state = SIM.lock();
     loop {
