@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, Weak};
 
 use crate::device::Device;
 use crate::driver_call;
@@ -33,6 +33,39 @@ struct Inner {
     streams: Mutex<Vec<Weak<crate::stream::Inner>>>,
     /// The crate's own stream for frees that must wait for several streams (null until first needed).
     release_stream: Mutex<CUstream>,
+    /// Events after the work still queued on streams of the context that were destroyed (see
+    /// [`Context::drain`]), until seen complete.
+    draining: Mutex<Vec<CUevent>>,
+    /// The device's gate (shared by every context handle of the device): the crate's work holds it for
+    /// reading while it enqueues, the release thread for writing while it finds the device idle and unpins
+    /// (see `memory/release.rs`).
+    gate: Arc<RwLock<()>>,
+}
+
+thread_local! {
+    /// How many gates the thread holds (see [`Context::enqueue_gate`]).
+    static GATES_HELD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A device's gate held for reading by this thread (see [`Context::enqueue_gate`]).
+pub(crate) struct Gate<'a> {
+    _read: Option<RwLockReadGuard<'a, ()>>,
+}
+
+impl Drop for Gate<'_> {
+    fn drop(&mut self) {
+        GATES_HELD.set(GATES_HELD.get() - 1);
+    }
+}
+
+/// Every context made, by device: to find all the crate's streams on a device, and the device's gate.
+static DEVICES: Mutex<Vec<Known>> = Mutex::new(Vec::new());
+
+/// A device the crate has made contexts on.
+struct Known {
+    ordinal: usize,
+    gate: Arc<RwLock<()>>,
+    contexts: Vec<Weak<Inner>>,
 }
 
 /// The most idle events a context keeps for reuse; more are destroyed as they come back.
@@ -64,6 +97,19 @@ impl Context {
                 ))
             },
         )?;
+        let mut devices = lock(&DEVICES);
+        let position = match devices.iter().position(|d| d.ordinal == device.ordinal()) {
+            Some(position) => position,
+            None => {
+                devices.push(Known {
+                    ordinal: device.ordinal(),
+                    gate: Arc::default(),
+                    contexts: Vec::new(),
+                });
+                devices.len() - 1
+            }
+        };
+        let known = &mut devices[position];
         let context = Context(Arc::new(Inner {
             device,
             raw,
@@ -72,7 +118,12 @@ impl Context {
             events: Mutex::new(Vec::new()),
             streams: Mutex::new(Vec::new()),
             release_stream: Mutex::new(std::ptr::null_mut()),
+            draining: Mutex::new(Vec::new()),
+            gate: known.gate.clone(),
         }));
+        known.contexts.retain(|c| c.strong_count() > 0);
+        known.contexts.push(Arc::downgrade(&context.0));
+        drop(devices);
         // Loading the crate's kernels waits for all work on the device: done ahead, on a thread of its own.
         #[cfg(feature = "gpu")]
         crate::kernels::preload(&context);
@@ -190,6 +241,68 @@ impl Context {
         streams.push(stream);
     }
 
+    /// Holds the device's gate for reading: taken by the crate's work while it enqueues, so that the release
+    /// thread, which takes it for writing, never finds the device idle while work is about to be queued. A
+    /// thread that holds it already (work enqueued inside [`crate::Stream::profile`], say) does not take it
+    /// again: a second read could wait behind the release thread's write, which waits for the first.
+    pub(crate) fn enqueue_gate(&self) -> Gate<'_> {
+        let held = GATES_HELD.get();
+        GATES_HELD.set(held + 1);
+        Gate {
+            _read: (held == 0).then(|| self.0.gate.read().unwrap_or_else(PoisonError::into_inner)),
+        }
+    }
+
+    /// Whether the calling thread holds a device's gate (see [`Context::enqueue_gate`]).
+    pub(crate) fn holds_a_gate() -> bool {
+        GATES_HELD.get() > 0
+    }
+
+    /// The gate of `device` (see [`Context::enqueue_gate`]), if the crate has made a context on it.
+    pub(crate) fn device_gate(device: Device) -> Option<Arc<RwLock<()>>> {
+        lock(&DEVICES)
+            .iter()
+            .find(|d| d.ordinal == device.ordinal())
+            .map(|d| d.gate.clone())
+    }
+
+    /// Whether every stream the crate made on `device`, in any context handle of it (and their streams for
+    /// frees), has finished its work, without blocking. `false` where a query fails. Hold the device's gate
+    /// for writing, or work may be queued the moment after.
+    pub(crate) fn device_is_idle(device: Device) -> bool {
+        let contexts: Vec<Arc<Inner>> = lock(&DEVICES)
+            .iter()
+            .filter(|d| d.ordinal == device.ordinal())
+            .flat_map(|d| d.contexts.iter().filter_map(Weak::upgrade))
+            .collect();
+        contexts.iter().all(|inner| {
+            let drained = {
+                let mut draining = lock(&inner.draining);
+                draining.retain(|&event| {
+                    // SAFETY: an event of the context, alive until destroyed here.
+                    let pending = match unsafe { driver_call!(cuEventQuery(event)) } {
+                        Err(e) => {
+                            e.driver_code() == Some(crate::sys::CUresult::CUDA_ERROR_NOT_READY)
+                        }
+                        Ok(()) => false,
+                    };
+                    if !pending {
+                        // SAFETY: complete (or broken), and nothing else holds it. A failure leaks it.
+                        let _ = unsafe { driver_call!(cuEventDestroy_v2(event)) };
+                    }
+                    pending
+                });
+                draining.is_empty()
+            };
+            let release = *lock(&inner.release_stream);
+            let release_idle = release.is_null() || {
+                // SAFETY: the context's own stream, alive while its context is (held above).
+                unsafe { driver_call!(cuStreamQuery(release)) }.is_ok()
+            };
+            drained && release_idle && crate::stream::all_idle(&lock(&inner.streams))
+        })
+    }
+
     /// An event of this context for ordering (recorded without timing): an idle one of the pool, else a new one.
     ///
     /// # Errors
@@ -226,6 +339,18 @@ impl Context {
                 .map_err(|e| e.context("creating the stream for stream-ordered frees"))?;
         }
         Ok(Stream::borrowed(self, *raw))
+    }
+
+    /// Keeps an event after the work still queued on `stream`, a stream of this context about to be destroyed,
+    /// so that [`Context::device_is_idle`] sees that work. If no event can be recorded, that work is not seen:
+    /// the release thread may then unpin while it runs (which waits for it, as the driver's unpinning does).
+    pub(crate) fn drain(&self, stream: CUstream) {
+        let Ok(event) = self.take_event() else { return };
+        // SAFETY: a live event of this context and a live stream of it.
+        match unsafe { driver_call!(cuEventRecord(event, stream)) } {
+            Ok(()) => lock(&self.0.draining).push(event),
+            Err(_) => self.give_event(event),
+        }
     }
 
     /// Takes back an event of [`Context::take_event`] that nothing uses any more.

@@ -427,6 +427,8 @@ impl Stream {
         // copy from a thread with no current context was measured to work, driver 580), and skipping the
         // get/push/pop saves about 0.1 us per copy. What needs a current context enters it itself (creating an
         // event, a kernel launch through the runtime).
+        // While this work is being queued, the release thread cannot find the device idle (memory/release.rs).
+        let _gate = self.context().enqueue_gate();
         // One allocation read and written (two views of it) is a write: lock it once.
         let read = read.filter(|r| !write.is_some_and(|w| std::ptr::eq(*r, w)));
         // The written buffer is borrowed exclusively, so no other thread locks it: taking it first cannot
@@ -455,10 +457,10 @@ impl Stream {
             Work::Untimed => enqueue(),
         };
         if let Some(r) = read.as_mut() {
-            r.record_use(self, segment.clone(), Access::Read);
+            r.record_use(self, segment.mark(), Access::Read);
         }
         if let Some(w) = write.as_mut() {
-            w.record_use(self, segment.clone(), Access::Write);
+            w.record_use(self, segment.mark(), Access::Write);
         }
         enqueued
     }

@@ -299,8 +299,7 @@ impl Stream {
         bytes: usize,
         work: impl FnOnce() -> Result<R>,
     ) -> Result<R> {
-        self.close_segment()?;
-        self.profiled(Category::Kernel, name, bytes, work)
+        self.untracked(|| self.profiled(Category::Kernel, name, bytes, work))
     }
 
     /// Runs `work` between two timing events recorded in the stream's ledger, if it has one.

@@ -1,13 +1,13 @@
 //! CUDA streams: queues of device work that run in order, concurrently with other streams.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
 use crate::context::Context;
 use crate::driver_call;
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::memory::Current;
+use crate::memory::SegmentLock;
 use crate::profile::Ledger;
 use crate::sys::{CUresult, CUstream, CUstream_flags};
 
@@ -27,7 +27,7 @@ pub(crate) struct Inner {
     /// Where the stream's copies and kernels are timed, if anywhere (opt-in: `with_ledger`).
     ledger: Option<Ledger>,
     /// The segment of the stream's work that the crate's next operation joins (see `memory/marks.rs`).
-    segment: Mutex<Current>,
+    segment: SegmentLock,
 }
 
 // SAFETY: a CUstream is a driver handle usable from any thread; the driver orders and synchronises its use.
@@ -82,7 +82,7 @@ impl Stream {
             owned: true,
             context: context.clone(),
             ledger,
-            segment: Mutex::default(),
+            segment: SegmentLock::default(),
         }))
     }
 
@@ -101,17 +101,13 @@ impl Stream {
             owned: false,
             context: context.clone(),
             ledger: None,
-            segment: Mutex::default(),
+            segment: SegmentLock::default(),
         }))
     }
 
-    /// Locks the stream's current segment (see `memory/marks.rs`). Nothing under this lock panics but a bug,
-    /// and a poisoned lock holds a valid segment, so it is taken over.
-    pub(crate) fn segment(&self) -> MutexGuard<'_, Current> {
-        self.0
-            .segment
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    /// The lock of the stream's current segment (see `memory/marks.rs`).
+    pub(crate) fn segment_lock(&self) -> &SegmentLock {
+        &self.0.segment
     }
 
     /// The ledger this stream's work is timed in, if any.
@@ -150,7 +146,7 @@ impl Stream {
             owned: false,
             context: context.clone(),
             ledger: None,
-            segment: Mutex::default(),
+            segment: SegmentLock::default(),
         }))
     }
 
@@ -202,11 +198,13 @@ impl Stream {
     /// The driver's.
     #[doc(alias = "cuStreamWaitEvent")]
     pub fn wait(&self, event: &Event) -> Result<()> {
-        // The wait delays everything after it: close the segment before, so that no buffer's wait includes it.
-        self.close_segment()?;
-        // SAFETY: a live stream and a live event (the driver copies the event's state at this call).
-        unsafe { driver_call!(cuStreamWaitEvent(self.0.raw, event.as_raw(), 0)) }
-            .map_err(|e| e.context("making a stream wait for an event"))
+        // The wait delays everything after it: kept out of the segments of the crate's work, so that no wait
+        // for a buffer includes it.
+        self.untracked(|| {
+            // SAFETY: a live stream and a live event (the driver copies the event's state at this call).
+            unsafe { driver_call!(cuStreamWaitEvent(self.0.raw, event.as_raw(), 0)) }
+                .map_err(|e| e.context("making a stream wait for an event"))
+        })
     }
 
     /// Records `event` at the current end of this stream's work: `event.record(self)`.
@@ -244,6 +242,14 @@ pub(crate) fn close_segments(streams: &[std::sync::Weak<Inner>]) -> Result<()> {
     first
 }
 
+/// Whether every stream still alive in `streams` has finished its work (a failed query counts as not).
+pub(crate) fn all_idle(streams: &[std::sync::Weak<Inner>]) -> bool {
+    streams
+        .iter()
+        .filter_map(std::sync::Weak::upgrade)
+        .all(|inner| Stream(inner).query().unwrap_or(false))
+}
+
 impl PartialEq for Stream {
     fn eq(&self, other: &Stream) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
@@ -262,6 +268,12 @@ impl Drop for Inner {
     fn drop(&mut self) {
         if !self.owned {
             return;
+        }
+        // Work still queued on it runs after it is destroyed, where no stream of the crate's shows it: the
+        // context keeps an event after that work, for the release thread's look at whether the device is idle.
+        // SAFETY: a live stream.
+        if unsafe { driver_call!(cuStreamQuery(self.raw)) }.is_err() {
+            self.context.drain(self.raw);
         }
         // SAFETY: created by `new` or `with_priority`, and no clone is left. Work still pending on it completes
         // first: the driver releases the stream afterwards.

@@ -160,6 +160,8 @@ impl<T> DeviceBuffer<T> {
             return Ok(());
         }
         let _current = context.enter()?;
+        // While the free (and the waits before it) are queued, the release thread cannot find the device idle.
+        let _gate = context.enqueue_gate();
         let track = lock(&self.track);
         // Where the free goes: after the uses in stream order where they are all on one stream (no wait, and
         // that stream's later work does not wait for anything), else on the context's release stream, which

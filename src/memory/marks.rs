@@ -27,8 +27,10 @@
 //! The events come from a per-context pool: creating and destroying a CUDA event costs more than recording
 //! one, and a stream crossing costs one record and one wait.
 
+use std::cell::{RefCell, RefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
+use std::thread::ThreadId;
 
 use crate::context::Context;
 use crate::driver_call;
@@ -81,9 +83,76 @@ impl Mark {
     }
 }
 
-/// A stream's current segment, behind the stream's lock: what operations join and what [`Stream::event_of`]
-/// closes.
-pub(crate) type Current = Mark;
+/// A stream's current segment (what the crate's next operation on it joins), behind a lock that the thread
+/// holding it may take again: [`Stream::untracked`] holds it while other code enqueues work the crate does not
+/// track, and that code may call the crate on the same stream. Operations of other threads wait meanwhile, so
+/// none of theirs can land between untracked work and the crate's bookkeeping of its own.
+#[derive(Default)]
+pub(crate) struct SegmentLock {
+    owner: Mutex<Owner>,
+    released: Condvar,
+    /// Touched only by the thread that holds the lock, and never borrowed across a call that may take it again.
+    current: RefCell<Mark>,
+}
+
+#[derive(Default)]
+struct Owner {
+    thread: Option<ThreadId>,
+    depth: usize,
+}
+
+// SAFETY: `current` is only reached through a `SegmentGuard`, which exists only on the thread that owns the
+// lock; other threads wait in `lock` until the owner has dropped all of its guards.
+unsafe impl Sync for SegmentLock {}
+
+impl SegmentLock {
+    fn lock(&self) -> SegmentGuard<'_> {
+        let me = std::thread::current().id();
+        let mut owner = self.owner.lock().unwrap_or_else(PoisonError::into_inner);
+        while owner.thread.is_some_and(|thread| thread != me) {
+            owner = self
+                .released
+                .wait(owner)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        owner.thread = Some(me);
+        owner.depth += 1;
+        SegmentGuard { lock: self }
+    }
+}
+
+/// A stream's segment lock held by this thread (see [`SegmentLock`]); not `Send`.
+pub(crate) struct SegmentGuard<'a> {
+    lock: &'a SegmentLock,
+}
+
+impl SegmentGuard<'_> {
+    /// The current segment, for a short use that calls nothing that could take the lock again.
+    fn current(&self) -> RefMut<'_, Mark> {
+        self.lock.current.borrow_mut()
+    }
+
+    /// The current segment, for an operation's entries to join.
+    pub(crate) fn mark(&self) -> Mark {
+        self.current().clone()
+    }
+}
+
+impl Drop for SegmentGuard<'_> {
+    fn drop(&mut self) {
+        let mut owner = self
+            .lock
+            .owner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        owner.depth -= 1;
+        if owner.depth == 0 {
+            owner.thread = None;
+            drop(owner);
+            self.lock.released.notify_one();
+        }
+    }
+}
 
 /// An event of a context's pool, recorded without timing; back to the pool when dropped.
 pub(crate) struct PooledEvent {
@@ -139,44 +208,66 @@ impl Drop for PooledEvent {
     }
 }
 
-/// The stream's side of marks. Lock order: a buffer's tracker, then at most one stream's segment lock.
+/// The stream's side of marks. Lock order: a buffer's tracker, then one stream's segment lock at a time (a
+/// thread may take a lock it holds again, see [`SegmentLock`]).
 impl Stream {
+    /// Locks the stream's current segment.
+    pub(crate) fn segment(&self) -> SegmentGuard<'_> {
+        self.segment_lock().lock()
+    }
+
     /// Closes the current segment if any entry holds it (records its event), so that what the caller enqueues
-    /// next does not delay that event. For work the crate does not track, enqueued through its API.
+    /// next does not delay that event.
     ///
     /// # Errors
     /// The driver's, from recording the event; nothing is closed then, and the caller must not enqueue.
     pub(crate) fn close_segment(&self) -> Result<()> {
-        let mut current = self.segment();
+        let guard = self.segment();
+        let mut current = guard.current();
         if current.holders() > 0 {
             self.close(&mut current)?;
         }
         Ok(())
     }
 
+    /// Runs `enqueue`, which enqueues on this stream work the crate does not track (another library's, a
+    /// user's kernel, a wait for a user's event), keeping the crate's marks precise around it: the current
+    /// segment is closed first, and the segment stays locked while `enqueue` runs, so that no operation of the
+    /// crate from another thread lands among that work (`enqueue` may call the crate itself). The device's
+    /// gate is held throughout.
+    ///
+    /// # Errors
+    /// The driver's, from closing the segment; `enqueue`'s.
+    pub(crate) fn untracked<R>(&self, enqueue: impl FnOnce() -> Result<R>) -> Result<R> {
+        let _gate = self.context().enqueue_gate();
+        let _segment = self.segment();
+        self.close_segment()?;
+        enqueue()
+    }
+
     /// Starts an operation of the crate on this stream: closes the current segment unless the only entries that
     /// hold it are the `replaced` ones the operation will replace (count them with
-    /// `Tracker::replaced_at`), and returns the segment, locked, for the operation's entries to join. Hold the
-    /// guard from before the enqueue until the entries are recorded.
+    /// `Tracker::replaced_at`), and returns the segment, locked, for the operation's entries to join
+    /// ([`SegmentGuard::mark`]). Hold the guard from before the enqueue until the entries are recorded.
     ///
     /// # Errors
     /// The driver's, from recording the event; the caller must not enqueue then.
-    pub(crate) fn begin(
-        &self,
-        replaced: impl FnOnce(&Mark) -> usize,
-    ) -> Result<MutexGuard<'_, Current>> {
-        let mut current = self.segment();
-        let replaced = replaced(&current);
-        if current.holders() > replaced {
-            self.close(&mut current)?;
+    pub(crate) fn begin(&self, replaced: impl FnOnce(&Mark) -> usize) -> Result<SegmentGuard<'_>> {
+        let guard = self.segment();
+        {
+            let mut current = guard.current();
+            let replaced = replaced(&current);
+            if current.holders() > replaced {
+                self.close(&mut current)?;
+            }
         }
-        Ok(current)
+        Ok(guard)
     }
 
     /// Records the current segment's event now and starts a new segment.
-    fn close(&self, current: &mut Current) -> Result<()> {
+    fn close(&self, current: &mut Mark) -> Result<()> {
         let event = PooledEvent::record(self)?;
-        // Only a closed segment has an event, and only `close` sets one, under the lock that `current` is.
+        // Only a closed segment has an event, and only `close` sets one, under the segment lock.
         let _ = current.0.event.set(event);
         *current = Mark::default();
         Ok(())
@@ -195,7 +286,8 @@ impl Stream {
         if let Some(event) = mark.0.event.get() {
             return Ok(Some(event));
         }
-        let mut current = self.segment();
+        let guard = self.segment();
+        let mut current = guard.current();
         // Closed, or found complete, by another thread since the checks above?
         if mark.is_complete() {
             return Ok(None);

@@ -16,7 +16,7 @@ mod view;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub use device::DeviceBuffer;
-pub(crate) use marks::{Current, Gpu, Mark};
+pub(crate) use marks::{Gpu, Mark, SegmentLock};
 pub use pinned::{Pinned, PinnedBuilder};
 pub use pool::{PinnedPool, Pinning, PoolBuilder, PoolStats, WhenFull};
 pub use registered::Registered;

@@ -1,12 +1,16 @@
 //! The release thread: where page-locked host memory is unpinned and freed, once no device work uses it.
 //!
 //! Unpinning (`cuMemFreeHost`, `cuMemHostUnregister`) and the synchronous `cuMemFree` make the calling thread
-//! wait until *all* work on the device has finished, whoever enqueued it (measured on an H100: a drop of an
-//! idle 4 MiB buffer took as long as a 300 ms kernel on another stream). Doing that in `drop` would make the
-//! user's thread wait for work it has nothing to do with (the crate's rule 7), so every release is handed to
-//! one process-wide thread, `cuda-pinned-release`, and the caller returns at once. The thread keeps each
-//! block until the device work recorded on it has completed (rule 4), polls the rest with a growing pause,
-//! and reports what it cannot do through the block's context ([`Context::check_deferred_errors`]).
+//! wait until *all* work on the device has finished, whoever enqueued it, and hold back every other thread's
+//! driver calls meanwhile (measured on an H100: a drop of an idle 4 MiB buffer took as long as a 300 ms kernel
+//! on another stream, and so did a copy another thread enqueued during it). Doing that in `drop` would make the
+//! user's threads wait for work they have nothing to do with (the crate's rule 7), so every release is handed
+//! to one process-wide thread, `cuda-pinned-release`, and the caller returns at once. The thread keeps each
+//! block until the device work recorded on it has completed (rule 4) and until the device is idle (see
+//! `release_idle`), polls with a growing pause, and reports what it cannot do through the block's context
+//! ([`Context::check_deferred_errors`]). On a device that never goes idle, dropped pinned memory stays pinned
+//! until [`Context::synchronize`]; memory allocated and dropped repeatedly belongs in a `PinnedPool`, which
+//! reuses it.
 //!
 //! The list is process-wide rather than per context so that nothing but completed work ends an entry:
 //! dropping every handle of a context must not release memory a copy still uses. Each entry keeps a clone of
@@ -79,10 +83,10 @@ impl Service {
     }
 
     /// The thread: takes the blocks handed over, releases those whose work has completed, and polls the
-    /// others with a pause that grows from 50 us to 5 ms while nothing changes.
+    /// others with a pause that grows from 50 us to 20 ms while nothing changes.
     fn run(&self) {
         const FIRST_PAUSE: Duration = Duration::from_micros(50);
-        const LONGEST_PAUSE: Duration = Duration::from_millis(5);
+        const LONGEST_PAUSE: Duration = Duration::from_millis(20);
         let mut held: Vec<Pending> = Vec::new();
         let mut pause = FIRST_PAUSE;
         loop {
@@ -161,6 +165,11 @@ pub(crate) fn release_host(context: &Context, track: GpuTracker, release: Releas
 /// there is no release thread.
 pub(crate) fn flush_releases(_context: &Context) {
     let Some(service) = service() else { return };
+    // The thread releases under the device's gate, which a caller holding it (inside `Stream::profile`) would
+    // keep it from taking: no flush then, rather than a deadlock.
+    if Context::holds_a_gate() {
+        return;
+    }
     let mut state = service.lock();
     // A round in progress may have taken its blocks before the caller's were handed over: wait for a round that
     // starts after this call, which the request makes happen even if nothing else arrives.
@@ -175,14 +184,38 @@ pub(crate) fn flush_releases(_context: &Context) {
     }
 }
 
-/// Releases every block of `held` whose work has completed; returns the others.
+/// Releases every block of `held` whose work has completed, on a device found idle; returns the others.
+///
+/// The unpinning calls wait for all work on the device, and while they wait the driver holds back every other
+/// thread's calls too (measured on an H100, driver 580: a copy enqueued on an unrelated stream by another
+/// thread took as long as a kernel running elsewhere). So a block is released only once every stream the
+/// crate knows on its device is idle, checked and released under the device's gate, which the crate's work
+/// holds while it enqueues: no work of the crate can be queued between the check and the release. Work other
+/// code enqueues through raw handles is not seen, and may still be waited for.
 fn release_idle(held: Vec<Pending>) -> Vec<Pending> {
     let mut kept = Vec::with_capacity(held.len());
+    let mut ready: Vec<Pending> = Vec::new();
     for mut p in held {
         match p.context.enter().and_then(|_current| p.track.is_idle(&Gpu)) {
-            Ok(true) => run(p),
+            Ok(true) => ready.push(p),
             Ok(false) => kept.push(p),
             Err(e) => forget_leaked(p, e.context("checking whether memory may be released")),
+        }
+    }
+    while let Some(first) = ready.first() {
+        let device = first.context.device();
+        let (mine, others): (Vec<Pending>, Vec<Pending>) = ready
+            .into_iter()
+            .partition(|p| p.context.device() == device);
+        ready = others;
+        let gate = Context::device_gate(device);
+        let _closed = gate
+            .as_ref()
+            .map(|gate| gate.write().unwrap_or_else(PoisonError::into_inner));
+        if Context::device_is_idle(device) {
+            mine.into_iter().for_each(run);
+        } else {
+            kept.extend(mine);
         }
     }
     kept

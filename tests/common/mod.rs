@@ -311,8 +311,15 @@ pub fn hold(stream: &Stream, duration: std::time::Duration) -> Held {
         }
         let gate = Arc::new((Mutex::new(false), Condvar::new()));
         let arg = Arc::into_raw(gate.clone()).cast_mut().cast();
-        // SAFETY: a live stream; the host function takes the reference `arg` holds and makes no CUDA call.
-        unsafe { cuda_pinned::driver_call!(cuLaunchHostFunc(stream.as_raw(), Some(wait), arg)) }
+        // Through the crate's API, so that its marks on the stream stay before the hold.
+        stream
+            .profile("hold", 0, || {
+                // SAFETY: a live stream; the host function takes the reference `arg` holds and makes no CUDA
+                // call.
+                unsafe {
+                    cuda_pinned::driver_call!(cuLaunchHostFunc(stream.as_raw(), Some(wait), arg))
+                }
+            })
             .unwrap();
         Held { gate }
     }

@@ -214,7 +214,7 @@ fn copy_sync(state: MutexGuard<'static, State>, dst: Loc, src: Loc, bytes: usize
 /// every operation queued on the device when the call is made has finished (on every device, for host memory:
 /// the simulator does not track which contexts map it). Memory that queued work uses is a violation at the
 /// call, although that work then runs before the release; waiting for work that does not touch the memory, on
-/// a thread other than the crate's service threads, is a hidden wait (see `detect.rs`).
+/// any thread, is a hidden wait (see `detect.rs`).
 fn free_now<'a>(
     mut state: MutexGuard<'a, State>,
     id: u64,
@@ -233,14 +233,14 @@ fn free_now<'a>(
         state.violation(message);
     }
     let sync = DeviceSync::now(&state, device, id);
-    if let Some(report) = sync.hidden_wait(function)
-        && !detect::on_service_thread()
-    {
+    if let Some(report) = sync.hidden_wait(function) {
         // Naming the caller reads debug information: not under the lock, which every stream needs.
         drop(state);
-        let caller = detect::caller();
+        let callers = detect::caller_frames();
         state = SIM.lock();
-        state.finding(format!("{report}; {caller}"));
+        if !detect::documented_wait(&callers) {
+            state.finding(format!("{report}; {}", detect::describe_callers(&callers)));
+        }
     }
     let state = SIM.wait_until(state, |s| sync.done(s));
     let mut state = SIM.wait_until(state, |s| {

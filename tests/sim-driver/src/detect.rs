@@ -1,13 +1,16 @@
 //! Detectors of work that is right but costs time the crate promises not to spend: a *hidden wait* (a driver
-//! call that synchronizes the whole device, made on a thread other than the crate's own service threads while
-//! unrelated work is queued) and a *false dependency* (a stream made to wait for work that does not touch the
-//! memory its next operation uses). Each finding is a violation, with the crate functions on the caller's stack,
-//! but no driver call fails for it: the work itself is right.
+//! call that synchronizes the whole device, made while unrelated work is queued) and a *false dependency* (a
+//! stream made to wait for work that does not touch the memory its next operation uses). Each finding is a
+//! violation, with the crate functions on the caller's stack, but no driver call fails for it: the work itself
+//! is right.
 //!
 //! Hidden waits. On a real device (measured on an H100, driver 580, with a kernel running on another stream)
 //! `cuMemFreeHost`, `cuMemHostUnregister` and `cuMemFree_v2` return only once all work queued on the device
-//! has finished; the simulator's do the same (`api.rs`), and report the call when the wait included work that
-//! does not touch the memory being released. `cuCtxSynchronize`, `cuStreamSynchronize` and
+//! has finished, and meanwhile hold back the driver calls of every other thread (a copy enqueued by another
+//! thread waited as long): so such a call is a hidden wait on whichever thread it is made, the crate's own
+//! included. The simulator's calls wait the same way (`api.rs`) and report the call when the wait included
+//! work that does not touch the memory being released, unless a crate function on the stack documents that it
+//! waits for the device ([`documented_wait`]). `cuCtxSynchronize`, `cuStreamSynchronize` and
 //! `cuEventSynchronize` wait on purpose for what they name: never reported.
 //!
 //! False dependencies. At `cuStreamWaitEvent(S, E)`, if E's record is still queued on another stream T, the
@@ -16,7 +19,8 @@
 //! wait costs nothing and is forgotten. Otherwise S remembers it, and S's next operation that touches memory
 //! (a copy, a memset, a stream-ordered free) is judged: each remembered work must touch one of the
 //! allocations that operation touches (allocations, not byte ranges: the crate tracks whole allocations, so
-//! two views of one buffer are one) if both come from the same call into the crate (see `same_call`). A host
+//! two views of one buffer are one) if both come from the same call into the crate (see `same_call`) on the same
+//! thread (another thread's operation on the stream is not what the wait was made for). A host
 //! function next forgets them unjudged (what it touches is unknown); a stream-ordered allocation next neither
 //! judges nor forgets them: it needs no earlier work, the wait delays it no more than the operation after it,
 //! and a wait made for that later operation is judged there. A host function *awaited* counts as touching no
@@ -28,24 +32,24 @@ use std::backtrace::Backtrace;
 use crate::sim::{Dependency, Op, State};
 use crate::stream;
 
-/// The prefix of the names of the crate's own threads, where a device-wide wait stalls no user's thread.
-pub(crate) const SERVICE_THREAD_PREFIX: &str = "cuda-pinned-";
+/// The crate functions documented to wait for all work on the device before they return, so that a
+/// device-wide wait inside them hides nothing: `Registered::into_vec` (the driver's unpinning synchronizes the
+/// device, and it says so).
+const DOCUMENTED_WAITS: &[&str] = &["Registered<T>::into_vec"];
 
-/// Whether the calling thread is one of the crate's service threads.
-pub(crate) fn on_service_thread() -> bool {
-    thread_name().is_some_and(|name| name.starts_with(SERVICE_THREAD_PREFIX))
-}
+/// The crate functions documented to make a stream wait for more than the memory its next operation uses:
+/// the prefetcher's refill of a slot waits for everything its consumer enqueued before giving the batch back
+/// (its own kernels included, which the crate cannot see), work on other batches too.
+const DOCUMENTED_DEPENDENCIES: &[&str] = &["prefetch::Shared<B>::build"];
 
-/// The calling thread's name. The simulator is a shared library with its own copy of the standard library,
-/// which never saw the crate's threads spawned: `std::thread::current().name()` here knows only threads the
-/// simulator spawned. The name the operating system keeps is read instead (on Linux, cut to 15 bytes, which
-/// leaves the prefix whole).
-fn thread_name() -> Option<String> {
-    if let Some(name) = std::thread::current().name() {
-        return Some(name.to_owned());
-    }
-    let comm = std::fs::read_to_string("/proc/thread-self/comm").ok()?;
-    Some(comm.trim_end_matches('\n').to_owned())
+/// Whether a crate function on the stack (`callers`, from [`caller_frames`]) documents a device-wide wait.
+pub(crate) fn documented_wait(callers: &[Frame]) -> bool {
+    callers.iter().any(|f| {
+        in_crate(&f.function)
+            && DOCUMENTED_WAITS
+                .iter()
+                .any(|name| f.function.contains(name))
+    })
 }
 
 // ---- hidden waits
@@ -160,6 +164,7 @@ pub(crate) fn awaited(
         allocations: work.footprint(),
         // Unwinding only: the frames are named if the wait is ever reported.
         waited_from: Backtrace::force_capture(),
+        thread: std::thread::current().id(),
     })
 }
 
@@ -178,6 +183,15 @@ impl FalseDependency {
         if !same_call(&waited_from, op_caller) {
             return None;
         }
+        let documented = |f: &Frame| {
+            in_crate(&f.function)
+                && DOCUMENTED_DEPENDENCIES
+                    .iter()
+                    .any(|name| f.function.contains(name))
+        };
+        if waited_from.iter().any(documented) {
+            return None;
+        }
         Some(format!(
             "{}; the wait was {}; the operation was {}",
             self.report,
@@ -191,18 +205,23 @@ impl FalseDependency {
 /// its last operation that touches memory, and forgets that work where `op` touches memory or may (a host
 /// function). What it finds, to be reported with [`FalseDependency::report`].
 pub(crate) fn judge(state: &mut State, handle: usize, op: &Op) -> Vec<FalseDependency> {
+    let thread = std::thread::current().id();
     let Some(stream) = state.streams.get_mut(&handle) else {
         return Vec::new();
     };
     match op {
         Op::Record { .. } | Op::Wait { .. } | Op::Allocate { .. } => return Vec::new(),
         Op::Host(_) => {
-            stream.depends.clear();
+            stream.depends.retain(|d| d.thread != thread);
             return Vec::new();
         }
         Op::Copy { .. } | Op::Set { .. } | Op::Free { .. } => {}
     }
-    let depends = std::mem::take(&mut stream.depends);
+    // Waits other threads made on this stream are for their own operations, judged when those come.
+    let (depends, others) = std::mem::take(&mut stream.depends)
+        .into_iter()
+        .partition(|d| d.thread == thread);
+    stream.depends = others;
     let uses = op.footprint();
     let mut found: Vec<FalseDependency> = Vec::new();
     for d in depends {
@@ -255,14 +274,6 @@ fn memory(state: &State, ids: &[u64]) -> String {
 }
 
 // ---- the caller
-
-/// Where the driver call being made comes from: the frames of `cuda_pinned` on the calling thread's stack,
-/// the outermost (the API the program called) first; or the nearest frame outside the simulator and the
-/// standard library where no crate function is on the stack (a raw driver call). Slow (it reads debug
-/// information): call it without the simulator's lock, and only to report.
-pub(crate) fn caller() -> String {
-    describe_callers(&caller_frames())
-}
 
 /// The frames of the calling thread's callers, innermost first (see [`callers`]), for [`describe_callers`]
 /// and [`FalseDependency::report`]. As slow as [`caller`].
@@ -436,7 +447,7 @@ fn same_call(wait: &[Frame], op: &[Frame]) -> bool {
 
 /// "called from" the crate functions among `callers`, outermost first (a few), or the nearest caller where
 /// none is the crate's.
-fn describe_callers(callers: &[Frame]) -> String {
+pub(crate) fn describe_callers(callers: &[Frame]) -> String {
     let name = |f: &Frame| match &f.at {
         Some(at) => format!("{} ({at})", readable(&f.function)),
         None => readable(&f.function),

@@ -283,6 +283,8 @@ pub(crate) struct Dependency {
     pub(crate) allocations: Vec<u64>,
     /// The stack of the `cuStreamWaitEvent` call, named only if the wait is reported.
     pub(crate) waited_from: std::backtrace::Backtrace,
+    /// The thread that made the wait: only an operation of the same thread can be what it was made for.
+    pub(crate) thread: std::thread::ThreadId,
 }
 
 pub(crate) struct EventData {
