@@ -104,7 +104,8 @@ pub enum Error {
         /// What was wrong, such as `copying 10 elements into a buffer of 8`.
         message: String,
     },
-    /// A [`crate::PinnedPool`] has no room for a request within its budget.
+    /// A [`crate::PinnedPool`] has no room for a request within its budget: at once, or after waiting for room
+    /// as long as `waited` says.
     #[non_exhaustive]
     PoolExhausted {
         /// The bytes requested.
@@ -113,6 +114,9 @@ pub enum Error {
         budget: usize,
         /// The bytes the pool holds now: in use, cached and pending.
         reserved: usize,
+        /// How long the request waited for room before giving up: zero when it failed at once; up to the
+        /// pool's [`max_wait`](crate::PoolBuilder::max_wait) for a pool that waits when full.
+        waited: std::time::Duration,
     },
     /// A worker of a [`crate::prefetch::Prefetcher`] could not build a batch: the fill closure returned an
     /// error of its own (the crate's own errors reach the consumer unchanged), or a worker panicked.
@@ -297,14 +301,28 @@ impl fmt::Display for Error {
                 requested,
                 budget,
                 reserved,
-            } => write!(
-                f,
-                "the pinned pool cannot serve {} within its budget of {} ({} held now): give buffers back, trim \
-                 the pool, or build it with WhenFull::Wait",
-                crate::memory::Bytes(*requested),
-                crate::memory::Bytes(*budget),
-                crate::memory::Bytes(*reserved)
-            ),
+                waited,
+            } => {
+                write!(
+                    f,
+                    "the pinned pool cannot serve {} within its budget of {} ({} held now)",
+                    crate::memory::Bytes(*requested),
+                    crate::memory::Bytes(*budget),
+                    crate::memory::Bytes(*reserved)
+                )?;
+                if waited.is_zero() {
+                    f.write_str(
+                        ": give buffers back, trim the pool, or build it with WhenFull::Wait",
+                    )
+                } else {
+                    write!(
+                        f,
+                        " after waiting {waited:.1?} for room: a buffer held by the waiting thread itself, or \
+                         forgotten, never comes back; give buffers back, or raise the budget or the pool's \
+                         max_wait"
+                    )
+                }
+            }
             Error::Worker {
                 index,
                 message,

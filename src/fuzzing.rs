@@ -16,7 +16,7 @@ pub mod pool {
 
     use crate::memory::pool_state::{Config, Lease, PoolState, Reservation, Take};
     use crate::track::sim::{self, Injected, Payload};
-    use crate::track::{Access, Tracker};
+    use crate::track::{Access, Timeline, Tracker};
 
     /// The host page size of the programs' pools.
     pub const PAGE: usize = 4096;
@@ -33,7 +33,8 @@ pub mod pool {
     /// A block's tracker, over the simulated device's streams and events.
     pub(crate) type Track = Tracker<usize, usize>;
 
-    type Pool = PoolState<u32, usize, usize>;
+    /// The pool state of the programs: blocks numbered, on the simulated device.
+    pub(crate) type Pool = PoolState<u32, usize, usize>;
 
     impl Sim {
         /// Whether every use of `block` enqueued so far has run: the only state in which the pool may hand it
@@ -41,6 +42,35 @@ pub mod pool {
         pub(crate) fn idle(&self, block: u32) -> bool {
             self.uses().iter().all(|u| u.payload != block || u.executed)
         }
+    }
+
+    /// What the pool does to make room from pending blocks once `take` said `Exhausted`: polls them all, and
+    /// if none was idle, waits for the marks of the oldest (outside the pool's lock, in the pool) and polls
+    /// again. Whether a block was cached; `Ok(false)` only when nothing is pending.
+    ///
+    /// # Errors
+    /// The first failed device call; the block it concerned stays pending.
+    pub(crate) fn wait_for_any(pool: &mut Pool, sim: &Sim) -> Result<bool, Injected> {
+        if pool.pending_bytes() == 0 {
+            assert!(pool.oldest_pending_marks().is_none());
+            return Ok(false);
+        }
+        if pool.poll_pending(sim)? > 0 {
+            return Ok(true);
+        }
+        let marks = pool
+            .oldest_pending_marks()
+            .expect("pending bytes without a pending block");
+        assert!(!marks.is_empty(), "a pending block with nothing in flight");
+        for (stream, mark) in &marks {
+            sim.synchronize(stream, mark)?;
+        }
+        let cached = pool.poll_pending(sim)?;
+        assert!(
+            cached > 0,
+            "the oldest pending block is not idle after its marks"
+        );
+        Ok(true)
     }
 
     /// Device work on `block` as a buffer enqueues it: prepare, enqueue, record_use. Nothing is enqueued if
@@ -90,7 +120,8 @@ pub mod pool {
             /// How many ops at most.
             ops: usize,
         },
-        /// `wait_for_any`.
+        /// Waits for room as the pool does (`wait_for_any`): polls the pending blocks, and if none is idle
+        /// waits for the marks of the oldest (`PoolState::oldest_pending_marks`).
         WaitForAny,
         /// `poll_pending`.
         Poll,
@@ -112,8 +143,8 @@ pub mod pool {
         pub fail_one_in: u64,
         /// The seed of those failures.
         pub seed: u64,
-        /// Whether the wind-down waits for every pending block (`wait_for_any` until none is left) before the
-        /// final `drain`, rather than draining them pending.
+        /// Whether the wind-down waits for every pending block (`wait_for_any` until none is left) before
+        /// the final `drain`, rather than draining them pending.
         pub wait_at_end: bool,
     }
 
@@ -342,7 +373,7 @@ pub mod pool {
                 }
                 Step::WaitForAny => {
                     let pending = pool.pending_bytes();
-                    match pool.wait_for_any(&sim) {
+                    match wait_for_any(&mut pool, &sim) {
                         Ok(true) => assert!(pool.pending_bytes() < pending),
                         Ok(false) => assert_eq!(pending, 0),
                         // Polling may have cached some before the failure.
@@ -383,8 +414,7 @@ pub mod pool {
         }
         m.check(&pool, budget);
         if program.wait_at_end {
-            while pool
-                .wait_for_any(&sim)
+            while wait_for_any(&mut pool, &sim)
                 .expect("wait_for_any failed with no failure injected")
             {}
             assert_eq!(pool.pending_bytes(), 0);

@@ -1,5 +1,7 @@
 //! The pinned pool on a real GPU: hits and misses, reuse only after the device work on a block completes, the
-//! budget (failing or waiting), trim, both ways of pinning, and many threads sharing one pool.
+//! budget (failing or waiting), trim, both ways of pinning, many threads sharing one pool, and what the pool
+//! never waits for: a thread waiting for room does not hold up another's hit, and evicting or trimming idle
+//! blocks does not wait for work on other streams.
 
 mod common;
 
@@ -7,7 +9,7 @@ use std::time::Duration;
 
 use common::{data, serial, spin};
 
-use cuda_pinned::{Context, DeviceBuffer, Error, PinnedPool, Pinning, Stream, WhenFull};
+use cuda_pinned::{Context, DeviceBuffer, Error, Event, PinnedPool, Pinning, Stream, WhenFull};
 
 fn context() -> Context {
     Context::on(0).expect("a CUDA device under feature `gpu`")
@@ -195,5 +197,96 @@ fn many_threads_share_one_pool() {
     println!("{stats:?}");
     assert!(stats.peak_reserved <= 96 << 20 && stats.in_use == 0);
     assert!(stats.hits > 0);
+    ctx.check_deferred_errors().unwrap();
+}
+
+/// An event recorded on `stream` now: complete once the work enqueued there so far has run.
+fn recorded(ctx: &Context, stream: &Stream) -> Event {
+    let event = Event::without_timing(ctx).unwrap();
+    event.record(stream).unwrap();
+    event
+}
+
+/// A thread waiting for room, which only a pending block behind a 1 s spin can make, must not hold up another
+/// thread's hit on a cached block of another class: the wait happens without the pool's lock. Whether the hit
+/// came back while the spin still ran is read from an event recorded after it, not from a clock.
+#[test]
+fn a_thread_waiting_for_room_does_not_hold_up_another_threads_hit() {
+    let _serial = serial();
+    let ctx = context();
+    let stream = Stream::new(&ctx).unwrap();
+    let pool = PinnedPool::builder(&ctx, 8 << 20)
+        .when_full(WhenFull::Wait)
+        .build();
+    drop(pool.alloc::<u8>(1 << 20).unwrap()); // cached
+    let big = pool.alloc::<u8>(6 << 20).unwrap();
+    let mut device = DeviceBuffer::<u8>::uninit(&stream, 6 << 20).unwrap();
+    spin(&stream, 1000);
+    stream.upload(&big, &mut device).unwrap();
+    let done = recorded(&ctx, &stream);
+    drop(big); // pending until the upload, behind the spin, has run
+    // 6 MiB pending leave 2 MiB: 4 MiB can only come from the pending block.
+    let waiter = {
+        let pool = pool.clone();
+        std::thread::spawn(move || pool.alloc::<u8>(4 << 20).map(drop))
+    };
+    // Time for the waiter to start waiting (had it not yet, the hit would only prove less).
+    std::thread::sleep(Duration::from_millis(100));
+    let hit = pool.alloc::<u8>(1 << 20).unwrap();
+    assert!(
+        !done.query().unwrap(),
+        "the hit came back only after the spin: it waited behind the waiting thread"
+    );
+    assert_eq!(pool.stats().hits, 1);
+    waiter.join().unwrap().unwrap();
+    assert!(
+        done.query().unwrap(),
+        "the waiter got its room before the pending block's upload ran"
+    );
+    drop((hit, device));
+    assert!(pool.stats().peak_reserved <= 8 << 20);
+    ctx.check_deferred_errors().unwrap();
+}
+
+/// Evicting an idle block to make room, and trimming, unpin on the crate's release thread: they return while a
+/// spin runs on another stream (the driver's unpinning waits for all work on the device), and the blocks are
+/// unpinned once the context is synchronized.
+#[test]
+fn eviction_and_trim_do_not_wait_for_work_on_other_streams() {
+    let _serial = serial();
+    let ctx = context();
+    let busy = Stream::new(&ctx).unwrap();
+    ctx.synchronize().unwrap();
+    #[cfg(not(feature = "gpu"))]
+    let before = common::sim().unwrap().live().pinned_allocations;
+    let pool = PinnedPool::builder(&ctx, 8 << 20)
+        .pinning(Pinning::HostAlloc)
+        .build();
+    drop(pool.alloc::<u8>(4 << 20).unwrap());
+    drop(pool.alloc::<u8>(1 << 20).unwrap());
+    spin(&busy, 1000);
+    let done = recorded(&ctx, &busy);
+    // 5 MiB cached: 6 MiB more evict the least recently used block, the 4 MiB one.
+    let big = pool.alloc::<u8>(6 << 20).unwrap();
+    assert!(
+        !done.query().unwrap(),
+        "the eviction waited for the spin on another stream"
+    );
+    assert_eq!(pool.stats().evictions, 1);
+    drop(big);
+    pool.trim().unwrap();
+    assert!(
+        !done.query().unwrap(),
+        "trim waited for the spin on another stream"
+    );
+    let stats = pool.stats();
+    assert_eq!((stats.cached, stats.reserved), (0, 0));
+    ctx.synchronize().unwrap();
+    #[cfg(not(feature = "gpu"))]
+    assert_eq!(
+        common::sim().unwrap().live().pinned_allocations,
+        before,
+        "every block of the pool unpinned"
+    );
     ctx.check_deferred_errors().unwrap();
 }

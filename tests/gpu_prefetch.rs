@@ -1,6 +1,7 @@
 //! The prefetcher on a GPU and, without feature `gpu`, on the simulated driver (with its stand-ins for the
 //! checksum and spin kernels): order kept while workers finish out of order, unordered delivery, early exit,
-//! errors and panics in the fill closure, a consumer that holds every slot, the refill waiting for the
+//! errors and panics in the fill closure (even one whose payload panics when dropped), a consumer that holds every
+//! slot, the refill waiting for the
 //! consumer's kernels (tracked and raw), the consumer never blocked by an upload, and batches of several
 //! buffers.
 
@@ -8,7 +9,7 @@ mod common;
 
 #[cfg(feature = "gpu")]
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 #[cfg(not(feature = "gpu"))]
@@ -325,6 +326,66 @@ fn a_worker_panic_becomes_an_error_not_a_hang() {
         other => panic!("expected the panic of batch 5, got {other:?}"),
     }
     drop(results);
+    assert_eq!(prefetch_threads(), 0);
+    ctx.check_deferred_errors().unwrap();
+}
+
+/// A panic payload whose own `Drop` panics.
+struct PanicsWhenDropped;
+
+impl Drop for PanicsWhenDropped {
+    fn drop(&mut self) {
+        panic!("the panic payload's drop panicked too");
+    }
+}
+
+/// A fill closure that panics with a payload whose drop panics again must still end the stream with the
+/// panic's error in its place: the worker may not die without completing its batch. The consumer runs on a
+/// thread of its own, bounded, so that a regression fails instead of hanging.
+#[test]
+fn a_panic_whose_payload_panics_when_dropped_still_reaches_the_consumer() {
+    let _serial = serial();
+    let ctx = context();
+    let consumer = Stream::new(&ctx).unwrap();
+    let pool = PinnedPool::new(&ctx, 64 << 20);
+    let len = 1024;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let prefetcher = Prefetcher::<Pinned<u32>>::builder(&pool, &consumer, len)
+            .batches(20)
+            .workers(2)
+            .build(move |i, batch| {
+                if i == 3 {
+                    std::panic::panic_any(PanicsWhenDropped);
+                }
+                batch.as_mut_slice()?.copy_from_slice(&contents(i, len));
+                Ok(())
+            })
+            .unwrap();
+        let outcomes: Vec<_> = prefetcher.map(|r| r.map(|b| b.index())).collect();
+        let _ = tx.send(outcomes);
+    });
+    let outcomes = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the consumer still waits for the batch whose worker panicked");
+    assert_eq!(
+        outcomes.len(),
+        4,
+        "batches 0 to 2, then the panic: {outcomes:?}"
+    );
+    for (k, outcome) in outcomes[..3].iter().enumerate() {
+        assert_eq!(*outcome.as_ref().unwrap(), k);
+    }
+    match &outcomes[3] {
+        Err(Error::Worker {
+            index: 3,
+            panicked: true,
+            message,
+            ..
+        }) => assert!(message.contains("not a string"), "{message}"),
+        other => panic!("expected the panic of batch 3, got {other:?}"),
+    }
+    // The prefetcher dropped on the consumer's thread before it sent: its workers were joined.
     assert_eq!(prefetch_threads(), 0);
     ctx.check_deferred_errors().unwrap();
 }

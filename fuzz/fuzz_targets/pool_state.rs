@@ -1,7 +1,8 @@
 //! Arbitrary programs against the pinned pool's state machine (`src/memory/pool/state.rs`) on a simulated
 //! device: requests that hit, pin (the pin then succeeding or failing) or are refused; device work on the blocks
-//! held, on three streams; blocks given back with that work pending; the device running; `wait_for_any`,
-//! `poll_pending`, `trim` and `drain`; and device calls that fail. `cuda_pinned::fuzzing::pool::run` checks
+//! held, on three streams; blocks given back with that work pending; the device running; waiting for room as
+//! the pool does (`wait_for_any`: the oldest pending block's marks, waited for outside the state), `poll_pending`,
+//! `trim` and `drain`; and device calls that fail. `cuda_pinned::fuzzing::pool::run` checks
 //! after every step that the budget holds, that a block leaves the pool only when it was given back, nobody
 //! holds it and all device work on it has run, that the stats equal its model's, and at the end (everything
 //! given back, the pool drained) that every block pinned left the pool exactly once. The pool's property test
@@ -28,7 +29,7 @@
 //! |        |               | (modulo 3), a write if bit 2 is set, else a read                               |
 //! | 3      | `give_back`   | a byte: the holder (modulo those holding a block)                              |
 //! | 4      | run device    | a byte `a`: stream `a & 3` (modulo 3) runs up to `(a >> 2) + 1` operations     |
-//! | 5      | `wait_for_any`| none                                                                           |
+//! | 5      | wait for room | none: `wait_for_any` (polls; else waits for the oldest pending block's marks)  |
 //! | 6      | `poll_pending`| none                                                                           |
 //! | 7      | `trim`        | none                                                                           |
 //! | 8      | `drain`       | none                                                                           |

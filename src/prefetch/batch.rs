@@ -73,8 +73,12 @@ pub trait Batch: Send + Sized + 'static {
     /// The batch on the device, which the consumer receives.
     type Device: Send + 'static;
 
-    /// Allocates the host side from `pool`, with [`PinnedPool::alloc`] (so the pool's
-    /// [`WhenFull`](crate::WhenFull) applies). Its contents are unspecified: the fill closure writes them.
+    /// Allocates the host side from `pool`, with [`PinnedPool::alloc`]. Its contents are unspecified: the fill
+    /// closure writes them.
+    ///
+    /// The prefetcher's builder holds the batches it allocated before this one, so the `pool` it passes here
+    /// never waits for buffers held: when its budget leaves no room, `alloc` fails at once, after waiting only
+    /// for device work on blocks given back where the pool waits when full ([`WhenFull`](crate::WhenFull)).
     ///
     /// # Errors
     /// The pool's, such as [`Error::PoolExhausted`](crate::Error::PoolExhausted).

@@ -31,10 +31,10 @@
 //! - **Bounded memory.** `depth` host batches from the pool (so within its budget) and `depth` device
 //!   batches, allocated when the prefetcher is built and reused for every batch.
 //! - **Errors reach the consumer in place.** A fill closure that returns an error for batch `i`, or panics,
-//!   yields `Err` where batch `i` would have come (the panic is caught and becomes [`Error::Worker`]); the
-//!   stream ends after it. Nothing hangs: dropping the prefetcher stops and joins the workers, early or late,
-//!   with batches still held or not, and memory still in flight is released only once its work completes
-//!   (as for every buffer of the crate).
+//!   yields `Err` where batch `i` would have come (the panic is caught and becomes [`Error::Worker`], even
+//!   one whose payload panics again when dropped); the stream ends after it. Nothing hangs: dropping the
+//!   prefetcher stops and joins the workers, early or late, with batches still held or not, and memory still
+//!   in flight is released only once its work completes (as for every buffer of the crate).
 //!
 //! ```no_run
 //! use cuda_pinned::{Context, DeviceBuffer, Pinned, PinnedPool, Prefetcher, Stream};
@@ -72,17 +72,16 @@ mod batch;
 mod slots;
 #[cfg(test)]
 mod tests;
+mod worker;
 
-use std::any::Any;
 use std::fmt;
 use std::iter::FusedIterator;
 use std::ops::{Deref, DerefMut};
-use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
 pub use self::batch::{Batch, DeviceParts};
-use self::slots::{Assign, Slots, Take};
+use self::slots::{Slots, Take};
 use crate::error::{Error, Result};
 #[cfg(doc)]
 use crate::memory::Pinned;
@@ -287,11 +286,17 @@ impl<B: Batch> PrefetcherBuilder<B> {
     /// Returns once the slots are allocated and the threads started. Pinning new memory takes a while (about
     /// 0.4 s per GiB); a pool that already holds blocks of the size reuses them.
     ///
+    /// The host batches never wait for buffers held by others (the builder holds the batches it allocated
+    /// before, which no wait would bring back): when the pool's budget leaves no room for the next one, the
+    /// build fails at once, after waiting only for device work on blocks given back to complete if the pool
+    /// waits when full ([`WhenFull::Wait`](crate::WhenFull::Wait)).
+    ///
     /// # Errors
     /// An invalid-argument error if no batches were given ([`PrefetcherBuilder::batches`] or
     /// [`PrefetcherBuilder::indices`]), for zero workers or depth, or for streams of another context than
     /// the pool's; the pool's (such as [`Error::PoolExhausted`] when `depth` host batches do not fit its
-    /// budget) and the driver's, from the allocations; an invalid-argument error if a thread cannot start.
+    /// budget beside what others hold) and the driver's, from the allocations; an invalid-argument error if
+    /// a thread cannot start.
     pub fn build<F>(self, fill: F) -> Result<Prefetcher<B>>
     where
         F: Fn(usize, &mut B) -> std::result::Result<(), FillError> + Send + Sync + 'static,
@@ -325,10 +330,13 @@ impl<B: Batch> PrefetcherBuilder<B> {
             }
         }
         let total = indices.len();
+        // The builder holds the slots allocated so far, which no wait brings back: where the pool waits when
+        // full, it may wait here only for device work on blocks given back, never for buffers held.
+        let pool = self.pool.waiting_only_for_device();
         let slots = (0..depth.min(total))
             .map(|_| {
                 Ok(Slot {
-                    host: B::alloc_host(&self.pool, &self.layout)?,
+                    host: B::alloc_host(&pool, &self.layout)?,
                     device: B::alloc_device(&copy, &self.layout)?,
                 })
             })
@@ -369,67 +377,6 @@ impl<B: Batch> Shared<B> {
         // be a bug of its own, so a poisoned lock is taken over.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
-
-    /// A worker: builds batches until there are none left to build or the prefetcher stops.
-    fn work(&self) {
-        while let Some((mut slot, position)) = self.next_job() {
-            let index = self.indices.get(position);
-            let built = panic::catch_unwind(AssertUnwindSafe(|| self.build(index, &mut slot)))
-                .unwrap_or_else(|payload| {
-                    Err(Error::Worker {
-                        index,
-                        message: panic_message(payload.as_ref()),
-                        panicked: true,
-                        cause: None,
-                    })
-                });
-            let outcome = match built {
-                Ok(()) => Ok(slot),
-                Err(e) => Err((slot, e)),
-            };
-            let stopped = self.lock().complete(position, outcome);
-            // An error frees the slot at once: another worker may take it (to find that the stream ended).
-            self.freed.notify_one();
-            self.completed.notify_one();
-            drop(stopped);
-        }
-    }
-
-    /// The next slot to fill and the position to fill it with, waiting for a free slot; `None` once there is
-    /// nothing left to build.
-    fn next_job(&self) -> Option<(Slot<B>, usize)> {
-        let mut state = self.lock();
-        loop {
-            match state.assign() {
-                Assign::Fill { slot, position } => return Some((slot, position)),
-                Assign::Wait => {
-                    state = self
-                        .freed
-                        .wait(state)
-                        .unwrap_or_else(PoisonError::into_inner);
-                }
-                Assign::Done => {
-                    // The other workers waiting for a slot are done too: let them see it.
-                    self.freed.notify_all();
-                    return None;
-                }
-            }
-        }
-    }
-
-    /// Fills `slot` with batch `index` and enqueues its upload.
-    fn build(&self, index: usize, slot: &mut Slot<B>) -> Result<()> {
-        (self.fill)(index, &mut slot.host).map_err(|e| fill_error(index, e))?;
-        let _uploading = self
-            .uploading
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        slot.host.upload(&self.copy, &mut slot.device)?;
-        // Recorded right after this batch's uploads, the events are what the consumer stream waits for on
-        // delivery; left to the tracker's lazy recording, they would come at delivery, after whatever other
-        // batches' uploads were enqueued by then.
-        mark::<B>(&slot.device)
-    }
 }
 
 /// Records now an event for each piece of work in flight on `device`'s buffers that has none yet, so that a
@@ -464,30 +411,6 @@ fn declare<B: Batch>(consumer: &Stream, device: &B::Device) -> Result<()> {
         consumer.tracked(None, Some(track), || Ok(()))?;
     }
     Ok(())
-}
-
-/// The fill closure's error for batch `index`, as the consumer receives it.
-fn fill_error(index: usize, error: FillError) -> Error {
-    match error.downcast::<Error>() {
-        Ok(error) => *error,
-        Err(error) => Error::Worker {
-            index,
-            message: error.to_string(),
-            panicked: false,
-            cause: Some(Arc::from(error)),
-        },
-    }
-}
-
-/// A panic's message, where it has one.
-fn panic_message(payload: &(dyn Any + Send)) -> String {
-    if let Some(message) = payload.downcast_ref::<&str>() {
-        (*message).to_string()
-    } else if let Some(message) = payload.downcast_ref::<String>() {
-        message.clone()
-    } else {
-        "a panic whose payload is not a string".to_string()
-    }
 }
 
 impl<B: Batch> Iterator for Prefetcher<B> {

@@ -143,6 +143,16 @@ impl<S: Clone + Eq, M: Clone + Eq> Tracker<S, M> {
         entries.all(|entry| entry.stream == *first).then_some(first)
     }
 
+    /// Every entry's stream and mark, cloned: for a caller that waits for them (with [`Timeline::synchronize`])
+    /// without holding the lock the tracker is behind. The entries stay recorded.
+    pub(crate) fn marks(&self) -> Vec<(S, M)> {
+        self.write
+            .iter()
+            .chain(&self.reads)
+            .map(|entry| (entry.stream.clone(), entry.mark.clone()))
+            .collect()
+    }
+
     /// How many entries [`Tracker::record_use`] of `access` on `stream` would replace that are at `mark`: the
     /// caller's way to know whether anything else still needs the work before `mark` (see `memory/marks.rs`).
     pub(crate) fn replaced_at(&self, stream: &S, mark: &M, access: Access) -> usize {

@@ -3,30 +3,52 @@
 //! Pinning is slow (a fraction of a second per GiB) and takes memory from the operating system, so pinned
 //! memory is worth keeping: the pool hands out [`Pinned`] buffers, takes them back when they are dropped, and
 //! reuses a block only once every piece of device work recorded on it has completed. Its decisions (size
-//! classes, the budget, reuse, eviction) are the pure state machine in `state.rs`; this file pins and unpins.
+//! classes, the budget, reuse, eviction) are the pure state machine in `state.rs`; `block.rs` pins blocks and
+//! hands them to the release thread to be unpinned; this file serves requests and waits for room.
+//!
+//! What the pool never does (the crate's rules 7 and 8):
+//! - unpin on the caller's thread: `cuMemFreeHost` and `cuMemHostUnregister` wait for *all* work on the
+//!   device, so evicted, trimmed and dropped blocks go to the release thread (`release.rs`);
+//! - wait while holding its lock: a request that must wait for room waits for device work on a block given
+//!   back with the block's marks cloned out of the state, or on a condition variable, so other threads' hits
+//!   and pins go on meanwhile;
+//! - wait without end: a [`WhenFull::Wait`] pool gives up at its [`PoolBuilder::max_wait`], and the waits the
+//!   crate itself asks for (`alloc_after_pending`, a prefetcher's slots) wait only for device work, which
+//!   ends by itself, never for buffers that someone holds (perhaps the waiting thread, or nobody: a forgotten
+//!   buffer keeps its bytes in use for good).
 
+mod block;
 pub(crate) mod state;
 #[cfg(test)]
 mod tests;
 
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
 
-use self::state::{Config, Lease, PoolState, Take};
-use super::host::HostRegion;
+use self::block::Block;
+use self::state::{Config, Lease, PoolState, Reservation, Take};
+use super::host::{HostRegion, check_alignment};
 use super::release::release_host;
-use super::{Bytes, Gpu, GpuTracker, Mark, Pinned, PinnedBuilder, byte_len};
+use super::{Gpu, GpuTracker, Mark, Pinned, PinnedBuilder, byte_len};
 use crate::context::Context;
-use crate::driver_call;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
+use crate::track::Timeline;
 
-/// The page size the pool's classes are multiples of.
+/// The page size the pool's classes are multiples of, and the alignment every block has at least.
 const PAGE: usize = 4096;
+
+/// What a request names in its errors.
+const ALLOCATING: &str = "allocating from the pinned pool";
+
+/// How long a request of a [`WhenFull::Wait`] pool first sleeps between polls of the blocks given back with
+/// device work pending; the pause doubles up to [`LONGEST_POLL`] while nothing comes back. A buffer given back,
+/// or a pin that fails, wakes it at once.
+const FIRST_POLL: Duration = Duration::from_micros(50);
+const LONGEST_POLL: Duration = Duration::from_millis(2);
 
 /// What [`PinnedPool::alloc`] does when the budget leaves no room.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,7 +56,10 @@ const PAGE: usize = 4096;
 pub enum WhenFull {
     /// Return [`Error::PoolExhausted`] at once.
     Fail,
-    /// Wait until buffers come back (and their device work completes).
+    /// Wait until buffers come back (and their device work completes), for at most the pool's
+    /// [`PoolBuilder::max_wait`] (a minute unless set); then [`Error::PoolExhausted`], saying how long it
+    /// waited. A buffer that never comes back (one the waiting thread holds itself, or one forgotten with
+    /// `mem::forget`) can only end the wait at that deadline.
     Wait,
 }
 
@@ -53,6 +78,11 @@ pub enum Pinning {
 /// A caching allocator of pinned memory with a hard byte budget. Cheap to clone (clones share the pool);
 /// thread-safe.
 ///
+/// Blocks the pool gives up (evicted to make room for another size class, trimmed, or cached when the pool
+/// drops) leave its budget at once and are unpinned shortly after on the crate's release thread, because the
+/// driver's unpinning waits for all work on the device; [`Context::synchronize`] waits until they are. So for
+/// that moment the process may hold up to a budget's worth more pinned memory than the pool counts.
+///
 /// ```no_run
 /// # fn main() -> cuda_pinned::Result<()> {
 /// use cuda_pinned::{Context, PinnedPool};
@@ -64,15 +94,33 @@ pub enum Pinning {
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
-pub struct PinnedPool(Arc<Shared>);
+pub struct PinnedPool {
+    shared: Arc<Shared>,
+    /// What [`PinnedPool::alloc`] waits for when the budget leaves no room: the pool's [`WhenFull`], or less
+    /// through [`PinnedPool::waiting_only_for_device`].
+    waits: Waits,
+}
+
+/// What a request waits for when the budget leaves no room.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Waits {
+    /// Nothing: [`Error::PoolExhausted`] at once.
+    Nothing,
+    /// Device work on blocks given back, one block at a time, which ends by itself; never for holders to give
+    /// buffers back. [`Error::PoolExhausted`] once nothing is pending.
+    ForDevice,
+    /// Device work on blocks given back and holders giving buffers back, until the pool's `max_wait`.
+    ForRoom,
+}
 
 struct Shared {
     context: Context,
-    when_full: WhenFull,
+    max_wait: Duration,
     pinning: Pinning,
     state: Mutex<PoolState<Block, Stream, Mark>>,
-    /// Signalled whenever a buffer comes back, for `WhenFull::Wait`.
-    returned: Condvar,
+    /// Signalled whenever room may have been made (a buffer given back, a pin that failed), for the requests
+    /// waiting for room.
+    room: Condvar,
     pin_nanos: AtomicU64,
 }
 
@@ -83,13 +131,27 @@ pub struct PoolBuilder {
     context: Context,
     budget: usize,
     when_full: WhenFull,
+    max_wait: Duration,
     pinning: Pinning,
 }
 
 impl PoolBuilder {
+    /// The default of [`PoolBuilder::max_wait`]: a minute.
+    pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(60);
+
     /// What `alloc` does when the budget is reached (default [`WhenFull::Fail`]).
     pub fn when_full(mut self, when_full: WhenFull) -> PoolBuilder {
         self.when_full = when_full;
+        self
+    }
+
+    /// The longest a request of a [`WhenFull::Wait`] pool waits for room before it returns
+    /// [`Error::PoolExhausted`] (default [`PoolBuilder::DEFAULT_MAX_WAIT`], a minute). Long enough for buffers
+    /// to come back from other threads and for device work on blocks given back to complete; a wait that
+    /// lasts longer usually means that the room is held by something that will not give it back. No effect on
+    /// a pool that fails when full.
+    pub fn max_wait(mut self, max_wait: Duration) -> PoolBuilder {
+        self.max_wait = max_wait;
         self
     }
 
@@ -105,14 +167,21 @@ impl PoolBuilder {
             budget: self.budget,
             page: PAGE,
         });
-        PinnedPool(Arc::new(Shared {
-            context: self.context,
-            when_full: self.when_full,
-            pinning: self.pinning,
-            state: Mutex::new(state),
-            returned: Condvar::new(),
-            pin_nanos: AtomicU64::new(0),
-        }))
+        let waits = match self.when_full {
+            WhenFull::Fail => Waits::Nothing,
+            WhenFull::Wait => Waits::ForRoom,
+        };
+        PinnedPool {
+            shared: Arc::new(Shared {
+                context: self.context,
+                max_wait: self.max_wait,
+                pinning: self.pinning,
+                state: Mutex::new(state),
+                room: Condvar::new(),
+                pin_nanos: AtomicU64::new(0),
+            }),
+            waits,
+        }
     }
 }
 
@@ -122,7 +191,8 @@ impl PoolBuilder {
 pub struct PoolStats {
     /// The pool's budget in bytes.
     pub budget: usize,
-    /// Bytes pinned or being pinned: in use, cached and pending. Never more than `budget`.
+    /// Bytes counted against the budget: in use, cached, pending and being pinned. Never more than `budget`.
+    /// (Blocks given up leave it at once, before the release thread has unpinned them.)
     pub reserved: usize,
     /// The most `reserved` has been.
     pub peak_reserved: usize,
@@ -138,7 +208,7 @@ pub struct PoolStats {
     pub hits: u64,
     /// Requests that pinned a new block.
     pub misses: u64,
-    /// Cached blocks unpinned to make room for another class.
+    /// Cached blocks given up to make room for another class (unpinned on the release thread).
     pub evictions: u64,
     /// Time spent pinning new blocks.
     pub pin_time: Duration,
@@ -156,6 +226,7 @@ impl PinnedPool {
             context: context.clone(),
             budget,
             when_full: WhenFull::Fail,
+            max_wait: PoolBuilder::DEFAULT_MAX_WAIT,
             pinning: Pinning::Auto,
         }
     }
@@ -164,20 +235,31 @@ impl PinnedPool {
     /// else a newly pinned one. Its contents are whatever the block last held (zeroes when new): any bytes are a
     /// valid `T`. Dropping it gives the block back; it is reused once its device work has completed.
     ///
+    /// The buffer is aligned to a page (4096 bytes); an element type aligned more strictly is refused.
+    ///
+    /// When the budget leaves no room even with the cached blocks of other classes given up, a pool that
+    /// fails when full returns at once; one that waits ([`WhenFull::Wait`]) waits, without holding up other
+    /// threads' requests, until buffers come back or device work on blocks given back completes, for at
+    /// most [`PoolBuilder::max_wait`]. Cached blocks given up to make room are unpinned on the crate's release
+    /// thread, not on the caller's.
+    ///
     /// # Errors
-    /// [`Error::PoolExhausted`] when the budget leaves no room and the pool fails when full (a request larger
-    /// than the whole budget fails either way); the driver's, from pinning.
+    /// An invalid-argument error, before anything is taken, if `T` is aligned to more than 4096 bytes or the
+    /// byte size overflows. [`Error::PoolExhausted`] when the budget leaves no room and the pool fails when
+    /// full, or after waiting `max_wait` for room (a request larger than the whole budget fails at once
+    /// either way); the driver's, from pinning or from finding out whether device work has completed.
     #[doc(alias = "cuMemHostAlloc")]
     #[doc(alias = "cuMemHostRegister")]
     pub fn alloc<T: Pod>(&self, len: usize) -> Result<Pinned<T>> {
-        self.alloc_when_full(len, self.0.when_full, false)
+        self.alloc_waiting(len, self.waits)
     }
 
-    /// [`PinnedPool::alloc`] that, when the budget leaves no room, waits for device work on blocks given back
-    /// even under [`WhenFull::Fail`]: that wait ends without anyone's help, so it cannot deadlock. For the
+    /// [`PinnedPool::alloc`] that, when the budget leaves no room, waits only for device work on blocks given
+    /// back, whatever the pool's [`WhenFull`]: never for buffers other holders have (the caller may be one of
+    /// them), so the wait ends by itself. [`Error::PoolExhausted`] once no block given back is pending. For the
     /// first buffer of a staged transfer, which may follow another transfer's still in flight.
     pub(crate) fn alloc_after_pending<T: Pod>(&self, len: usize) -> Result<Pinned<T>> {
-        self.alloc_when_full(len, self.0.when_full, true)
+        self.alloc_waiting(len, Waits::ForDevice)
     }
 
     /// [`PinnedPool::alloc`] that never waits: [`Error::PoolExhausted`] when the budget leaves no room, whatever
@@ -186,103 +268,172 @@ impl PinnedPool {
     /// # Errors
     /// As [`PinnedPool::alloc`] with [`WhenFull::Fail`].
     pub fn try_alloc<T: Pod>(&self, len: usize) -> Result<Pinned<T>> {
-        self.alloc_when_full(len, WhenFull::Fail, false)
+        self.alloc_waiting(len, Waits::Nothing)
     }
 
-    fn alloc_when_full<T: Pod>(
-        &self,
-        len: usize,
-        when_full: WhenFull,
-        wait_for_pending: bool,
-    ) -> Result<Pinned<T>> {
-        let bytes = byte_len::<T>(len, "allocating from the pinned pool")?;
-        let shared = &self.0;
+    /// This pool, for a caller that holds buffers of it while it allocates more (a prefetcher building its
+    /// slots): its `alloc` never waits for buffers held, which may be the caller's own, only for device work
+    /// on blocks given back, where the pool waits when full at all. A pool that fails when full still fails
+    /// at once.
+    pub(crate) fn waiting_only_for_device(&self) -> PinnedPool {
+        let waits = match self.waits {
+            Waits::ForRoom => Waits::ForDevice,
+            waits => waits,
+        };
+        PinnedPool {
+            shared: self.shared.clone(),
+            waits,
+        }
+    }
+
+    fn alloc_waiting<T: Pod>(&self, len: usize, waits: Waits) -> Result<Pinned<T>> {
+        check_alignment::<T>(PAGE, ALLOCATING)?;
+        let bytes = byte_len::<T>(len, ALLOCATING)?;
+        let shared = &*self.shared;
         if bytes == 0 {
             return PinnedBuilder::new(&shared.context).zeroed(0);
         }
+        let started = Instant::now();
+        // `None` when the deadline is past any instant the clock can tell (a `max_wait` of centuries).
+        let deadline = started.checked_add(shared.max_wait);
+        let mut waited = false;
+        let mut pause = FIRST_POLL;
         let mut state = shared.lock();
         loop {
+            let waited_for = || {
+                if waited {
+                    started.elapsed()
+                } else {
+                    Duration::ZERO
+                }
+            };
             match state.take(&Gpu, bytes)? {
                 Take::Hit { block, lease } => return Ok(self.loan(block, lease, len)),
                 Take::Pin { reservation, evict } => {
-                    // Only pinning and unpinning need the context current: a hit makes no driver call. It is
-                    // made current before the lock is let go, so that if it cannot be, the take is undone before
-                    // anyone sees it: the evicted blocks, which no work uses, go back to the cache, not leaked.
-                    let current = match shared.context.enter() {
-                        Ok(current) => current,
-                        Err(e) => {
-                            let evicted = evict.into_iter().map(|block| {
-                                let class = block.bytes;
-                                (block, class)
-                            });
-                            state.unpin_cancelled(reservation, evicted);
-                            return Err(e);
-                        }
-                    };
-                    drop(state);
-                    for block in evict {
-                        block.unpin(&shared.context);
-                    }
-                    let started = Instant::now();
-                    let pinned = Block::pin(reservation.bytes(), shared.pinning);
-                    let nanos = started.elapsed().as_nanos() as u64;
-                    shared.pin_nanos.fetch_add(nanos, Ordering::Relaxed);
-                    drop(current);
-                    let mut state = shared.lock();
-                    return match pinned {
-                        Ok(block) => {
-                            let lease = state.pinned(reservation);
-                            Ok(self.loan(block, lease, len))
-                        }
-                        Err(e) => {
-                            state.pin_failed(reservation);
-                            Err(e)
-                        }
-                    };
+                    return self.pin(state, reservation, evict, len);
                 }
-                Take::TooLarge => return Err(shared.exhausted(&state, bytes)),
-                Take::Exhausted => match when_full {
-                    WhenFull::Fail => {
-                        if !(wait_for_pending && state.wait_for_any(&Gpu)?) {
-                            return Err(shared.exhausted(&state, bytes));
+                Take::TooLarge => return Err(shared.exhausted(&state, bytes, waited_for())),
+                Take::Exhausted => match waits {
+                    Waits::Nothing => return Err(shared.exhausted(&state, bytes, Duration::ZERO)),
+                    Waits::ForDevice => {
+                        // `take` polled every pending block and found none idle: wait for the oldest one's
+                        // work, without the lock, then ask again.
+                        let Some(marks) = state.oldest_pending_marks() else {
+                            return Err(shared.exhausted(&state, bytes, waited_for()));
+                        };
+                        drop(state);
+                        waited = true;
+                        for (stream, mark) in &marks {
+                            Gpu.synchronize(stream, mark)?;
                         }
+                        state = shared.lock();
                     }
-                    WhenFull::Wait => {
-                        if !state.wait_for_any(&Gpu)? {
-                            // Nothing pending: wait for a holder to give a buffer back.
-                            state = shared
-                                .returned
-                                .wait(state)
-                                .unwrap_or_else(PoisonError::into_inner);
+                    Waits::ForRoom => {
+                        let now = Instant::now();
+                        let left =
+                            deadline.map_or(Duration::MAX, |d| d.saturating_duration_since(now));
+                        if left.is_zero() {
+                            return Err(shared.exhausted(&state, bytes, waited_for()));
                         }
+                        // A holder giving a buffer back (or a pin failing) wakes the wait; device work
+                        // completing on a pending block does not, so while one is pending the wait is cut
+                        // into polls (by `take`, at the top of the loop).
+                        let timeout = if state.pending_bytes() > 0 {
+                            pause.min(left)
+                        } else {
+                            left
+                        };
+                        waited = true;
+                        state = shared
+                            .room
+                            .wait_timeout(state, timeout)
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0;
+                        pause = (pause * 2).min(LONGEST_POLL);
                     }
                 },
             }
         }
     }
 
-    /// Unpins every idle block, giving its memory back to the system: cached blocks, and blocks given back
-    /// whose device work has completed by now. Blocks in use or with work still pending stay.
+    /// Serves a request that `take` decided to pin for (with `state`, the lock, still held): hands the evicted
+    /// blocks to the release thread and pins a block of the reservation's class, without the lock.
+    fn pin<T>(
+        &self,
+        mut state: MutexGuard<'_, PoolState<Block, Stream, Mark>>,
+        reservation: Reservation,
+        evict: Vec<Block>,
+        len: usize,
+    ) -> Result<Pinned<T>> {
+        let shared = &*self.shared;
+        // Only pinning needs the context current: a hit makes no driver call, and unpinning happens on the
+        // release thread. It is made current before the lock is let go, so that if it cannot be, the take is
+        // undone before anyone sees it: the evicted blocks, which no work uses, go back to the cache.
+        let current = match shared.context.enter() {
+            Ok(current) => current,
+            Err(e) => {
+                let evicted = evict.into_iter().map(|block| {
+                    let class = block.bytes;
+                    (block, class)
+                });
+                state.unpin_cancelled(reservation, evicted);
+                drop(state);
+                shared.room.notify_all();
+                return Err(e);
+            }
+        };
+        drop(state);
+        for block in evict {
+            block.unpin(&shared.context);
+        }
+        let started = Instant::now();
+        let pinned = Block::pin(&shared.context, reservation.bytes(), shared.pinning);
+        let nanos = started.elapsed().as_nanos() as u64;
+        shared.pin_nanos.fetch_add(nanos, Ordering::Relaxed);
+        drop(current);
+        let mut state = shared.lock();
+        match pinned {
+            Ok(block) => {
+                let lease = state.pinned(reservation);
+                Ok(self.loan(block, lease, len))
+            }
+            Err(e) => {
+                state.pin_failed(reservation);
+                drop(state);
+                // Its reservation held room that a waiting request may use now.
+                shared.room.notify_all();
+                Err(e)
+            }
+        }
+    }
+
+    /// Gives up every idle block: cached blocks, and blocks given back whose device work has completed by
+    /// now. Blocks in use or with work still pending stay.
+    ///
+    /// Returns at once: the blocks leave the budget now and are unpinned, their memory given back to the
+    /// system, shortly after on the crate's release thread (the driver's unpinning waits for all work on the
+    /// device, which the caller does not). [`Context::synchronize`] waits until they are. A block that fails
+    /// to unpin is leaked, and the error kept for [`Context::check_deferred_errors`].
     ///
     /// # Errors
-    /// The driver's, from querying events or unpinning (a block that fails to unpin is leaked).
+    /// The driver's, from finding out whether device work on a block given back has completed: that block
+    /// stays pending; the idle blocks are given up all the same.
     pub fn trim(&self) -> Result<()> {
-        let _current = self.0.context.enter()?;
-        let blocks = {
-            let mut state = self.0.lock();
-            state.poll_pending(&Gpu)?;
-            state.trim()
+        let (polled, blocks) = {
+            let mut state = self.shared.lock();
+            let polled = state.poll_pending(&Gpu);
+            (polled, state.trim())
         };
         for block in blocks {
-            block.unpin(&self.0.context);
+            block.unpin(&self.shared.context);
         }
-        self.0.context.check_deferred_errors()
+        polled.map(drop)
     }
 
     /// What the pool holds and has done.
     #[must_use]
     pub fn stats(&self) -> PoolStats {
-        let state = self.0.lock();
+        let state = self.shared.lock();
         let s = state.stats();
         PoolStats {
             budget: state.config().budget,
@@ -295,27 +446,28 @@ impl PinnedPool {
             hits: s.hits,
             misses: s.misses,
             evictions: s.evictions,
-            pin_time: Duration::from_nanos(self.0.pin_nanos.load(Ordering::Relaxed)),
+            pin_time: Duration::from_nanos(self.shared.pin_nanos.load(Ordering::Relaxed)),
         }
     }
 
     /// The context the pool pins memory for.
     #[must_use]
     pub fn context(&self) -> &Context {
-        &self.0.context
+        &self.shared.context
     }
 
     /// A `Pinned<T>` over `len` elements of `block`, which comes back to this pool when it drops.
     fn loan<T>(&self, block: Block, lease: Lease, len: usize) -> Pinned<T> {
         // SAFETY: the block holds at least `len * size_of::<T>()` bytes (its class covers the request), all
         // initialised (zeroed when pinned, or written by earlier holders) and any bytes are a valid `T: Pod`;
-        // it is page-aligned, page-locked, and leased to this one buffer until it comes back.
+        // it is page-aligned (enough for `T`: `alloc_waiting` refuses types aligned to more than a page),
+        // page-locked, and leased to this one buffer until it comes back.
         let host = unsafe { HostRegion::new(block.ptr.cast::<T>(), len) };
         Pinned::from_pool(
             host,
-            self.0.context.clone(),
+            self.shared.context.clone(),
             Loan {
-                pool: self.0.clone(),
+                pool: self.shared.clone(),
                 block: Some(block),
                 lease: Some(lease),
             },
@@ -328,38 +480,29 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn exhausted(&self, state: &PoolState<Block, Stream, Mark>, requested: usize) -> Error {
+    fn exhausted(
+        &self,
+        state: &PoolState<Block, Stream, Mark>,
+        requested: usize,
+        waited: Duration,
+    ) -> Error {
         let stats = state.stats();
         Error::PoolExhausted {
             requested,
             budget: state.config().budget,
             reserved: stats.reserved,
+            waited,
         }
     }
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        // Every loan holds the pool, so nothing is in use: unpin the idle blocks, and hand the pending ones to
-        // the process-wide deferred release, which frees them once their work has completed.
+        // Every loan holds the pool, so nothing is in use: the idle blocks go to the release thread to be unpinned
+        // now, and the pending ones to be released once their work has completed.
         let drained = self.lock().drain();
-        if !drained.idle.is_empty() {
-            match self.context.enter() {
-                Ok(_current) => {
-                    for block in drained.idle {
-                        block.unpin(&self.context);
-                    }
-                }
-                Err(e) => {
-                    // Unpinning needs the context current; without it the idle blocks can only be leaked, and
-                    // a destructor can only report that through the context.
-                    let bytes = drained.idle.iter().map(|block| block.bytes).sum();
-                    self.context.defer_error(e.context(format_args!(
-                        "unpinning {} of the pool as it drops (leaked)",
-                        Bytes(bytes)
-                    )));
-                }
-            }
+        for block in drained.idle {
+            block.unpin(&self.context);
         }
         for pending in drained.pending {
             let block = pending.block;
@@ -381,176 +524,7 @@ impl Loan {
     pub(crate) fn give_back(mut self, track: GpuTracker) {
         if let (Some(block), Some(lease)) = (self.block.take(), self.lease.take()) {
             self.pool.lock().give_back(block, lease, track);
-            self.pool.returned.notify_all();
+            self.pool.room.notify_all();
         }
     }
-}
-
-/// A block of pinned memory, owned by the pool.
-pub(crate) struct Block {
-    ptr: NonNull<u8>,
-    bytes: usize,
-    /// Allocated by the Rust allocator and registered, rather than by `cuMemHostAlloc`.
-    registered: bool,
-}
-
-// SAFETY: a block is memory the pool owns exclusively (lent to one `Pinned` at a time); its address means the
-// same on every thread.
-unsafe impl Send for Block {}
-
-impl Block {
-    /// Pins `bytes` (a multiple of the page size) the way `how` says, zeroed.
-    fn pin(bytes: usize, how: Pinning) -> Result<Block> {
-        match how {
-            Pinning::Auto => Block::pin(bytes, fastest_pinning()),
-            Pinning::HostAlloc => {
-                let mut ptr = std::ptr::null_mut();
-                // SAFETY: an out-pointer to a local; the caller's context is current. Freed in `release`.
-                unsafe { driver_call!(cuMemHostAlloc(&mut ptr, bytes, 0)) }.map_err(|e| {
-                    e.context(format_args!("pinning {} for the pool", Bytes(bytes)))
-                })?;
-                let ptr = NonNull::new(ptr.cast::<u8>())
-                    .ok_or_else(|| Error::invalid("cuMemHostAlloc returned null"))?;
-                zero(ptr, bytes);
-                Ok(Block {
-                    ptr,
-                    bytes,
-                    registered: false,
-                })
-            }
-            Pinning::Register => {
-                let layout = std::alloc::Layout::from_size_align(bytes, registered_align(bytes))
-                    .map_err(|_| Error::invalid(format_args!("a pool block of {bytes} bytes")))?;
-                // SAFETY: a layout of non-zero size (classes are at least a page). Freed in `release`.
-                let ptr = NonNull::new(unsafe { std::alloc::alloc(layout) }).ok_or_else(|| {
-                    Error::invalid(format_args!(
-                        "the system could not allocate {}",
-                        Bytes(bytes)
-                    ))
-                })?;
-                advise_huge_pages(ptr, bytes);
-                // Touching the pages faults them in on several threads at once, which is what makes this path
-                // fast, and initialises them.
-                zero(ptr, bytes);
-                // SAFETY: `bytes` bytes of a live allocation owned by the block, unregistered in `release`.
-                let registered =
-                    unsafe { driver_call!(cuMemHostRegister_v2(ptr.as_ptr().cast(), bytes, 0)) };
-                if let Err(e) = registered {
-                    // SAFETY: allocated above with `layout`, never registered.
-                    unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
-                    return Err(e.context(format_args!("pinning {} for the pool", Bytes(bytes))));
-                }
-                Ok(Block {
-                    ptr,
-                    bytes,
-                    registered: true,
-                })
-            }
-        }
-    }
-
-    /// Unpins and frees the block now, which no device work uses; an error is kept in the context (and the
-    /// memory leaked).
-    fn unpin(self, context: &Context) {
-        let bytes = self.bytes;
-        if let Err(e) = self.release() {
-            context.defer_error(e.context(format_args!(
-                "unpinning {} of the pool (leaked)",
-                Bytes(bytes)
-            )));
-        }
-    }
-
-    /// Unpins and frees the block. The pool's context must be current, and no device work may use the block.
-    fn release(self) -> Result<()> {
-        let ptr = self.ptr.as_ptr();
-        if self.registered {
-            // SAFETY: registered in `pin`; no device work uses it.
-            unsafe { driver_call!(cuMemHostUnregister(ptr.cast())) }?;
-            // SAFETY: allocated in `pin` with this size and `registered_align` of it (a valid layout then), and no
-            // longer registered.
-            unsafe {
-                std::alloc::dealloc(
-                    ptr,
-                    std::alloc::Layout::from_size_align_unchecked(
-                        self.bytes,
-                        registered_align(self.bytes),
-                    ),
-                )
-            };
-            Ok(())
-        } else {
-            // SAFETY: allocated by cuMemHostAlloc in `pin`; no device work uses it.
-            unsafe { driver_call!(cuMemFreeHost(ptr.cast())) }
-        }
-    }
-}
-
-/// The alignment of a block allocated for registration: 2 MiB for blocks of at least that, so that the kernel
-/// can back it with transparent huge pages (one page fault and one pinned page per 2 MiB instead of 512).
-fn registered_align(bytes: usize) -> usize {
-    const HUGE: usize = 2 << 20;
-    if bytes >= HUGE { HUGE } else { PAGE }
-}
-
-/// Asks Linux to back the range with transparent huge pages where it can. Only advice: where huge pages are
-/// off, nothing changes.
-#[cfg(target_os = "linux")]
-fn advise_huge_pages(ptr: NonNull<u8>, bytes: usize) {
-    unsafe extern "C" {
-        fn madvise(
-            addr: *mut std::ffi::c_void,
-            len: usize,
-            advice: std::ffi::c_int,
-        ) -> std::ffi::c_int;
-    }
-    const MADV_HUGEPAGE: std::ffi::c_int = 14;
-    // SAFETY: a page-aligned range of an allocation the caller owns; the advice changes no contents, and a failure
-    // (huge pages unavailable) is harmless.
-    let _ = unsafe { madvise(ptr.as_ptr().cast(), bytes, MADV_HUGEPAGE) };
-}
-
-#[cfg(not(target_os = "linux"))]
-fn advise_huge_pages(_: NonNull<u8>, _: usize) {}
-
-/// Writes zeroes over `bytes` at `ptr` on several threads for large blocks: fresh pages are faulted in by the
-/// first write, which is the slow part of pinning fresh memory, and spreads over cores.
-fn zero(ptr: NonNull<u8>, bytes: usize) {
-    const PER_THREAD: usize = 16 << 20;
-    let threads = std::thread::available_parallelism()
-        .map_or(1, std::num::NonZero::get)
-        .min(16);
-    let threads = threads.min(bytes.div_ceil(PER_THREAD)).max(1);
-    let piece = bytes.div_ceil(threads).next_multiple_of(PAGE);
-    let base = ptr.as_ptr() as usize;
-    std::thread::scope(|scope| {
-        for start in (0..bytes).step_by(piece) {
-            let len = piece.min(bytes - start);
-            scope.spawn(move || {
-                // SAFETY: a disjoint range of the block, which nothing else uses yet.
-                unsafe { std::ptr::write_bytes((base + start) as *mut u8, 0, len) };
-            });
-        }
-    });
-}
-
-/// The faster of `cuMemHostAlloc` and touch + `cuMemHostRegister` on this machine, measured once per process by
-/// pinning 32 MiB each way (the first measured after a warm-up pin of each).
-fn fastest_pinning() -> Pinning {
-    static FASTEST: OnceLock<Pinning> = OnceLock::new();
-    *FASTEST.get_or_init(|| {
-        let time = |how| -> Option<Duration> {
-            let started = Instant::now();
-            let block = Block::pin(32 << 20, how).ok()?;
-            let took = started.elapsed();
-            block.release().ok()?;
-            Some(took)
-        };
-        let _ = (time(Pinning::HostAlloc), time(Pinning::Register));
-        match (time(Pinning::HostAlloc), time(Pinning::Register)) {
-            (Some(alloc), Some(register)) if register < alloc => Pinning::Register,
-            (Some(_), _) => Pinning::HostAlloc,
-            (None, _) => Pinning::Register,
-        }
-    })
 }

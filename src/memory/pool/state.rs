@@ -69,8 +69,8 @@ pub(crate) enum Take<B> {
     },
     /// The class fits the budget, but not now: blocks in use, pending and being pinned leave too little room
     /// even with the cache emptied. Nothing was evicted. Waiting for pending blocks can help when
-    /// [`PoolState::pending_bytes`] is nonzero (see [`PoolState::wait_for_any`]); so can other holders giving
-    /// blocks back.
+    /// [`PoolState::pending_bytes`] is nonzero (see [`PoolState::oldest_pending_marks`]); so can other holders
+    /// giving blocks back, and pins in progress that fail.
     Exhausted,
     /// The request's class exceeds the whole budget (or `usize`): no amount of waiting can serve it.
     TooLarge,
@@ -293,7 +293,7 @@ impl<B, S: Clone + Eq, M: Clone + Eq> PoolState<B, S, M> {
         self.stats.failed_pins += 1;
     }
 
-    /// Undoes a [`Take::Pin`] whose pin could not even start (the caller could not unpin the evicted blocks):
+    /// Undoes a [`Take::Pin`] whose pin could not even start (the caller could not start pinning):
     /// as [`PoolState::pin_failed`], and the evicted blocks, each given with its class, are cached again, as the
     /// most recently used, rather than leaked. Call it before anyone else uses the state after that `take`: the
     /// budget has room for the evicted blocks again only while no other reservation took it.
@@ -327,35 +327,14 @@ impl<B, S: Clone + Eq, M: Clone + Eq> PoolState<B, S, M> {
         }
     }
 
-    /// Moves pending blocks to the cache once idle. Returns `Ok(true)` at once if polling finds some idle;
-    /// else blocks the host until the oldest pending block's work has completed, caches it, and returns
-    /// `Ok(true)`; `Ok(false)` if nothing is pending.
-    ///
-    /// # Errors
-    /// The first failed `record`, `is_complete` or `synchronize`; the block it concerned stays pending. Blocks
-    /// that polling found idle before or after it are cached all the same.
-    pub(crate) fn wait_for_any<T>(&mut self, t: &T) -> Result<bool, T::Error>
-    where
-        T: Timeline<Stream = S, Mark = M>,
-    {
-        if self.pending.is_empty() {
-            return Ok(false);
-        }
-        if self.poll_pending(t)? > 0 {
-            return Ok(true);
-        }
-        let oldest = self
-            .pending
-            .front_mut()
-            .expect("pool: pending is not empty, checked above");
-        oldest.track.synchronize_all(t)?;
-        let oldest = self
-            .pending
-            .pop_front()
-            .expect("pool: pending is not empty, checked above");
-        self.stats.pending -= oldest.bytes;
-        self.cache(oldest.block, oldest.bytes);
-        Ok(true)
+    /// What to wait for to see the oldest pending block idle: the stream and mark of every entry of its
+    /// tracker, cloned; `None` if nothing is pending. For a caller that must wait for room after `Exhausted`:
+    /// it waits for each mark ([`Timeline::synchronize`]) *without* holding the lock the state is behind, so
+    /// that other threads' hits and pins go on meanwhile, then takes the lock again and asks again
+    /// ([`PoolState::take`] or [`PoolState::poll_pending`] then find the block idle and cache it, if nobody
+    /// else did by then). Makes no device call.
+    pub(crate) fn oldest_pending_marks(&self) -> Option<Vec<(S, M)>> {
+        self.pending.front().map(|oldest| oldest.track.marks())
     }
 
     /// Removes every cached idle block, for the caller to unpin; pending blocks stay. Reserved bytes drop by
@@ -386,8 +365,8 @@ impl<B, S: Clone + Eq, M: Clone + Eq> PoolState<B, S, M> {
         }
     }
 
-    /// Bytes of the blocks waiting for their device work: if nonzero after `Exhausted`, `wait_for_any` can make
-    /// room. (Read by the model in `fuzzing.rs`; the pool asks `wait_for_any` instead.)
+    /// Bytes of the blocks waiting for their device work: if nonzero after `Exhausted`, waiting for their work
+    /// (see [`PoolState::oldest_pending_marks`]) can make room.
     pub(crate) fn pending_bytes(&self) -> usize {
         self.stats.pending
     }

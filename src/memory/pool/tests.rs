@@ -2,9 +2,9 @@
 //! the model of the property test are in `fuzzing.rs`, which the fuzz target `pool_state` runs too.
 
 use super::state::*;
-use crate::fuzzing::pool::{PAGE, Program, STREAMS, Sim, Step, Track, run, work};
-use crate::track::Access;
+use crate::fuzzing::pool::{PAGE, Program, STREAMS, Sim, Step, Track, run, wait_for_any, work};
 use crate::track::sim::{Counts, Injected};
+use crate::track::{Access, Timeline};
 use proptest::prelude::*;
 
 type Pool = PoolState<u32, usize, usize>;
@@ -297,7 +297,7 @@ fn exhausted_when_blocks_in_use_or_pending_leave_no_room_and_nothing_is_evicted(
     assert!(matches!(p.take(&sim, 3 * PAGE), Ok(Take::Exhausted)));
     assert_eq!(p.pending_bytes(), 2 * PAGE);
     assert_eq!(p.stats().evictions, 1);
-    assert!(p.wait_for_any(&sim).unwrap());
+    assert!(wait_for_any(&mut p, &sim).unwrap());
     assert!(sim.idle(a));
     assert_eq!(miss(&mut p, &sim, 3 * PAGE), [1]);
     p.assert_consistent();
@@ -344,12 +344,56 @@ fn reservations_count_against_the_budget_until_pinned_or_failed() {
 }
 
 #[test]
-fn wait_for_any_returns_at_once_if_a_block_is_idle_else_blocks_on_the_oldest() {
+fn the_marks_to_wait_for_are_the_oldest_pending_blocks_and_waiting_needs_no_state() {
     let sim = Sim::new(2);
     let mut p = pool(16);
-    assert!(!p.wait_for_any(&sim).unwrap());
+    assert!(p.oldest_pending_marks().is_none());
+    assert!(!wait_for_any(&mut p, &sim).unwrap());
     assert_eq!(sim.counts(), Counts::default());
 
+    let (a, lease_a) = pin_new(&mut p, &sim, PAGE, 1);
+    let (b, lease_b) = pin_new(&mut p, &sim, PAGE, 2);
+    let (c, lease_c) = pin_new(&mut p, &sim, PAGE, 3);
+    // `a` written on stream 0 and read on stream 1; `b` and `c` written on stream 1.
+    let mut track_a = written(&sim, a, 0);
+    work(&sim, &mut track_a, a, 1, Access::Read);
+    p.give_back(a, lease_a, track_a);
+    p.give_back(b, lease_b, written(&sim, b, 1));
+    p.give_back(c, lease_c, written(&sim, c, 1));
+
+    // The oldest block's two entries, cloned: nothing recorded, queried or waited for, nothing forgotten.
+    let counts = sim.counts();
+    let marks = p.oldest_pending_marks().unwrap();
+    assert_eq!(
+        marks.iter().map(|&(stream, _)| stream).collect::<Vec<_>>(),
+        [0, 1]
+    );
+    assert_eq!(sim.counts(), counts);
+    assert_eq!(p.pending_bytes(), 3 * PAGE);
+
+    // The state is not needed while they are waited for: other requests go on meanwhile (in the pool, other
+    // threads' requests, the lock being let go).
+    let (d, lease_d) = pin_new(&mut p, &sim, 2 * PAGE, 4);
+    p.give_back(d, lease_d, Track::new());
+    for (stream, mark) in &marks {
+        sim.synchronize(stream, mark).unwrap();
+    }
+    assert!(sim.idle(a));
+    assert!(!sim.idle(b), "only the work up to `a`'s read ran");
+    // The next request polls the pending blocks and finds `a` idle.
+    assert_eq!(hit(&mut p, &sim, PAGE).0, a);
+    assert_eq!((p.pending_bytes(), p.stats().cached), (2 * PAGE, 2 * PAGE));
+    // Next in line: `b`, written on stream 1.
+    let marks = p.oldest_pending_marks().unwrap();
+    assert_eq!(marks.len(), 1);
+    assert_eq!(marks[0].0, 1);
+    p.assert_consistent();
+}
+
+#[test]
+fn wait_for_any_returns_at_once_if_a_block_is_idle_else_waits_for_the_oldest() {
+    let sim = Sim::new(2);
+    let mut p = pool(16);
     let (a, lease_a) = pin_new(&mut p, &sim, PAGE, 1);
     let (b, lease_b) = pin_new(&mut p, &sim, PAGE, 2);
     let (c, lease_c) = pin_new(&mut p, &sim, PAGE, 3);
@@ -357,21 +401,21 @@ fn wait_for_any_returns_at_once_if_a_block_is_idle_else_blocks_on_the_oldest() {
     p.give_back(b, lease_b, written(&sim, b, 1));
     p.give_back(c, lease_c, written(&sim, c, 1));
     sim.finish(1);
-    assert!(p.wait_for_any(&sim).unwrap());
+    assert!(wait_for_any(&mut p, &sim).unwrap());
     assert_eq!(sim.counts().syncs, 0, "b and c were idle: no blocking");
     assert_eq!(p.pending_bytes(), PAGE);
 
     // Only `a` is left, and its stream has not run: a failed synchronize keeps it pending.
     // Its poll (a query) succeeds, its synchronize fails.
     sim.fail_after(1);
-    assert_eq!(p.wait_for_any(&sim), Err(Injected));
+    assert_eq!(wait_for_any(&mut p, &sim), Err(Injected));
     assert_eq!(sim.counts().syncs, 1);
     assert_eq!(p.pending_bytes(), PAGE);
     assert!(!sim.idle(a));
-    assert!(p.wait_for_any(&sim).unwrap());
+    assert!(wait_for_any(&mut p, &sim).unwrap());
     assert!(sim.idle(a));
     assert_eq!((p.pending_bytes(), p.stats().cached), (0, 3 * PAGE));
-    assert!(!p.wait_for_any(&sim).unwrap());
+    assert!(!wait_for_any(&mut p, &sim).unwrap());
     p.assert_consistent();
 }
 

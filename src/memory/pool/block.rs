@@ -1,0 +1,189 @@
+//! A pool block: how it is pinned (the faster of two ways on this machine) and handed to the release thread to
+//! be unpinned.
+
+use std::ptr::NonNull;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use super::{PAGE, Pinning};
+use crate::context::Context;
+use crate::driver_call;
+use crate::error::{Error, Result};
+use crate::memory::release::release_host;
+use crate::memory::{Bytes, GpuTracker};
+
+/// A block of pinned memory, owned by the pool.
+pub(crate) struct Block {
+    pub(super) ptr: NonNull<u8>,
+    pub(super) bytes: usize,
+    /// Allocated by the Rust allocator and registered, rather than by `cuMemHostAlloc`.
+    registered: bool,
+}
+
+// SAFETY: a block is memory the pool owns exclusively (lent to one `Pinned` at a time); its address means the
+// same on every thread.
+unsafe impl Send for Block {}
+
+impl Block {
+    /// Pins `bytes` (a multiple of the page size) the way `how` says, zeroed. `context` is current.
+    pub(super) fn pin(context: &Context, bytes: usize, how: Pinning) -> Result<Block> {
+        match how {
+            Pinning::Auto => Block::pin(context, bytes, fastest_pinning(context)),
+            Pinning::HostAlloc => {
+                let mut ptr = std::ptr::null_mut();
+                // SAFETY: an out-pointer to a local; the caller's context is current. Freed in `release`.
+                unsafe { driver_call!(cuMemHostAlloc(&mut ptr, bytes, 0)) }.map_err(|e| {
+                    e.context(format_args!("pinning {} for the pool", Bytes(bytes)))
+                })?;
+                let ptr = NonNull::new(ptr.cast::<u8>())
+                    .ok_or_else(|| Error::invalid("cuMemHostAlloc returned null"))?;
+                zero(ptr, bytes);
+                Ok(Block {
+                    ptr,
+                    bytes,
+                    registered: false,
+                })
+            }
+            Pinning::Register => {
+                let layout = std::alloc::Layout::from_size_align(bytes, registered_align(bytes))
+                    .map_err(|_| Error::invalid(format_args!("a pool block of {bytes} bytes")))?;
+                // SAFETY: a layout of non-zero size (classes are at least a page). Freed in `release`.
+                let ptr = NonNull::new(unsafe { std::alloc::alloc(layout) }).ok_or_else(|| {
+                    Error::invalid(format_args!(
+                        "the system could not allocate {}",
+                        Bytes(bytes)
+                    ))
+                })?;
+                advise_huge_pages(ptr, bytes);
+                // Touching the pages faults them in on several threads at once, which is what makes this path
+                // fast, and initialises them.
+                zero(ptr, bytes);
+                // SAFETY: `bytes` bytes of a live allocation owned by the block, unregistered in `release`.
+                let registered =
+                    unsafe { driver_call!(cuMemHostRegister_v2(ptr.as_ptr().cast(), bytes, 0)) };
+                if let Err(e) = registered {
+                    // SAFETY: allocated above with `layout`, never registered.
+                    unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
+                    return Err(e.context(format_args!("pinning {} for the pool", Bytes(bytes))));
+                }
+                Ok(Block {
+                    ptr,
+                    bytes,
+                    registered: true,
+                })
+            }
+        }
+    }
+
+    /// Hands the block, which no device work uses, to the crate's release thread to be unpinned and freed:
+    /// returns at once, as unpinning waits for all work on the device. An error is kept in the context (and
+    /// the memory leaked).
+    pub(super) fn unpin(self, context: &Context) {
+        let bytes = self.bytes;
+        let release = Box::new(move || {
+            self.release()
+                .map_err(|e| e.context("unpinning a block of the pinned pool (leaked)"))
+        });
+        release_host(context, GpuTracker::default(), release, bytes);
+    }
+
+    /// Unpins and frees the block. The pool's context must be current, and no device work may use the block.
+    pub(super) fn release(self) -> Result<()> {
+        let ptr = self.ptr.as_ptr();
+        if self.registered {
+            // SAFETY: registered in `pin`; no device work uses it.
+            unsafe { driver_call!(cuMemHostUnregister(ptr.cast())) }?;
+            // SAFETY: allocated in `pin` with this size and `registered_align` of it (a valid layout then), and no
+            // longer registered.
+            unsafe {
+                std::alloc::dealloc(
+                    ptr,
+                    std::alloc::Layout::from_size_align_unchecked(
+                        self.bytes,
+                        registered_align(self.bytes),
+                    ),
+                )
+            };
+            Ok(())
+        } else {
+            // SAFETY: allocated by cuMemHostAlloc in `pin`; no device work uses it.
+            unsafe { driver_call!(cuMemFreeHost(ptr.cast())) }
+        }
+    }
+}
+
+/// The alignment of a block allocated for registration: 2 MiB for blocks of at least that, so that the kernel
+/// can back it with transparent huge pages (one page fault and one pinned page per 2 MiB instead of 512).
+fn registered_align(bytes: usize) -> usize {
+    const HUGE: usize = 2 << 20;
+    if bytes >= HUGE { HUGE } else { PAGE }
+}
+
+/// Asks Linux to back the range with transparent huge pages where it can. Only advice: where huge pages are
+/// off, nothing changes.
+#[cfg(target_os = "linux")]
+fn advise_huge_pages(ptr: NonNull<u8>, bytes: usize) {
+    unsafe extern "C" {
+        fn madvise(
+            addr: *mut std::ffi::c_void,
+            len: usize,
+            advice: std::ffi::c_int,
+        ) -> std::ffi::c_int;
+    }
+    const MADV_HUGEPAGE: std::ffi::c_int = 14;
+    // SAFETY: a page-aligned range of an allocation the caller owns; the advice changes no contents, and a failure
+    // (huge pages unavailable) is harmless.
+    let _ = unsafe { madvise(ptr.as_ptr().cast(), bytes, MADV_HUGEPAGE) };
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_huge_pages(_: NonNull<u8>, _: usize) {}
+
+/// Writes zeroes over `bytes` at `ptr` on several threads for large blocks: fresh pages are faulted in by the
+/// first write, which is the slow part of pinning fresh memory, and spreads over cores.
+fn zero(ptr: NonNull<u8>, bytes: usize) {
+    const PER_THREAD: usize = 16 << 20;
+    let threads = std::thread::available_parallelism()
+        .map_or(1, std::num::NonZero::get)
+        .min(16);
+    let threads = threads.min(bytes.div_ceil(PER_THREAD)).max(1);
+    let piece = bytes.div_ceil(threads).next_multiple_of(PAGE);
+    let base = ptr.as_ptr() as usize;
+    std::thread::scope(|scope| {
+        for start in (0..bytes).step_by(piece) {
+            let len = piece.min(bytes - start);
+            scope.spawn(move || {
+                // SAFETY: a disjoint range of the block, which nothing else uses yet.
+                unsafe { std::ptr::write_bytes((base + start) as *mut u8, 0, len) };
+            });
+        }
+    });
+}
+
+/// The faster of `cuMemHostAlloc` and touch + `cuMemHostRegister` on this machine, measured once per process by
+/// pinning 32 MiB each way (the first measured after a warm-up pin of each) with `context` current. The blocks
+/// are kept until every pin is timed, then handed to the release thread: unpinning waits for all work on the
+/// device, and would run beside the timed pins.
+fn fastest_pinning(context: &Context) -> Pinning {
+    static FASTEST: OnceLock<Pinning> = OnceLock::new();
+    *FASTEST.get_or_init(|| {
+        let mut blocks = Vec::new();
+        let mut time = |how| -> Option<Duration> {
+            let started = Instant::now();
+            let block = Block::pin(context, 32 << 20, how).ok()?;
+            let took = started.elapsed();
+            blocks.push(block);
+            Some(took)
+        };
+        let _ = (time(Pinning::HostAlloc), time(Pinning::Register));
+        let fastest = match (time(Pinning::HostAlloc), time(Pinning::Register)) {
+            (Some(alloc), Some(register)) if register < alloc => Pinning::Register,
+            (Some(_), _) => Pinning::HostAlloc,
+            (None, _) => Pinning::Register,
+        };
+        for block in blocks {
+            block.unpin(context);
+        }
+        fastest
+    })
+}
