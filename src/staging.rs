@@ -34,7 +34,7 @@
 //! chunks only while a worker can still send one.
 
 use std::ops::{Deref, DerefMut, Range};
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError, mpsc};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError, mpsc};
 use std::thread::{Scope, ScopedJoinHandle};
 
 use bytemuck::Pod;
@@ -90,7 +90,11 @@ pub struct StagingOptions {
 /// the driver's (between 4 and 16 MiB, both directions).
 impl Default for StagingOptions {
     fn default() -> StagingOptions {
-        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        // `available_parallelism` reads the process's CPU quota from files (about 10 us, longer than a small
+        // pageable copy takes), and `upload_staged` asks for the defaults on every call: count once.
+        static CORES: OnceLock<usize> = OnceLock::new();
+        let cores = *CORES
+            .get_or_init(|| std::thread::available_parallelism().map_or(1, std::num::NonZero::get));
         StagingOptions {
             chunk_bytes: 4 << 20,
             threads: cores.clamp(1, 8),
