@@ -60,7 +60,7 @@ fn bytes(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// What a test needs: a context, two streams and a pool of `budget` bytes.
+/// What a test needs: a context, a stream and a pool of `budget` bytes.
 struct Rig {
     ctx: Context,
     stream: Stream,
@@ -112,12 +112,14 @@ fn on_device(rig: &Rig, want: &[u8]) -> DeviceBuffer<u8> {
     device
 }
 
-/// Lets deferred releases run and checks that nothing failed behind the test's back.
+/// Lets deferred releases run and checks that nothing failed behind the test's back; then empties the pool, so
+/// that the next transfer starts from the same state as the one before (no block waiting to be polled).
 fn settle(rig: &Rig) {
     sim().unwrap().clear_faults();
     rig.ctx.synchronize().unwrap();
     rig.ctx.synchronize().unwrap();
     rig.ctx.check_deferred_errors().unwrap();
+    rig.pool.trim().unwrap();
 }
 
 /// The failing copy of one chunk, with a pool of one chunk: the worker that staged the next chunk waits for
@@ -177,6 +179,54 @@ fn a_failed_copy_with_one_buffer_returns_an_error_download() {
     settle(&rig);
 }
 
+/// The name of the first host wait after the first `copy` of a staged transfer of `want` with `options` (a
+/// worker's wait for a buffer's copy), from a traced run of the transfer with no fault.
+fn a_workers_wait(rig: &Rig, options: StagingOptions, want: &[u8], copy: &str) -> String {
+    let sim = sim().unwrap();
+    sim.trace_start();
+    let (result, back) = if copy == "cuMemcpyHtoDAsync_v2" {
+        upload(rig, options, want, "traced upload")
+    } else {
+        download(rig, options, on_device(rig, want), "traced download")
+    };
+    let calls = sim.trace_stop();
+    result.unwrap();
+    assert!(back == want);
+    settle(rig);
+    let first_copy = calls.iter().position(|c| c == copy).unwrap();
+    calls[first_copy..]
+        .iter()
+        .find(|c| ["cuEventSynchronize", "cuStreamSynchronize"].contains(&c.as_str()))
+        .unwrap_or_else(|| panic!("no host wait after the first copy among {calls:?}"))
+        .clone()
+}
+
+/// A worker's error in an upload (its wait for a buffer's previous copy, before refilling it, with a pool of
+/// one chunk): the transfer returns it, and the other workers, waiting for that buffer, stop.
+#[test]
+fn a_workers_error_stops_an_upload() {
+    let _serial = serial();
+    let rig = rig(MIB);
+    let sim = sim().unwrap();
+    let want = bytes(5 * MIB + 77, 8);
+    let options = staged(MIB, 4);
+    let wait = a_workers_wait(&rig, options, &want, "cuMemcpyHtoDAsync_v2");
+    sim.fail(&format!("{wait}:1:CUDA_ERROR_UNKNOWN")).unwrap();
+    sim.trace_start();
+    let (result, _) = upload(&rig, options, &want, "upload, a worker failing");
+    let calls = sim.trace_stop();
+    let e = result.expect_err("the worker's error");
+    assert!(e.to_string().contains("CUDA_ERROR_UNKNOWN"), "{e}");
+    let failed_at = calls.iter().position(|c| *c == wait).unwrap();
+    assert!(
+        calls[..failed_at]
+            .iter()
+            .any(|c| c == "cuMemcpyHtoDAsync_v2"),
+        "the wait that failed is a worker's, after a chunk's copy: {calls:?}"
+    );
+    settle(&rig);
+}
+
 /// A worker's error (here the wait for a chunk's download, before copying it out) stops the enqueueing
 /// thread too: it enqueues no more chunks once it has seen the error, rather than going on to the last.
 #[test]
@@ -185,25 +235,9 @@ fn a_workers_error_stops_the_enqueueing_thread() {
     let rig = rig(64 * MIB);
     let sim = sim().unwrap();
     let want = bytes(32 * MIB, 3);
+    // 128 chunks of 256 KiB.
     let options = staged(256 << 10, 2);
-    // The calls one chunk's copy-out makes, to fail the first of them.
-    let device = on_device(&rig, &want);
-    sim.trace_start();
-    let (result, back) = download(&rig, options, device, "download, traced");
-    let calls = sim.trace_stop();
-    result.unwrap();
-    assert!(back == want);
-    settle(&rig);
-    let copies = calls
-        .iter()
-        .filter(|c| *c == "cuMemcpyDtoHAsync_v2")
-        .count();
-    assert_eq!(copies, 128, "a chunk per copy: {calls:?}");
-    let wait = ["cuEventSynchronize", "cuStreamSynchronize", "cuEventQuery"]
-        .into_iter()
-        .find(|w| calls.iter().any(|c| c == w))
-        .unwrap_or_else(|| panic!("no host wait among {calls:?}"));
-
+    let wait = a_workers_wait(&rig, options, &want, "cuMemcpyDtoHAsync_v2");
     let device = on_device(&rig, &want);
     sim.fail(&format!("{wait}:1:CUDA_ERROR_UNKNOWN")).unwrap();
     sim.trace_start();
@@ -211,7 +245,7 @@ fn a_workers_error_stops_the_enqueueing_thread() {
     let calls = sim.trace_stop();
     let e = result.expect_err("the worker's error");
     assert!(e.to_string().contains("CUDA_ERROR_UNKNOWN"), "{e}");
-    let failed_at = calls.iter().position(|c| c == wait).unwrap();
+    let failed_at = calls.iter().position(|c| *c == wait).unwrap();
     assert!(
         calls[..failed_at]
             .iter()
@@ -225,7 +259,7 @@ fn a_workers_error_stops_the_enqueueing_thread() {
     // The enqueueing thread may have one chunk in hand per buffer before it sees the error.
     assert!(
         after <= 4,
-        "{after} chunks enqueued after the worker's error ({copies} in all)"
+        "{after} of 128 chunks enqueued after the worker's error"
     );
     settle(&rig);
 }
