@@ -11,10 +11,31 @@
 //! An upload returns once every chunk has been staged: the user's slice is no longer read, and the copies into
 //! the device run on the stream like any upload (the destination's tracker records them). A download returns
 //! once every chunk has been copied out into the user's slice.
+//!
+//! # Which path
+//! Starting threads and splitting a transfer costs more than it saves on small transfers, so a transfer below
+//! [`StagingOptions::pageable_below`] bytes takes the driver's pageable path ([`Stream::upload_pageable`],
+//! [`Stream::download_pageable`]). So does a transfer that cannot get even its first staging buffer from the
+//! pool (the budget is held by buffers in use, or is smaller than one staging buffer): a staged transfer never
+//! gives less than the driver's path would, and never waits for buffers that others hold.
+//!
+//! # Chunks
+//! A chunk is at most [`StagingOptions::chunk_bytes`], and smaller where the transfer is too short to give every
+//! worker two chunks of that size: then every worker has work, and the first copy across the link starts after a
+//! small chunk has been staged rather than a large one. Chunk sizes are powers of two, so that transfers of
+//! similar sizes reuse the same staging buffers of the pool.
+//!
+//! # Errors on any thread
+//! The threads of one transfer share its staging buffers and whether it has stopped. A thread that meets an
+//! error (a driver call, the pool, a refused thread) records it and stops the transfer; the others see that at
+//! their next step and stop too, and the first error is returned. No thread can wait for something that cannot
+//! come: a thread waits for a staging buffer only while another thread of the transfer holds one (which it gives
+//! back, or drops, waking the waiter), and a stop wakes every waiter; the thread that enqueues waits for staged
+//! chunks only while a worker can still send one.
 
-use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError, mpsc};
+use std::ops::{Deref, DerefMut, Range};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError, mpsc};
+use std::thread::{Scope, ScopedJoinHandle};
 
 use bytemuck::Pod;
 
@@ -25,24 +46,59 @@ use crate::memory::{Bytes, Pinned, PinnedPool};
 use crate::profile::Category;
 use crate::stream::Stream;
 
-/// How a staged transfer splits its work.
+/// The most worker threads one staged transfer starts, whatever [`StagingOptions::threads`] asks. One thread
+/// copies about 8 GB/s into pinned memory, so a handful already match a PCIe link (on a 16-core H100 host, 16
+/// threads were no faster than 8); the bound keeps a mistaken thread count from starting thousands of threads,
+/// each with its stack and two staging buffers.
+pub const MAX_THREADS: usize = 64;
+
+/// Chunks per worker that the chunk size is adapted for: as many as a worker has buffers, so that its two
+/// buffers alternate (the first chunk crosses the link while the second is staged) and yet a transfer cut this
+/// way never waits for its own copies to free a buffer: an upload queued behind other work on its stream
+/// returns without waiting for that work. More chunks would start the first copy earlier still, but then every
+/// such upload would wait for the stream.
+const CHUNKS_PER_WORKER: usize = BUFFERS_PER_WORKER;
+
+/// The smallest chunk a transfer adapts to: copying 256 KiB takes tens of microseconds, against a few per chunk
+/// of overhead. A smaller [`StagingOptions::chunk_bytes`] is still honoured.
+const MIN_CHUNK: usize = 256 << 10;
+
+/// Staging buffers in circulation per worker: one being filled or drained while the other's chunk is on its way
+/// across the link.
+const BUFFERS_PER_WORKER: usize = 2;
+
+/// How a staged transfer splits its work, and when it takes the driver's pageable path instead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StagingOptions {
-    /// Bytes per chunk (and per staging buffer). Default 4 MiB.
+    /// The most bytes per chunk (and per staging buffer). Default 4 MiB. A transfer too short to give every
+    /// worker two chunks of this size uses smaller ones (a power of two, at least 256 KiB).
     pub chunk_bytes: usize,
-    /// Worker threads copying between the user's memory and the staging buffers. Default: one per core, at most 8.
+    /// Worker threads copying between the user's memory and the staging buffers. Default: one per core, at most
+    /// 8. A transfer starts no more than [`MAX_THREADS`], and no more than it has chunks.
     pub threads: usize,
+    /// Transfers of fewer bytes take the driver's pageable path ([`Stream::upload_pageable`],
+    /// [`Stream::download_pageable`]) instead, which is faster there. Default 16 MiB, measured on an H100 host
+    /// (PCIe gen 5 x16, 16 cores), where staged uploads ran at 0.48x the driver's pageable path at 4 KiB, 0.87x at
+    /// 1 MiB, 0.60x at 4 MiB and 1.28x at 16 MiB (downloads alike); other machines may cross over elsewhere:
+    /// measure with pinbench. 0 stages every transfer; `usize::MAX` none.
+    pub pageable_below: usize,
 }
 
 /// The defaults were measured on an H100 host with 16 cores (pinbench `--staging-sweep`, 256 MiB): 4 MiB chunks
 /// with 8 threads gave 3.65x the driver's pageable upload and 2.42x its download; 8 MiB chunks with 4 threads
-/// gave 2.38x and 1.56x.
+/// gave 2.38x and 1.56x. The crossover to the driver's path is where the same host's staged transfers overtook
+/// the driver's (between 4 and 16 MiB, both directions).
 impl Default for StagingOptions {
     fn default() -> StagingOptions {
-        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        // `available_parallelism` reads the process's CPU quota from files (about 10 us, longer than a small
+        // pageable copy takes), and `upload_staged` asks for the defaults on every call: count once.
+        static CORES: OnceLock<usize> = OnceLock::new();
+        let cores = *CORES
+            .get_or_init(|| std::thread::available_parallelism().map_or(1, std::num::NonZero::get));
         StagingOptions {
             chunk_bytes: 4 << 20,
             threads: cores.clamp(1, 8),
+            pageable_below: 16 << 20,
         }
     }
 }
@@ -58,19 +114,48 @@ impl StagingOptions {
         Ok(())
     }
 
-    /// How a transfer of `total` bytes splits into chunks and workers with these options.
+    /// How a staged transfer of `total` bytes splits into chunks and workers with these options.
+    ///
+    /// The chunk size is adapted to the transfer: the size that gives each thread [`CHUNKS_PER_WORKER`] chunks,
+    /// rounded up to a power of two, at least [`MIN_CHUNK`], at most `chunk_bytes`. Powers of two, because the
+    /// pool reuses a block only for a request of its size class, and pinning a new one costs about 0.5 s/GiB:
+    /// transfers of similar sizes then ask for the same few sizes of buffer.
     ///
     /// # Errors
     /// An invalid-argument error for a chunk size or thread count of zero.
     pub(crate) fn plan(&self, total: usize) -> Result<Plan> {
         self.check()?;
-        let chunks = total.div_ceil(self.chunk_bytes);
+        let threads = self.threads.min(MAX_THREADS);
+        // `threads * CHUNKS_PER_WORKER` is at most 128; a `total` too large for a power of two above it (only
+        // in arithmetic: no slice is that long) keeps `chunk_bytes`.
+        let even = total.div_ceil(threads * CHUNKS_PER_WORKER);
+        let chunk_bytes = even
+            .checked_next_power_of_two()
+            .unwrap_or(usize::MAX)
+            .max(MIN_CHUNK)
+            .min(self.chunk_bytes);
+        let chunks = total.div_ceil(chunk_bytes);
         Ok(Plan {
             total,
-            chunk_bytes: self.chunk_bytes,
+            chunk_bytes,
             chunks,
-            workers: self.threads.min(chunks),
+            workers: threads.min(chunks),
         })
+    }
+
+    /// The staging buffers a staged transfer of `bytes` with these options takes from its pool at most: how many,
+    /// and the bytes each one asks the pool for. `(0, 0)` for a transfer that takes the driver's pageable path
+    /// (below [`StagingOptions::pageable_below`]) or is empty. For sizing a pool's budget, or pinning its buffers
+    /// ahead of time.
+    ///
+    /// # Errors
+    /// An invalid-argument error for a chunk size or thread count of zero.
+    pub fn staging_buffers(&self, bytes: usize) -> Result<(usize, usize)> {
+        let plan = self.plan(bytes)?;
+        if bytes == 0 || bytes < self.pageable_below {
+            return Ok((0, 0));
+        }
+        Ok((plan.buffers(), plan.buffer_bytes()))
     }
 }
 
@@ -84,7 +169,7 @@ pub(crate) struct Plan {
     total: usize,
     chunk_bytes: usize,
     chunks: usize,
-    /// At most `chunks`, so that every worker has a chunk; 0 only for an empty transfer.
+    /// At most `chunks` (so that every worker has a chunk) and [`MAX_THREADS`]; 0 only for an empty transfer.
     workers: usize,
 }
 
@@ -94,7 +179,7 @@ impl Plan {
         self.total
     }
 
-    /// The most bytes of a chunk, and the size of each staging buffer.
+    /// The most bytes of a chunk: the adapted chunk size, at most the options' `chunk_bytes`.
     pub(crate) fn chunk_bytes(&self) -> usize {
         self.chunk_bytes
     }
@@ -104,9 +189,21 @@ impl Plan {
         self.chunks
     }
 
-    /// The number of worker threads: the thread count asked for, but no more than there are chunks.
+    /// The number of worker threads: the thread count asked for, but no more than [`MAX_THREADS`] and than there
+    /// are chunks.
     pub(crate) fn workers(&self) -> usize {
         self.workers
+    }
+
+    /// The most staging buffers in circulation: two per worker, and no more than there are chunks.
+    pub(crate) fn buffers(&self) -> usize {
+        (BUFFERS_PER_WORKER * self.workers).min(self.chunks)
+    }
+
+    /// The bytes of each staging buffer: a chunk, or the whole transfer where it is shorter (a 16 KiB transfer
+    /// takes a 16 KiB buffer).
+    pub(crate) fn buffer_bytes(&self) -> usize {
+        self.chunk_bytes.min(self.total)
     }
 
     /// The bytes of chunk `index`; empty, at `total`, for an index past the last chunk.
@@ -133,25 +230,17 @@ impl Plan {
     }
 }
 
-/// Where staging buffers come from: a pinned buffer of at least the requested bytes. The flag says whether the
-/// source may wait for room: only for a transfer's first buffer, since the others it could wait for are its own.
-type Buffers<'a> = &'a (dyn Fn(usize, bool) -> Result<Pinned<u8>> + Sync);
-
 /// A chunk handed between a worker and the enqueueing thread, with the staging buffer that holds it.
-struct Staged {
+struct Staged<'c> {
     chunk: usize,
-    buffer: Pinned<u8>,
+    buffer: Lent<'c, Pinned<u8>>,
 }
 
-/// Staging buffers in circulation per worker: one being filled or drained while the other's chunk is on its way
-/// across the link.
-const BUFFERS_PER_WORKER: usize = 2;
-
-/// Uploads `src` into `dst` on `stream`, staged through buffers from `buffers`. Returns once `src` is no longer
-/// read; the device copies run on `stream`.
+/// Uploads `src` into `dst` on `stream`, staged through buffers from `pool` (or through the driver's pageable
+/// path: see the module docs). Returns once `src` is no longer read; the device copies run on `stream`.
 fn upload<T: Pod>(
     stream: &Stream,
-    buffers: Buffers<'_>,
+    pool: &PinnedPool,
     options: StagingOptions,
     src: &[T],
     dst: &mut impl DeviceDestination<T>,
@@ -163,7 +252,22 @@ fn upload<T: Pod>(
     if bytes.is_empty() {
         return Ok(());
     }
-    let (chunk_bytes, workers) = (plan.chunk_bytes(), plan.workers());
+    if bytes.len() < options.pageable_below {
+        return stream.upload_pageable(src, dst);
+    }
+    let context = |e: Error| {
+        e.context(format_args!(
+            "uploading {} staged through pinned memory",
+            Bytes(bytes.len())
+        ))
+    };
+    // May wait for the pool's blocks whose device work is pending (that wait ends by itself), never for buffers
+    // others hold: with no room for one staging buffer the transfer takes the driver's path instead.
+    let first = match pool.alloc_after_pending::<u8>(plan.buffer_bytes()) {
+        Ok(buffer) => buffer,
+        Err(Error::PoolExhausted { .. }) => return stream.upload_pageable(src, dst),
+        Err(e) => return Err(context(e)),
+    };
     let (base, track) = (dst.device_ptr(), dst.track());
     let enqueue = |offset: usize, buffer: &Pinned<u8>, len: usize| {
         stream.tracked_as(
@@ -171,9 +275,9 @@ fn upload<T: Pod>(
             Some(buffer.track()),
             Some(track),
             || {
-                // SAFETY: `len` bytes of the staging buffer (at least `chunk_bytes` long) and of the destination from
-                // `offset` (within it: the lengths were checked); both trackers order the copy and keep both buffers
-                // alive until it has run.
+                // SAFETY: `len` bytes of the staging buffer (at least a chunk long) and of the destination from
+                // `offset` (within it: the lengths were checked); both trackers order the copy and keep both
+                // buffers alive until it has run.
                 unsafe {
                     driver_call!(cuMemcpyHtoDAsync_v2(
                         base + offset as u64,
@@ -185,78 +289,103 @@ fn upload<T: Pod>(
             },
         )
     };
-    if plan.chunks() == 1 {
+    let result = if plan.chunks() == 1 {
         // One chunk: no threads to start, no overlap to gain.
-        let mut buffer = buffers(chunk_bytes, true)?;
-        buffer.as_mut_slice()?[..bytes.len()].copy_from_slice(bytes);
-        return enqueue(0, &buffer, bytes.len()).map_err(|e| {
-            e.context(format_args!(
-                "uploading {} staged through pinned memory",
-                Bytes(bytes.len())
-            ))
-        });
-    }
-    let (back_tx, back_rx) = mpsc::channel::<Pinned<u8>>();
-    let circulation = Circulation::new(back_rx, BUFFERS_PER_WORKER * workers, buffers, chunk_bytes);
-    let result = std::thread::scope(|scope| -> Result<()> {
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<Staged>>();
-        for worker in 0..workers {
-            let (ready, circulation) = (ready_tx.clone(), &circulation);
-            scope.spawn(move || {
-                for chunk in plan.chunks_of(worker) {
-                    let part = &bytes[plan.chunk(chunk)];
-                    let staged = circulation.take().and_then(|mut buffer| {
+        let mut buffer = first;
+        buffer
+            .as_mut_slice()
+            .map(|staging| staging[..bytes.len()].copy_from_slice(bytes))
+            .and_then(|()| enqueue(0, &buffer, bytes.len()))
+    } else {
+        let more = || pool.try_alloc::<u8>(plan.buffer_bytes());
+        let circulation = Circulation::new(first, plan.buffers());
+        std::thread::scope(|scope| {
+            let _stop = StopOnPanic(&circulation);
+            let (ready_tx, ready_rx) = mpsc::channel::<Staged<'_>>();
+            let mut workers = Vec::with_capacity(plan.workers());
+            for worker in 0..plan.workers() {
+                let (ready, circulation, more) = (ready_tx.clone(), &circulation, &more);
+                let work = move || {
+                    let _stop = StopOnPanic(circulation);
+                    for chunk in plan.chunks_of(worker) {
+                        let Some(mut buffer) = circulation.take(more) else {
+                            return;
+                        };
+                        let part = &bytes[plan.chunk(chunk)];
                         // Waits for the buffer's previous upload to have read it.
-                        buffer.as_mut_slice()?[..part.len()].copy_from_slice(part);
-                        Ok(Staged { chunk, buffer })
-                    });
-                    let failed = staged.is_err();
-                    if ready.send(staged).is_err() || failed {
-                        return;
+                        match buffer.as_mut_slice() {
+                            Ok(staging) => staging[..part.len()].copy_from_slice(part),
+                            Err(e) => return circulation.stop(Some(e)),
+                        }
+                        if ready.send(Staged { chunk, buffer }).is_err() {
+                            return; // the enqueueing thread has stopped the transfer
+                        }
+                    }
+                };
+                match spawn_worker(scope, worker, work) {
+                    Ok(handle) => workers.push(handle),
+                    Err(e) => {
+                        circulation.stop(Some(e));
+                        break;
                     }
                 }
-            });
-        }
-        drop(ready_tx);
-        // Enqueue each staged chunk as it arrives (in any order: the chunks' device ranges are disjoint) and put
-        // its buffer back in circulation. An error returns at once, which closes the channels and stops the
-        // workers.
-        for staged in ready_rx {
-            let Staged { chunk, buffer } = staged?;
-            let range = plan.chunk(chunk);
-            enqueue(range.start, &buffer, range.len())?;
-            // After the last chunk no one takes it: it goes back to its pool, with its tracker, when dropped.
-            let _ = back_tx.send(buffer);
-        }
-        Ok(())
-    });
-    drop(back_tx);
-    result.map_err(|e| {
-        e.context(format_args!(
-            "uploading {} staged through pinned memory",
-            Bytes(bytes.len())
-        ))
-    })
+            }
+            drop(ready_tx);
+            // Enqueue each staged chunk as it arrives (in any order: the chunks' device ranges are disjoint) and
+            // put its buffer back in circulation. The loop ends when every worker has ended (each ends after its
+            // last chunk, or at its next step once the transfer has stopped) or at a stop.
+            for Staged { chunk, buffer } in &ready_rx {
+                if circulation.stopped() {
+                    break;
+                }
+                let range = plan.chunk(chunk);
+                if let Err(e) = enqueue(range.start, &buffer, range.len()) {
+                    circulation.stop(Some(e));
+                    break;
+                }
+                circulation.give_back(buffer.into_inner());
+            }
+            // Chunks staged and not enqueued: their buffers go back to the pool.
+            drop(ready_rx);
+            join_all(workers);
+        });
+        circulation.result()
+    };
+    result.map_err(context)
 }
 
-/// Downloads `src` into `dst` on `stream`, staged through buffers from `buffers`. Returns once every byte of
-/// `dst` has been written.
+/// Downloads `src` into `dst` on `stream`, staged through buffers from `pool` (or through the driver's pageable
+/// path: see the module docs). Returns once every byte of `dst` has been written.
 fn download<T: Pod>(
     stream: &Stream,
-    buffers: Buffers<'_>,
+    pool: &PinnedPool,
     options: StagingOptions,
     src: &impl DeviceSource<T>,
     dst: &mut [T],
 ) -> Result<()> {
-    let plan = options.plan(size_of_val(dst))?;
+    let total = size_of_val(dst);
+    let plan = options.plan(total)?;
     stream.check_context(src)?;
     check_lengths("staged download", dst.len(), src.elements())?;
-    let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
-    let total = bytes.len();
     if total == 0 {
         return Ok(());
     }
-    let (chunk_bytes, workers) = (plan.chunk_bytes(), plan.workers());
+    if total < options.pageable_below {
+        return stream.download_pageable(src, dst);
+    }
+    let context = |e: Error| {
+        e.context(format_args!(
+            "downloading {} staged through pinned memory",
+            Bytes(total)
+        ))
+    };
+    // As for an upload: no room for one staging buffer means the driver's path.
+    let first = match pool.alloc_after_pending::<u8>(plan.buffer_bytes()) {
+        Ok(buffer) => buffer,
+        Err(Error::PoolExhausted { .. }) => return stream.download_pageable(src, dst),
+        Err(e) => return Err(context(e)),
+    };
+    let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
     let (base, track) = (src.device_ptr(), src.track());
     let enqueue = |offset: usize, buffer: &Pinned<u8>, len: usize| {
         let dst = buffer.host_ptr();
@@ -278,87 +407,117 @@ fn download<T: Pod>(
             },
         )
     };
-    if plan.chunks() == 1 {
+    let result = if plan.chunks() == 1 {
         // One chunk: no threads to start, no overlap to gain.
-        let buffer = buffers(chunk_bytes, true)?;
-        return enqueue(0, &buffer, total)
-            .and_then(|()| {
-                buffer
-                    .as_slice()
-                    .map(|data| bytes.copy_from_slice(&data[..total]))
-            })
-            .map_err(|e| {
-                e.context(format_args!(
-                    "downloading {} staged through pinned memory",
-                    Bytes(total)
-                ))
-            });
-    }
-    // Each worker copies out its chunks, in order. `chunks_mut` cuts the same chunks as `plan.chunk`.
-    let mut parts: Vec<Vec<&mut [u8]>> = (0..workers).map(|_| Vec::new()).collect();
-    for (chunk, part) in bytes.chunks_mut(chunk_bytes).enumerate() {
-        parts[plan.worker_of(chunk)].push(part);
-    }
-    let (back_tx, back_rx) = mpsc::channel::<Pinned<u8>>();
-    let circulation = Circulation::new(back_rx, BUFFERS_PER_WORKER * workers, buffers, chunk_bytes);
-    let result = std::thread::scope(|scope| -> Result<()> {
-        let mut to_workers = Vec::with_capacity(workers);
-        let mut handles = Vec::with_capacity(workers);
-        for mine in parts {
-            let (tx, rx) = mpsc::channel::<Staged>();
-            to_workers.push(tx);
-            let back = back_tx.clone();
-            handles.push(scope.spawn(move || -> Result<()> {
-                // After an error, buffers still go back, so that the enqueueing thread never waits for one in
-                // vain; the first error is returned at the end.
-                let mut outcome = Ok(());
-                for (part, Staged { buffer, .. }) in mine.into_iter().zip(rx) {
-                    if outcome.is_ok() {
-                        // Waits for the buffer's download to have completed.
-                        outcome = buffer
-                            .as_slice()
-                            .map(|data| part.copy_from_slice(&data[..part.len()]));
-                    }
-                    let _ = back.send(buffer);
-                }
-                outcome
-            }));
+        let buffer = first;
+        enqueue(0, &buffer, total).and_then(|()| {
+            buffer
+                .as_slice()
+                .map(|data| bytes.copy_from_slice(&data[..total]))
+        })
+    } else {
+        // Each worker copies out its chunks, in order. `chunks_mut` cuts the same chunks as `plan.chunk`.
+        let mut parts: Vec<Vec<&mut [u8]>> = (0..plan.workers()).map(|_| Vec::new()).collect();
+        for (chunk, part) in bytes.chunks_mut(plan.chunk_bytes()).enumerate() {
+            parts[plan.worker_of(chunk)].push(part);
         }
-        drop(back_tx);
-        let mut enqueued: Result<()> = Ok(());
-        for chunk in 0..plan.chunks() {
-            let range = plan.chunk(chunk);
-            let step = circulation.take().and_then(|buffer| {
-                enqueue(range.start, &buffer, range.len())?;
-                Ok(Staged { chunk, buffer })
-            });
-            match step {
-                Ok(staged) => {
-                    if to_workers[plan.worker_of(chunk)].send(staged).is_err() {
-                        // The worker has stopped: its error is collected below.
+        let more = || pool.try_alloc::<u8>(plan.buffer_bytes());
+        let circulation = Circulation::new(first, plan.buffers());
+        std::thread::scope(|scope| {
+            let _stop = StopOnPanic(&circulation);
+            let mut to_workers = Vec::with_capacity(plan.workers());
+            let mut workers = Vec::with_capacity(plan.workers());
+            for (worker, mine) in parts.into_iter().enumerate() {
+                let (tx, rx) = mpsc::channel::<Staged<'_>>();
+                let circulation = &circulation;
+                let work = move || {
+                    let _stop = StopOnPanic(circulation);
+                    // Each chunk comes in order, in the buffer its download was enqueued into. The loop ends after
+                    // the last, or when the enqueueing thread stops (and drops its end of the channel).
+                    for (part, Staged { buffer, .. }) in mine.into_iter().zip(rx) {
+                        if circulation.stopped() {
+                            return;
+                        }
+                        // Waits for the chunk's download to have completed.
+                        match buffer.as_slice() {
+                            Ok(data) => part.copy_from_slice(&data[..part.len()]),
+                            Err(e) => return circulation.stop(Some(e)),
+                        }
+                        circulation.give_back(buffer.into_inner());
+                    }
+                };
+                match spawn_worker(scope, worker, work) {
+                    Ok(handle) => {
+                        workers.push(handle);
+                        to_workers.push(tx);
+                    }
+                    Err(e) => {
+                        circulation.stop(Some(e));
                         break;
                     }
                 }
-                Err(e) => {
-                    enqueued = Err(e);
+            }
+            // Enqueue the chunks in order, each into a staging buffer, and hand each to its worker. `take` waits
+            // for a buffer only while a worker holds one, and returns `None` once the transfer has stopped.
+            for chunk in 0..plan.chunks() {
+                let Some(buffer) = circulation.take(&more) else {
+                    break;
+                };
+                let range = plan.chunk(chunk);
+                if let Err(e) = enqueue(range.start, &buffer, range.len()) {
+                    circulation.stop(Some(e));
+                    break;
+                }
+                let to = to_workers.get(plan.worker_of(chunk));
+                if to.is_none_or(|to| to.send(Staged { chunk, buffer }).is_err()) {
+                    // The worker has stopped the transfer (or was never started, which stopped it).
+                    debug_assert!(circulation.stopped());
                     break;
                 }
             }
+            // Ends the workers' loops once they have copied out what they were sent.
+            drop(to_workers);
+            join_all(workers);
+        });
+        circulation.result()
+    };
+    result.map_err(context)
+}
+
+/// Starts worker thread `worker` of a transfer in `scope`.
+///
+/// # Errors
+/// An invalid-argument error saying what to do when the system refuses the thread.
+fn spawn_worker<'scope>(
+    scope: &'scope Scope<'scope, '_>,
+    worker: usize,
+    work: impl FnOnce() + Send + 'scope,
+) -> Result<ScopedJoinHandle<'scope, ()>> {
+    std::thread::Builder::new()
+        .name(format!("cuda-pinned-staging-{worker}"))
+        .spawn_scoped(scope, work)
+        .map_err(|e| refused_thread(worker, &e))
+}
+
+/// The error for a worker thread the system refused to start.
+fn refused_thread(worker: usize, error: &std::io::Error) -> Error {
+    Error::invalid(format_args!(
+        "starting staging worker thread {worker}: {error}; ask for fewer threads \
+         (StagingOptions::threads) or raise the process's thread limit"
+    ))
+}
+
+/// Waits for every worker to end, then passes on the first panic among them, if any.
+fn join_all(workers: Vec<ScopedJoinHandle<'_, ()>>) {
+    let mut panic = None;
+    for worker in workers {
+        if let Err(payload) = worker.join() {
+            panic.get_or_insert(payload);
         }
-        drop(to_workers);
-        for handle in handles {
-            handle
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
-        }
-        enqueued
-    });
-    result.map_err(|e| {
-        e.context(format_args!(
-            "downloading {} staged through pinned memory",
-            Bytes(total)
-        ))
-    })
+    }
+    if let Some(payload) = panic {
+        std::panic::resume_unwind(payload);
+    }
 }
 
 /// That the host and device sides of a transfer have the same number of elements.
@@ -375,58 +534,200 @@ pub(crate) fn check_lengths(what: &str, host: usize, device: usize) -> Result<()
     }
 }
 
-/// The staging buffers of one transfer: at most `limit` in circulation, passed back through `back` and shared
-/// by every thread that needs one.
-struct Circulation<'a> {
-    back: Mutex<mpsc::Receiver<Pinned<u8>>>,
-    owned: AtomicUsize,
+/// The shared state of one staged transfer's threads: its staging buffers (of type `B`), at most `limit` of
+/// them, and whether the transfer has stopped, with the first error.
+///
+/// Every wait here ends: [`Circulation::take`] waits only while a buffer is lent to another thread of the
+/// transfer, which gives it back ([`Circulation::give_back`]) or drops it (which wakes the waiters, see
+/// [`Lent`]), and [`Circulation::stop`] wakes every waiter.
+struct Circulation<B> {
+    shelf: Mutex<Shelf<B>>,
+    /// Signalled when a buffer is given back or dropped, and when the transfer stops.
+    changed: Condvar,
     limit: usize,
-    buffers: Buffers<'a>,
-    bytes: usize,
 }
 
-impl<'a> Circulation<'a> {
-    fn new(
-        back: mpsc::Receiver<Pinned<u8>>,
-        limit: usize,
-        buffers: Buffers<'a>,
-        bytes: usize,
-    ) -> Circulation<'a> {
+struct Shelf<B> {
+    /// Buffers given back, ready for the next chunk.
+    free: Vec<B>,
+    /// The transfer's buffers: on the shelf, lent to a thread (or in a message between threads), or being
+    /// allocated.
+    owned: usize,
+    /// Whether the pool had no room for another buffer: the transfer then goes on with those it has.
+    pool_full: bool,
+    stopped: bool,
+    /// The first error of any thread, which the transfer returns.
+    error: Option<Error>,
+}
+
+impl<B> Circulation<B> {
+    /// A circulation of at most `limit` buffers, starting with `first`.
+    fn new(first: B, limit: usize) -> Circulation<B> {
         Circulation {
-            back: Mutex::new(back),
-            owned: AtomicUsize::new(0),
+            shelf: Mutex::new(Shelf {
+                free: vec![first],
+                owned: 1,
+                pool_full: false,
+                stopped: false,
+                error: None,
+            }),
+            changed: Condvar::new(),
             limit,
-            buffers,
-            bytes,
         }
     }
 
-    /// A buffer given back already, else a new one while fewer than `limit` are in circulation, else the next
-    /// one given back. Only the transfer's first buffer may wait for room in the pool; when the pool has no room
-    /// for another, the transfer goes on with the buffers it has.
-    fn take(&self) -> Result<Pinned<u8>> {
-        if let Ok(buffer) = self.lock().try_recv() {
-            return Ok(buffer);
-        }
-        let before = self.owned.fetch_add(1, Ordering::Relaxed);
-        if before < self.limit {
-            match (self.buffers)(self.bytes, before == 0) {
-                Ok(buffer) => return Ok(buffer),
-                Err(Error::PoolExhausted { .. }) if before > 0 => {}
-                Err(e) => {
-                    self.owned.fetch_sub(1, Ordering::Relaxed);
-                    return Err(e);
-                }
+    fn lock(&self) -> MutexGuard<'_, Shelf<B>> {
+        self.shelf.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A buffer for the next chunk: one given back, else a new one from `more` (which must not wait) while
+    /// fewer than `limit` are in circulation and the pool has had room, else the next one given back. `None` once
+    /// the transfer has stopped; an error of `more` other than a full pool stops it.
+    fn take(&self, more: &dyn Fn() -> Result<B>) -> Option<Lent<'_, B>> {
+        let mut shelf = self.lock();
+        loop {
+            if shelf.stopped {
+                return None;
             }
+            if let Some(buffer) = shelf.free.pop() {
+                return Some(Lent::new(self, buffer));
+            }
+            if shelf.owned < self.limit && !shelf.pool_full {
+                shelf.owned += 1;
+                // Not under the lock: pinning a new block takes a while, and buffers come back meanwhile.
+                drop(shelf);
+                let more = more();
+                shelf = self.lock();
+                match more {
+                    Ok(buffer) if shelf.stopped => {
+                        // Stopped meanwhile: the buffer stays on the shelf, unused, until the transfer ends.
+                        shelf.free.push(buffer);
+                        return None;
+                    }
+                    Ok(buffer) => return Some(Lent::new(self, buffer)),
+                    Err(Error::PoolExhausted { .. }) => {
+                        shelf.owned -= 1;
+                        shelf.pool_full = true;
+                    }
+                    Err(e) => {
+                        shelf.owned -= 1;
+                        self.stop_locked(&mut shelf, Some(e));
+                        return None;
+                    }
+                }
+                continue;
+            }
+            if shelf.owned == 0 {
+                // No buffer left to come back: the others were dropped, which only a thread that stopped the
+                // transfer does, so this is not reached; but no thread may wait in vain.
+                let e = Error::invalid("staging: every staging buffer of the transfer was lost");
+                self.stop_locked(&mut shelf, Some(e));
+                return None;
+            }
+            shelf = self
+                .changed
+                .wait(shelf)
+                .unwrap_or_else(PoisonError::into_inner);
         }
-        self.owned.fetch_sub(1, Ordering::Relaxed);
-        self.lock()
-            .recv()
-            .map_err(|_| Error::invalid("staging: the other side of the transfer stopped"))
     }
 
-    fn lock(&self) -> MutexGuard<'_, mpsc::Receiver<Pinned<u8>>> {
-        self.back.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Puts `buffer` back on the shelf for the next chunk.
+    fn give_back(&self, buffer: B) {
+        self.lock().free.push(buffer);
+        // One buffer serves one waiter; a stop wakes them all.
+        self.changed.notify_one();
+    }
+
+    /// Counts a lent buffer that was dropped instead of given back, and wakes the waiters: one may now find that
+    /// no buffer can come, and stop rather than wait.
+    fn lost(&self) {
+        self.lock().owned -= 1;
+        self.changed.notify_all();
+    }
+
+    /// Stops the transfer: every thread stops at its next step, and waiters wake. `error`, if the first, is what
+    /// the transfer returns.
+    fn stop(&self, error: Option<Error>) {
+        self.stop_locked(&mut self.lock(), error);
+    }
+
+    fn stop_locked(&self, shelf: &mut Shelf<B>, error: Option<Error>) {
+        if shelf.error.is_none() {
+            shelf.error = error;
+        }
+        shelf.stopped = true;
+        self.changed.notify_all();
+    }
+
+    fn stopped(&self) -> bool {
+        self.lock().stopped
+    }
+
+    /// The transfer's outcome: the first error, if any thread met one.
+    fn result(&self) -> Result<()> {
+        self.lock().error.take().map_or(Ok(()), Err)
+    }
+}
+
+/// A buffer lent by a [`Circulation`] to one thread: given back with [`Circulation::give_back`] of
+/// [`Lent::into_inner`]; dropped instead (the transfer has stopped), it goes back to its pool, and the
+/// circulation counts it lost so that no thread waits for it.
+struct Lent<'c, B> {
+    circulation: &'c Circulation<B>,
+    buffer: Option<B>,
+}
+
+impl<'c, B> Lent<'c, B> {
+    fn new(circulation: &'c Circulation<B>, buffer: B) -> Lent<'c, B> {
+        Lent {
+            circulation,
+            buffer: Some(buffer),
+        }
+    }
+
+    /// The buffer, to give back: still counted as the transfer's.
+    fn into_inner(mut self) -> B {
+        self.buffer
+            .take()
+            .expect("a lent buffer is there until it is taken out")
+    }
+}
+
+impl<B> Deref for Lent<'_, B> {
+    type Target = B;
+
+    fn deref(&self) -> &B {
+        self.buffer
+            .as_ref()
+            .expect("a lent buffer is there until it is taken out")
+    }
+}
+
+impl<B> DerefMut for Lent<'_, B> {
+    fn deref_mut(&mut self) -> &mut B {
+        self.buffer
+            .as_mut()
+            .expect("a lent buffer is there until it is taken out")
+    }
+}
+
+impl<B> Drop for Lent<'_, B> {
+    fn drop(&mut self) {
+        if let Some(buffer) = self.buffer.take() {
+            drop(buffer);
+            self.circulation.lost();
+        }
+    }
+}
+
+/// Stops the transfer if the thread holding it unwinds, so that no other thread waits for it.
+struct StopOnPanic<'c, B>(&'c Circulation<B>);
+
+impl<B> Drop for StopOnPanic<'_, B> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.stop(None);
+        }
     }
 }
 
@@ -436,11 +737,19 @@ impl Stream {
     /// transfer overlap. Returns once `src` is no longer read (every chunk staged); the device copies run on this
     /// stream, ordered like [`Stream::upload`]. Default [`StagingOptions`].
     ///
+    /// A transfer below [`StagingOptions::pageable_below`] bytes (16 MiB by default) takes the driver's path,
+    /// [`Stream::upload_pageable`], which is faster there; so does a transfer for which `pool` has no room for
+    /// even one staging buffer (its budget held by buffers in use, or smaller than one buffer), rather than
+    /// waiting for buffers others hold. That path returns once the copy has completed, after the work queued on
+    /// this stream before it.
+    ///
     /// The pool should have room for `2 x threads x chunk` bytes (64 MiB by default); with less, the transfer
-    /// goes on with the buffers it could get.
+    /// goes on with the buffers it could get. [`StagingOptions::staging_buffers`] says what a transfer takes.
     ///
     /// # Errors
-    /// An invalid-argument error if the lengths differ, with nothing enqueued; the pool's or the driver's.
+    /// An invalid-argument error if the lengths differ, with nothing enqueued, or if the system refuses a worker
+    /// thread; the pool's (other than having no room) or the driver's. An error on any thread of the transfer
+    /// stops all of them at once: part of `dst` may have been written.
     pub fn upload_staged<T: Pod>(
         &self,
         pool: &PinnedPool,
@@ -450,7 +759,7 @@ impl Stream {
         self.upload_staged_with(pool, StagingOptions::default(), src, dst)
     }
 
-    /// [`Stream::upload_staged`] with other chunk size or thread count.
+    /// [`Stream::upload_staged`] with other chunk size, thread count or crossover to the driver's path.
     ///
     /// # Errors
     /// As [`Stream::upload_staged`], and for a chunk size or thread count of zero.
@@ -461,21 +770,18 @@ impl Stream {
         src: &[T],
         dst: &mut impl DeviceDestination<T>,
     ) -> Result<()> {
-        upload(
-            self,
-            &|bytes, may_wait| pool_buffer(pool, bytes, may_wait),
-            options,
-            src,
-            dst,
-        )
+        upload(self, pool, options, src, dst)
     }
 
     /// Downloads `src` into ordinary (pageable) memory through pinned staging buffers from `pool`, with the DMA
     /// of each chunk overlapping the copy-out of the chunks before on several threads. Returns once every byte of
     /// `dst` has been written. Default [`StagingOptions`].
     ///
+    /// Below [`StagingOptions::pageable_below`] bytes, or when `pool` has no room for one staging buffer, it takes
+    /// the driver's path, [`Stream::download_pageable`], as [`Stream::upload_staged`] does.
+    ///
     /// # Errors
-    /// As [`Stream::upload_staged`].
+    /// As [`Stream::upload_staged`]; after an error part of `dst` may have been written.
     pub fn download_staged<T: Pod>(
         &self,
         pool: &PinnedPool,
@@ -485,7 +791,7 @@ impl Stream {
         self.download_staged_with(pool, StagingOptions::default(), src, dst)
     }
 
-    /// [`Stream::download_staged`] with other chunk size or thread count.
+    /// [`Stream::download_staged`] with other chunk size, thread count or crossover to the driver's path.
     ///
     /// # Errors
     /// As [`Stream::upload_staged_with`].
@@ -496,21 +802,234 @@ impl Stream {
         src: &impl DeviceSource<T>,
         dst: &mut [T],
     ) -> Result<()> {
-        download(
-            self,
-            &|bytes, may_wait| pool_buffer(pool, bytes, may_wait),
-            options,
-            src,
-            dst,
-        )
+        download(self, pool, options, src, dst)
     }
 }
 
-/// A staging buffer from `pool`: waiting for room only where the caller may wait.
-fn pool_buffer(pool: &PinnedPool, bytes: usize, may_wait: bool) -> Result<Pinned<u8>> {
-    if may_wait {
-        pool.alloc_after_pending(bytes)
-    } else {
-        pool.try_alloc(bytes)
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+
+    fn options(chunk_bytes: usize, threads: usize) -> StagingOptions {
+        StagingOptions {
+            chunk_bytes,
+            threads,
+            pageable_below: 0,
+        }
+    }
+
+    #[test]
+    fn the_thread_count_is_bounded() {
+        assert_eq!(
+            options(4096, usize::MAX).plan(1 << 30).unwrap().workers(),
+            MAX_THREADS
+        );
+        assert_eq!(options(4096, 3).plan(1 << 30).unwrap().workers(), 3);
+        assert_eq!(options(4096, 3).plan(8192).unwrap().workers(), 2);
+    }
+
+    #[test]
+    fn chunks_adapt_to_the_transfer() {
+        let eight = StagingOptions {
+            threads: 8,
+            ..StagingOptions::default()
+        };
+        for (total, chunk, chunks) in [
+            (16 << 20, 1 << 20, 16),
+            (24 << 20, 2 << 20, 12),
+            (64 << 20, 4 << 20, 16),
+            (256 << 20, 4 << 20, 64),
+            (1 << 30, 4 << 20, 256),
+            (1 << 20, MIN_CHUNK, 4),
+            (16 << 10, MIN_CHUNK, 1),
+        ] {
+            let plan = eight.plan(total).unwrap();
+            assert_eq!(
+                (plan.chunk_bytes(), plan.chunks(), plan.workers()),
+                (chunk, chunks, chunks.min(8)),
+                "{total} bytes"
+            );
+        }
+        // A chunk size asked for is the most a chunk may be, a power of two or not, below the smallest adapted
+        // chunk or not.
+        assert_eq!(options(4096, 2).plan(1 << 20).unwrap().chunk_bytes(), 4096);
+        assert_eq!(
+            options(3 << 20, 1).plan(1 << 30).unwrap().chunk_bytes(),
+            3 << 20
+        );
+        for total in [0, 1, usize::MAX] {
+            let plan = options(usize::MAX, usize::MAX).plan(total).unwrap();
+            assert!(plan.chunk_bytes() > 0 && plan.chunks() <= 2 * MAX_THREADS);
+        }
+    }
+
+    #[test]
+    fn the_buffers_a_transfer_takes() {
+        let eight = StagingOptions {
+            threads: 8,
+            ..StagingOptions::default()
+        };
+        assert_eq!(eight.staging_buffers((16 << 20) - 1).unwrap(), (0, 0));
+        assert_eq!(eight.staging_buffers(16 << 20).unwrap(), (16, 1 << 20));
+        assert_eq!(eight.staging_buffers(1 << 30).unwrap(), (16, 4 << 20));
+        let always = StagingOptions {
+            pageable_below: 0,
+            ..eight
+        };
+        assert_eq!(always.staging_buffers(0).unwrap(), (0, 0));
+        assert_eq!(always.staging_buffers(16 << 10).unwrap(), (1, 16 << 10));
+        assert_eq!(always.staging_buffers(1 << 20).unwrap(), (4, MIN_CHUNK));
+        let never = StagingOptions {
+            pageable_below: usize::MAX,
+            ..eight
+        };
+        assert_eq!(never.staging_buffers(1 << 30).unwrap(), (0, 0));
+        let none = StagingOptions {
+            threads: 0,
+            ..eight
+        };
+        assert!(matches!(
+            none.staging_buffers(1),
+            Err(Error::InvalidArgument { .. })
+        ));
+    }
+
+    #[test]
+    fn a_refused_thread_says_what_to_do() {
+        let e = refused_thread(
+            3,
+            &std::io::Error::other("Resource temporarily unavailable"),
+        );
+        let message = e.to_string();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+        assert!(
+            message.contains("thread 3")
+                && message.contains("Resource temporarily unavailable")
+                && message.contains("StagingOptions::threads"),
+            "{message}"
+        );
+    }
+
+    fn full() -> Result<u32> {
+        Err(Error::PoolExhausted {
+            requested: 1,
+            budget: 1,
+            reserved: 1,
+            waited: std::time::Duration::ZERO,
+        })
+    }
+
+    /// Runs `f` on a thread of its own; what it returns, or a failed test if it has not within 10 s.
+    fn bounded<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the thread returned in time")
+    }
+
+    /// A thread that waits to take a buffer from `circulation` with a full pool, started now: what it took.
+    fn waiter(circulation: &Arc<Circulation<u32>>) -> mpsc::Receiver<Option<u32>> {
+        let (tx, rx) = mpsc::channel();
+        let circulation = circulation.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(circulation.take(&full).map(|buffer| buffer.into_inner()));
+        });
+        rx
+    }
+
+    fn wait(rx: &mpsc::Receiver<Option<u32>>) -> Option<u32> {
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the waiter returned in time")
+    }
+
+    #[test]
+    fn buffers_come_from_the_shelf_then_the_pool_up_to_the_limit() {
+        let circulation = Circulation::new(0, 3);
+        let asked = AtomicUsize::new(0);
+        let more = || Ok(10 + asked.fetch_add(1, Ordering::Relaxed) as u32);
+        let a = circulation.take(&more).unwrap();
+        let b = circulation.take(&more).unwrap();
+        let c = circulation.take(&more).unwrap();
+        assert_eq!((*a, *b, *c), (0, 10, 11));
+        circulation.give_back(b.into_inner());
+        assert_eq!(*circulation.take(&more).unwrap(), 10);
+        assert_eq!(asked.load(Ordering::Relaxed), 2);
+        drop((a, c));
+        assert!(circulation.result().is_ok());
+    }
+
+    #[test]
+    fn a_full_pool_means_waiting_for_a_buffer_given_back() {
+        let circulation = Arc::new(Circulation::new(0, 4));
+        let held = circulation.take(&full).unwrap().into_inner();
+        let rx = waiter(&circulation);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(rx.try_recv().is_err(), "the waiter waits");
+        circulation.give_back(held);
+        assert_eq!(wait(&rx), Some(0));
+        // The pool said it was full: it is not asked again during the transfer.
+        let asked = AtomicUsize::new(0);
+        let count = || {
+            asked.fetch_add(1, Ordering::Relaxed);
+            full()
+        };
+        circulation.give_back(0);
+        let held = circulation.take(&count).unwrap().into_inner();
+        let rx = waiter(&circulation);
+        std::thread::sleep(Duration::from_millis(20));
+        circulation.give_back(held);
+        assert_eq!(wait(&rx), Some(0));
+        assert_eq!(asked.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_stop_wakes_every_waiter() {
+        let circulation = Arc::new(Circulation::new(0, 1));
+        let held = circulation.take(&full).unwrap();
+        let waiters = [waiter(&circulation), waiter(&circulation)];
+        std::thread::sleep(Duration::from_millis(50));
+        circulation.stop(Some(Error::invalid("first")));
+        circulation.stop(Some(Error::invalid("second")));
+        for rx in &waiters {
+            assert_eq!(wait(rx), None);
+        }
+        drop(held);
+        assert!(circulation.take(&full).is_none(), "stopped for good");
+        let e = circulation.result().unwrap_err();
+        assert!(e.to_string().contains("first"), "the first error: {e}");
+    }
+
+    #[test]
+    fn a_buffer_dropped_instead_of_given_back_never_leaves_a_waiter() {
+        let circulation = Arc::new(Circulation::new(0, 1));
+        let held = circulation.take(&full).unwrap();
+        let rx = waiter(&circulation);
+        std::thread::sleep(Duration::from_millis(50));
+        drop(held);
+        assert_eq!(wait(&rx), None);
+        assert!(circulation.result().is_err());
+    }
+
+    #[test]
+    fn an_error_from_the_pool_stops_the_transfer() {
+        let circulation = Arc::new(Circulation::new(0, 2));
+        let held = circulation.take(&full).unwrap();
+        let failing = || Err(Error::invalid("the pool failed"));
+        assert!(circulation.take(&failing).is_none());
+        assert!(circulation.stopped());
+        drop(held);
+        let taken = bounded({
+            let circulation = circulation.clone();
+            move || circulation.take(&full).is_some()
+        });
+        assert!(!taken);
+        let e = circulation.result().unwrap_err();
+        assert!(e.to_string().contains("the pool failed"), "{e}");
     }
 }

@@ -31,11 +31,18 @@ fn odd_sizes_and_unaligned_slices_round_trip() {
     let ctx = context();
     let stream = Stream::new(&ctx).unwrap();
     let pool = PinnedPool::new(&ctx, 256 << 20);
+    // Small chunks, every size staged; the defaults, with small sizes on the driver's path; the defaults staging
+    // every size, with chunks adapted to each.
     let small = StagingOptions {
         chunk_bytes: 64 << 10,
         threads: 3,
+        pageable_below: 0,
     };
-    for options in [StagingOptions::default(), small] {
+    let staged = StagingOptions {
+        pageable_below: 0,
+        ..StagingOptions::default()
+    };
+    for options in [small, StagingOptions::default(), staged] {
         for (i, len) in [
             0,
             1,
@@ -121,6 +128,7 @@ fn a_small_pool_still_stages_and_other_streams_are_ordered() {
     let options = StagingOptions {
         chunk_bytes: 1 << 20,
         threads: 4,
+        pageable_below: 0,
     };
     let pool = PinnedPool::new(&ctx, 1 << 20);
     let len = (5 << 20) + 77;
@@ -141,7 +149,11 @@ fn a_small_pool_still_stages_and_other_streams_are_ordered() {
         back.iter().all(|&x| x == 0x5a),
         "the staged download did not wait for the kernel"
     );
-    assert!(pool.stats().peak_reserved <= 1 << 20);
+    assert_eq!(
+        pool.stats().peak_reserved,
+        1 << 20,
+        "staged, in 1 MiB chunks"
+    );
 
     let e = b.upload_staged(&pool, &want[1..], &mut device).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
@@ -150,6 +162,7 @@ fn a_small_pool_still_stages_and_other_streams_are_ordered() {
         StagingOptions {
             chunk_bytes: 0,
             threads: 1,
+            ..StagingOptions::default()
         },
         &want,
         &mut device,

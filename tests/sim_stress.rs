@@ -54,10 +54,12 @@ const OWN_HOST: usize = 3;
 const MAX_LEN: usize = 4096;
 /// Operations per thread, unless `CUDA_PINNED_STRESS_STEPS` says otherwise.
 const STEPS: u64 = 2000;
-/// Staged transfers in chunks of 4 KiB on 2 threads: several chunks per buffer, at most 4 staging buffers.
+/// Staged transfers in chunks of 4 KiB on 2 threads: several chunks per buffer, at most 4 staging buffers;
+/// staged whatever their size.
 const STAGING: StagingOptions = StagingOptions {
     chunk_bytes: 4096,
     threads: 2,
+    pageable_below: 0,
 };
 /// More than all threads can hold at once (each at most `OWN_HOST` buffers, 4 staging buffers and one loose
 /// allocation, of at most 16 KiB each: 640 KiB in all), so a wait for room always ends; little enough that

@@ -3,11 +3,14 @@
 //! staged transfer, and how a staged transfer of the view splits into chunks and workers (`src/staging.rs`).
 //! Nothing may panic or overflow; a range not within the buffer, lengths that differ and a chunk size or thread
 //! count of zero are `Error::InvalidArgument`s with a message that names them; a view's byte offsets stay within
-//! its buffer; the chunks cover the transfer exactly, in order, with no gap or overlap, each of at most the
-//! chunk size and all but the last of exactly it, and aligned to elements where the chunk size is a multiple of
-//! the element size (where it is not, chunks split elements, which the byte copies allow); the slices a download
-//! cuts with `chunks_mut` are the same chunks; the workers are as many as asked but never more than the chunks,
-//! and each chunk belongs to exactly one worker, each worker's in increasing order.
+//! its buffer; the plan's chunk size is the one asked for or a smaller power of two that gives each worker at
+//! most two chunks; the chunks cover the transfer exactly, in order, with no gap or overlap, each of at most
+//! the plan's chunk size and all but the last of exactly it, and aligned to elements where that size is a
+//! multiple of the element size (where it is not, chunks split elements, which the byte copies allow); the
+//! slices a download cuts with `chunks_mut` are the same chunks; the workers are as many as asked but never more
+//! than `MAX_THREADS` or the chunks, and each chunk belongs to exactly one worker, each worker's in increasing
+//! order; the staging buffers a transfer takes are at most two per worker and one per chunk, each at most a
+//! chunk.
 //!
 //! Input layout (a short input reads as zeros):
 //!
@@ -41,7 +44,7 @@ use std::ops::{Bound, Range};
 
 use cuda_pinned::Error;
 use cuda_pinned::fuzzing::ranges::{StagingPlan, check_lengths, staging_plan, view_bounds};
-use cuda_pinned::staging::StagingOptions;
+use cuda_pinned::staging::{MAX_THREADS, StagingOptions};
 use cuda_pinned_fuzz::Reader;
 use libfuzzer_sys::fuzz_target;
 
@@ -146,9 +149,25 @@ fn check_plan(plan: &StagingPlan, total: usize, options: StagingOptions, size: u
     let StagingOptions {
         chunk_bytes,
         threads,
+        ..
     } = options;
-    assert_eq!((plan.total(), plan.chunk_bytes()), (total, chunk_bytes));
-    assert_eq!(plan.chunks(), total.div_ceil(chunk_bytes), "{plan:?}");
+    let threads = threads.min(MAX_THREADS);
+    assert_eq!(plan.total(), total);
+    assert!(
+        plan.chunk_bytes() > 0 && plan.chunk_bytes() <= chunk_bytes,
+        "{plan:?} of {options:?}"
+    );
+    if plan.chunk_bytes() < chunk_bytes {
+        assert!(
+            plan.chunk_bytes().is_power_of_two() && plan.chunks() <= 2 * threads,
+            "{plan:?} of {options:?}"
+        );
+    }
+    assert_eq!(
+        plan.chunks(),
+        total.div_ceil(plan.chunk_bytes()),
+        "{plan:?}"
+    );
     assert_eq!(plan.workers(), threads.min(plan.chunks()), "{plan:?}");
     assert_eq!(plan.workers() == 0, total == 0, "{plan:?}");
     let (chunks, workers) = (plan.chunks(), plan.workers());
@@ -229,7 +248,7 @@ fn check_plan(plan: &StagingPlan, total: usize, options: StagingOptions, size: u
     // The chunks a download cuts the user's slice into are the same.
     if total <= CUT {
         let base = ZEROS.as_ptr() as usize;
-        for (index, part) in ZEROS[..total].chunks(chunk_bytes).enumerate() {
+        for (index, part) in ZEROS[..total].chunks(plan.chunk_bytes()).enumerate() {
             let at = part.as_ptr() as usize - base;
             assert_eq!(
                 plan.chunk(index),
@@ -304,9 +323,11 @@ fuzz_target!(|data: &[u8]| {
     let chunks = total.map_or(0, |total| total.checked_div(chunk_bytes).unwrap_or(0));
     let threads = number(&mut input, chunks);
     let sample = input.u64_le();
+    // Every size staged: the crossover to the driver's path decides nothing about the split.
     let options = StagingOptions {
         chunk_bytes,
         threads,
+        pageable_below: 0,
     };
     // A host slice of more than `usize::MAX` bytes cannot exist; the split is still checked up to that.
     let Some(total) = total else { return };
@@ -314,6 +335,17 @@ fuzz_target!(|data: &[u8]| {
         Ok(plan) => {
             assert!(chunk_bytes > 0 && threads > 0);
             check_plan(&plan, total, options, size, sample);
+            let (buffers, each) = options
+                .staging_buffers(total)
+                .expect("the options made a plan");
+            assert!(
+                buffers <= 2 * plan.workers()
+                    && buffers <= plan.chunks()
+                    && each <= plan.chunk_bytes()
+                    && each <= total
+                    && (buffers == 0) == (total == 0),
+                "{buffers} buffers of {each} bytes for {plan:?}"
+            );
         }
         Err(e) => {
             let message = invalid(e);

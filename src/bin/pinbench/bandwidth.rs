@@ -2,7 +2,9 @@
 //! through the raw driver call on the same memory; and an upload and a download at the same time.
 //!
 //! The staged method copies a `Vec` through pinned buffers of the bench's `PinnedPool`, which is warmed before
-//! its first figure (and by every figure's warm-up copy), so that pinning is never timed.
+//! the figures of each size (and by every figure's warm-up copy), so that pinning is never timed. Below the
+//! library's crossover (`StagingOptions::pageable_below`) the staged method is the driver's pageable path, as
+//! for any user of `upload_staged`.
 //!
 //! Every figure is checked once: the source is filled with a pattern of its own seed before the copies, and
 //! after them the destination must hold exactly that pattern (a download's destination is overwritten first,
@@ -25,10 +27,6 @@ const POISON: u8 = 0xA5;
 
 /// The budget of the bench's staging pool ([`crate::Bench::pool`]).
 pub const STAGING_POOL_BYTES: usize = 256 << 20;
-
-/// Staging buffers one worker thread of a staged transfer keeps in circulation (the library's
-/// `BUFFERS_PER_WORKER`: its docs ask for room for `2 x threads x chunk` bytes).
-const BUFFERS_PER_THREAD: usize = 2;
 
 /// The host memory of one method, one transfer long.
 pub enum Host {
@@ -172,13 +170,12 @@ pub fn estimate_at(speed: f64, bytes: usize, plan: &Plan) -> f64 {
     plan.min_seconds.max(copies) + 0.002 + 3.0 * bytes as f64 / 4e9
 }
 
-/// The bytes of staging buffers one staged transfer of `bytes` with `options` takes from its pool at most: two
-/// per worker thread, one per chunk at most.
+/// The bytes of staging buffers one staged transfer of `bytes` with `options` takes from its pool at most, as
+/// the library reports them (`StagingOptions::staging_buffers`: two per worker thread, one per chunk at most,
+/// none below the crossover to the driver's path); none for options the library refuses.
 pub fn staging_bytes(options: StagingOptions, bytes: usize) -> usize {
-    let chunk = options.chunk_bytes.max(1);
-    let chunks = bytes.div_ceil(chunk).max(1);
-    let buffers = (BUFFERS_PER_THREAD * options.threads.min(chunks)).min(chunks);
-    buffers * chunk
+    let (buffers, each) = options.staging_buffers(bytes).unwrap_or((0, 0));
+    buffers * each
 }
 
 /// The estimated seconds of warming a staging pool for transfers of up to `bytes` with `options`
@@ -217,14 +214,18 @@ pub fn bandwidth(bench: &mut Bench) -> Outcome<Vec<Bandwidth>> {
         } else {
             &[Api::Safe]
         };
-        if method == Method::Staged {
-            bench.progress.show("warming the staging pool");
-            warm_pool(&bench.pool, StagingOptions::default(), plan.max_size())?;
-            bench
-                .progress
-                .advance(estimate_warm(StagingOptions::default(), plan.max_size()));
-        }
         for &bytes in &plan.sizes {
+            if method == Method::Staged {
+                // The library adapts the chunk size to the transfer, so each size has staging buffers of its own
+                // size: pin them before its figures.
+                bench.progress.show("warming the staging pool");
+                warm_pool(&bench.pool, StagingOptions::default(), bytes)?;
+                if bytes == plan.max_size() {
+                    bench
+                        .progress
+                        .advance(estimate_warm(StagingOptions::default(), bytes));
+                }
+            }
             let mut host = Host::new(&bench.context, &bench.pool, method, bytes)?;
             for direction in Direction::BOTH {
                 for &api in apis {
@@ -274,7 +275,7 @@ pub fn bandwidth(bench: &mut Bench) -> Outcome<Vec<Bandwidth>> {
     Ok(rows)
 }
 
-/// Pins the staging buffers that two staged transfers of up to `bytes` with `options` may hold at once (or as
+/// Pins the staging buffers that two staged transfers of `bytes` with `options` may hold at once (or as
 /// many as `pool` has room for) and gives them back to the pool, so that no timed copy pins: a transfer's last
 /// buffers may still be in flight, so not yet reusable, when the next transfer takes its own. The first pin of
 /// a `Pinning::Auto` pool also measures which way of pinning is faster.
@@ -282,10 +283,11 @@ pub fn bandwidth(bench: &mut Bench) -> Outcome<Vec<Bandwidth>> {
 /// # Errors
 /// The pool's or the driver's, other than the pool being full.
 pub fn warm_pool(pool: &PinnedPool, options: StagingOptions, bytes: usize) -> Outcome<()> {
-    let wanted = 2 * staging_bytes(options, bytes) / options.chunk_bytes.max(1);
+    let (buffers, each) = options.staging_buffers(bytes)?;
+    let wanted = 2 * buffers;
     let mut held = Vec::with_capacity(wanted);
     for _ in 0..wanted {
-        match pool.try_alloc::<u8>(options.chunk_bytes) {
+        match pool.try_alloc::<u8>(each) {
             Ok(buffer) => held.push(buffer),
             Err(Error::PoolExhausted { .. }) => break,
             Err(e) => return Err(e.into()),

@@ -2,9 +2,13 @@
 //! grid, beside the driver's pageable path at the same size, so that `StagingOptions::default()` can be tuned
 //! by measurement.
 //!
+//! A point's chunk size is the options' `chunk_bytes`, the most a chunk may be: where 256 MiB would give a
+//! thread fewer than two chunks of that size, the library cuts smaller ones, as for any user passing those
+//! options. 256 MiB is above the crossover to the driver's path, so every point is staged.
+//!
 //! The sweep has a pool of its own, with room for two transfers' buffers at every point of the grid, so that
-//! the figures measure the options and not a budget; it is trimmed when the chunk size changes and warmed
-//! before each point, so that pinning is never timed.
+//! the figures measure the options and not a budget; it is trimmed when the size of the staging buffers changes
+//! and warmed before each point, so that pinning is never timed.
 
 use cuda_pinned::staging::StagingOptions;
 use cuda_pinned::{DeviceBuffer, PinnedPool, Pinning, WhenFull};
@@ -28,6 +32,7 @@ fn grid() -> impl Iterator<Item = StagingOptions> {
         THREADS.into_iter().map(move |threads| StagingOptions {
             chunk_bytes,
             threads,
+            ..StagingOptions::default()
         })
     })
 }
@@ -62,6 +67,7 @@ pub fn estimate(plan: &Plan) -> f64 {
                 StagingOptions {
                     chunk_bytes,
                     threads,
+                    ..StagingOptions::default()
                 },
                 BYTES,
             )
@@ -145,12 +151,13 @@ pub fn sweep(bench: &mut Bench) -> Outcome<StagingSweep> {
 
     let mut points = Vec::new();
     let mut host = Host::staged(&pool, None, BYTES);
-    let mut chunk_bytes = None;
+    let mut buffer_bytes = None;
     for options in grid() {
-        if chunk_bytes != Some(options.chunk_bytes) {
-            // Blocks of the last chunk size are no use now: give their memory back before pinning new ones.
+        let (_, each) = options.staging_buffers(BYTES)?;
+        if buffer_bytes != Some(each) {
+            // Blocks of the last buffer size are no use now: give their memory back before pinning new ones.
             pool.trim()?;
-            chunk_bytes = Some(options.chunk_bytes);
+            buffer_bytes = Some(each);
         }
         bench.progress.show(&format!(
             "staging sweep: pinning {} chunks for {} threads",
@@ -213,7 +220,8 @@ mod tests {
 
     #[test]
     fn the_pool_holds_two_transfers_at_every_point() {
-        // 16 MiB x 8 threads: 16 buffers of 16 MiB; 32 MiB x 8 threads: 8 chunks, so 8 buffers of 32 MiB.
+        // 16 MiB x 8 threads: 16 buffers of 16 MiB; 32 MiB x 8 threads: cut to 16 MiB chunks (two per thread),
+        // so 16 buffers of 16 MiB too.
         assert_eq!(pool_budget(), 2 * 256 * MIB);
         for options in grid() {
             assert!(2 * staging_bytes(options, BYTES) <= pool_budget());
