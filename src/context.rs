@@ -39,7 +39,7 @@ struct Inner {
     /// The device's gate (shared by every context handle of the device): the crate's work holds it for
     /// reading while it enqueues, the release thread for writing while it finds the device idle and unpins
     /// (see `memory/release.rs`).
-    gate: Arc<RwLock<()>>,
+    gate: &'static RwLock<()>,
 }
 
 thread_local! {
@@ -58,13 +58,25 @@ impl Drop for Gate<'_> {
     }
 }
 
+/// A device's gate held for writing by this thread (see [`Context::close_gate`]).
+pub(crate) struct ClosedGate {
+    _write: std::sync::RwLockWriteGuard<'static, ()>,
+}
+
+impl Drop for ClosedGate {
+    fn drop(&mut self) {
+        GATES_HELD.set(GATES_HELD.get() - 1);
+    }
+}
+
 /// Every context made, by device: to find all the crate's streams on a device, and the device's gate.
 static DEVICES: Mutex<Vec<Known>> = Mutex::new(Vec::new());
 
 /// A device the crate has made contexts on.
 struct Known {
     ordinal: usize,
-    gate: Arc<RwLock<()>>,
+    /// One per device for the life of the process (a few bytes), so that guards of it can outlive any handle.
+    gate: &'static RwLock<()>,
     contexts: Vec<Weak<Inner>>,
 }
 
@@ -103,7 +115,7 @@ impl Context {
             None => {
                 devices.push(Known {
                     ordinal: device.ordinal(),
-                    gate: Arc::default(),
+                    gate: Box::leak(Box::default()),
                     contexts: Vec::new(),
                 });
                 devices.len() - 1
@@ -119,7 +131,7 @@ impl Context {
             streams: Mutex::new(Vec::new()),
             release_stream: Mutex::new(std::ptr::null_mut()),
             draining: Mutex::new(Vec::new()),
-            gate: known.gate.clone(),
+            gate: known.gate,
         }));
         known.contexts.retain(|c| c.strong_count() > 0);
         known.contexts.push(Arc::downgrade(&context.0));
@@ -258,49 +270,81 @@ impl Context {
         GATES_HELD.get() > 0
     }
 
-    /// The gate of `device` (see [`Context::enqueue_gate`]), if the crate has made a context on it.
-    pub(crate) fn device_gate(device: Device) -> Option<Arc<RwLock<()>>> {
-        lock(&DEVICES)
+    /// Holds the gate of `device` (see [`Context::enqueue_gate`]) for writing, if the crate has made a context
+    /// on it: no work of the crate is being enqueued on the device until the guard drops. The calling thread
+    /// counts as holding a gate meanwhile, so that what it does under the guard (dropping a stream's last
+    /// handle, say) does not try to take it for reading, which would never end.
+    pub(crate) fn close_gate(device: Device) -> Option<ClosedGate> {
+        let gate = lock(&DEVICES)
             .iter()
             .find(|d| d.ordinal == device.ordinal())
-            .map(|d| d.gate.clone())
+            .map(|d| d.gate)?;
+        let write = gate.write().unwrap_or_else(PoisonError::into_inner);
+        GATES_HELD.set(GATES_HELD.get() + 1);
+        Some(ClosedGate { _write: write })
     }
 
     /// Whether every stream the crate made on `device`, in any context handle of it (and their streams for
-    /// frees), has finished its work, without blocking. `false` where a query fails. Hold the device's gate
-    /// for writing, or work may be queued the moment after.
+    /// frees, and work left on streams destroyed since), has finished its work, without blocking. Hold the
+    /// device's gate for writing ([`Context::close_gate`]), or work may be queued the moment after. A query
+    /// that fails counts as work not finished, and its error is kept in the context (for
+    /// [`Context::check_deferred_errors`]).
     pub(crate) fn device_is_idle(device: Device) -> bool {
-        let contexts: Vec<Arc<Inner>> = lock(&DEVICES)
+        let contexts: Vec<Context> = lock(&DEVICES)
             .iter()
             .filter(|d| d.ordinal == device.ordinal())
             .flat_map(|d| d.contexts.iter().filter_map(Weak::upgrade))
+            .map(Context)
             .collect();
-        contexts.iter().all(|inner| {
-            let drained = {
-                let mut draining = lock(&inner.draining);
-                draining.retain(|&event| {
-                    // SAFETY: an event of the context, alive until destroyed here.
-                    let pending = match unsafe { driver_call!(cuEventQuery(event)) } {
-                        Err(e) => {
-                            e.driver_code() == Some(crate::sys::CUresult::CUDA_ERROR_NOT_READY)
-                        }
-                        Ok(()) => false,
-                    };
-                    if !pending {
-                        // SAFETY: complete (or broken), and nothing else holds it. A failure leaks it.
-                        let _ = unsafe { driver_call!(cuEventDestroy_v2(event)) };
-                    }
-                    pending
-                });
-                draining.is_empty()
-            };
-            let release = *lock(&inner.release_stream);
-            let release_idle = release.is_null() || {
-                // SAFETY: the context's own stream, alive while its context is (held above).
-                unsafe { driver_call!(cuStreamQuery(release)) }.is_ok()
-            };
-            drained && release_idle && crate::stream::all_idle(&lock(&inner.streams))
+        contexts.iter().all(|context| {
+            let idle = context.idle();
+            idle.unwrap_or_else(|e| {
+                context
+                    .defer_error(e.context("finding whether the device is idle, to unpin memory"));
+                false
+            })
         })
+    }
+
+    /// Whether the work of this context handle's streams, its stream for frees and the work left on its
+    /// destroyed streams has finished.
+    fn idle(&self) -> Result<bool> {
+        let inner = &self.0;
+        let not_ready =
+            |e: &Error| e.driver_code() == Some(crate::sys::CUresult::CUDA_ERROR_NOT_READY);
+        let mut first_error = None;
+        lock(&inner.draining).retain(|&event| {
+            // SAFETY: an event of the context, alive until destroyed here.
+            match unsafe { driver_call!(cuEventQuery(event)) } {
+                Err(e) if not_ready(&e) => true,
+                result => {
+                    // Done, or broken: then it is reported once and let go, rather than block every
+                    // release for good.
+                    if let Err(e) = result {
+                        first_error.get_or_insert(e);
+                    }
+                    // SAFETY: nothing else holds it. A failure leaks it.
+                    let _ = unsafe { driver_call!(cuEventDestroy_v2(event)) };
+                    false
+                }
+            }
+        });
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        if !lock(&inner.draining).is_empty() {
+            return Ok(false);
+        }
+        let release = *lock(&inner.release_stream);
+        if !release.is_null() {
+            // SAFETY: the context's own stream, alive while its context is.
+            match unsafe { driver_call!(cuStreamQuery(release)) } {
+                Ok(()) => {}
+                Err(e) if not_ready(&e) => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        crate::stream::all_idle(&lock(&inner.streams))
     }
 
     /// An event of this context for ordering (recorded without timing): an idle one of the pool, else a new one.

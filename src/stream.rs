@@ -242,12 +242,17 @@ pub(crate) fn close_segments(streams: &[std::sync::Weak<Inner>]) -> Result<()> {
     first
 }
 
-/// Whether every stream still alive in `streams` has finished its work (a failed query counts as not).
-pub(crate) fn all_idle(streams: &[std::sync::Weak<Inner>]) -> bool {
-    streams
-        .iter()
-        .filter_map(std::sync::Weak::upgrade)
-        .all(|inner| Stream(inner).query().unwrap_or(false))
+/// Whether every stream still alive in `streams` has finished its work.
+///
+/// # Errors
+/// The first failed query's.
+pub(crate) fn all_idle(streams: &[std::sync::Weak<Inner>]) -> Result<bool> {
+    for inner in streams.iter().filter_map(std::sync::Weak::upgrade) {
+        if !Stream(inner).query()? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 impl PartialEq for Stream {
@@ -271,8 +276,15 @@ impl Drop for Inner {
         }
         // Work still queued on it runs after it is destroyed, where no stream of the crate's shows it: the
         // context keeps an event after that work, for the release thread's look at whether the device is idle.
+        // Under the device's gate, so that the release thread does not look between the stream's leaving the
+        // context's list (its last handle is gone) and the event's joining it.
+        let _gate = self.context.enqueue_gate();
         // SAFETY: a live stream.
-        if unsafe { driver_call!(cuStreamQuery(self.raw)) }.is_err() {
+        if let Err(e) = unsafe { driver_call!(cuStreamQuery(self.raw)) } {
+            if e.driver_code() != Some(CUresult::CUDA_ERROR_NOT_READY) {
+                self.context
+                    .defer_error(e.context("querying a stream as it is destroyed"));
+            }
             self.context.drain(self.raw);
         }
         // SAFETY: created by `new` or `with_priority`, and no clone is left. Work still pending on it completes

@@ -208,10 +208,7 @@ fn release_idle(held: Vec<Pending>) -> Vec<Pending> {
             .into_iter()
             .partition(|p| p.context.device() == device);
         ready = others;
-        let gate = Context::device_gate(device);
-        let _closed = gate
-            .as_ref()
-            .map(|gate| gate.write().unwrap_or_else(PoisonError::into_inner));
+        let _closed = Context::close_gate(device);
         if Context::device_is_idle(device) {
             mine.into_iter().for_each(run);
         } else {

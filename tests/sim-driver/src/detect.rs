@@ -38,9 +38,10 @@ use crate::stream;
 const DOCUMENTED_WAITS: &[&str] = &["Registered<T>::into_vec"];
 
 /// The crate functions documented to make a stream wait for more than the memory its next operation uses:
-/// the prefetcher's refill of a slot waits for everything its consumer enqueued before giving the batch back
-/// (its own kernels included, which the crate cannot see), work on other batches too.
-const DOCUMENTED_DEPENDENCIES: &[&str] = &["prefetch::Shared<B>::build"];
+/// the prefetcher's refill of a slot (its worker threads' uploads) waits for everything its consumer enqueued
+/// before giving the batch back (its own kernels included, which the crate cannot see), work on other batches
+/// too.
+const DOCUMENTED_DEPENDENCIES: &[&str] = &["prefetch::worker::"];
 
 /// Whether a crate function on the stack (`callers`, from [`caller_frames`]) documents a device-wide wait.
 pub(crate) fn documented_wait(callers: &[Frame]) -> bool {
