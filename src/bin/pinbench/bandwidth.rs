@@ -270,6 +270,10 @@ pub fn bandwidth(bench: &mut Bench) -> Outcome<Vec<Bandwidth>> {
                     bench.progress.advance(estimate(method, bytes, &plan));
                 }
             }
+            // Pinned memory is unpinned on the crate's release thread once the device is idle, and unpinning
+            // holds back every other thread's driver calls: done here, between figures, not during the next.
+            drop(host);
+            bench.context.synchronize()?;
         }
     }
     Ok(rows)

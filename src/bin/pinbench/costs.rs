@@ -119,6 +119,8 @@ pub fn allocation(bench: &mut Bench) -> Outcome<Vec<Allocation>> {
             drop(block);
             pool.trim()?;
             drop(pool);
+            // The unpinning happens on the crate's release thread: done before the next sample pins.
+            context.synchronize()?;
         }
         row(what, large, 1, times);
     }

@@ -155,8 +155,10 @@ pub fn sweep(bench: &mut Bench) -> Outcome<StagingSweep> {
     for options in grid() {
         let (_, each) = options.staging_buffers(BYTES)?;
         if buffer_bytes != Some(each) {
-            // Blocks of the last buffer size are no use now: give their memory back before pinning new ones.
+            // Blocks of the last buffer size are no use now: give their memory back before pinning new ones (the
+            // unpinning happens on the crate's release thread, done by the synchronization).
             pool.trim()?;
+            pool.context().synchronize()?;
             buffer_bytes = Some(each);
         }
         bench.progress.show(&format!(
