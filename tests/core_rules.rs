@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{data, serial};
+use common::serial;
 use cuda_pinned::{Context, DeviceBuffer, Pinned, PinnedBuilder, Registered, Stream};
 
 fn context() -> Context {
@@ -71,7 +71,7 @@ fn over_aligned_elements_are_refused_where_the_memory_cannot_hold_them() {
 #[cfg(not(feature = "gpu"))]
 mod after_an_error {
     use super::*;
-    use common::{sim, spin};
+    use common::{data, sim, spin};
     use cuda_pinned::{Ledger, Result};
 
     /// Runs `copy` once to trace its calls, then once with the `nth` call of `function` that follows the
