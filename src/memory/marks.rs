@@ -30,7 +30,6 @@
 use std::cell::{RefCell, RefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
-use std::thread::ThreadId;
 
 use crate::context::Context;
 use crate::driver_call;
@@ -97,8 +96,10 @@ pub(crate) struct SegmentLock {
 
 #[derive(Default)]
 struct Owner {
-    thread: Option<ThreadId>,
+    thread: Option<usize>,
     depth: usize,
+    /// Threads waiting for the lock: a release wakes one only if there is one (a wake is a system call).
+    waiting: usize,
 }
 
 // SAFETY: `current` is only reached through a `SegmentGuard`, which exists only on the thread that owns the
@@ -107,18 +108,29 @@ unsafe impl Sync for SegmentLock {}
 
 impl SegmentLock {
     fn lock(&self) -> SegmentGuard<'_> {
-        let me = std::thread::current().id();
+        let me = this_thread();
         let mut owner = self.owner.lock().unwrap_or_else(PoisonError::into_inner);
         while owner.thread.is_some_and(|thread| thread != me) {
+            owner.waiting += 1;
             owner = self
                 .released
                 .wait(owner)
                 .unwrap_or_else(PoisonError::into_inner);
+            owner.waiting -= 1;
         }
         owner.thread = Some(me);
         owner.depth += 1;
         SegmentGuard { lock: self }
     }
+}
+
+/// A number that tells the calling thread from every other live thread: the address of a thread-local (cheaper
+/// than `std::thread::current().id()`, which clones the thread's handle).
+fn this_thread() -> usize {
+    thread_local! {
+        static TOKEN: u8 = const { 0 };
+    }
+    TOKEN.with(|token| std::ptr::from_ref(token) as usize)
 }
 
 /// A stream's segment lock held by this thread (see [`SegmentLock`]); not `Send`.
@@ -148,8 +160,11 @@ impl Drop for SegmentGuard<'_> {
         owner.depth -= 1;
         if owner.depth == 0 {
             owner.thread = None;
+            let waiting = owner.waiting > 0;
             drop(owner);
-            self.lock.released.notify_one();
+            if waiting {
+                self.lock.released.notify_one();
+            }
         }
     }
 }
