@@ -9,7 +9,7 @@ use crate::device::Device;
 use crate::driver_call;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
-use crate::sys::{CUcontext, CUevent, CUevent_flags, CUstream, CUstream_flags};
+use crate::sys::{CUcontext, CUevent, CUevent_flags, CUresult, CUstream, CUstream_flags};
 
 /// The primary context of a device, retained while any clone (or any stream, event or buffer made in it) lives.
 ///
@@ -33,9 +33,6 @@ struct Inner {
     streams: Mutex<Vec<Weak<crate::stream::Inner>>>,
     /// The crate's own stream for frees that must wait for several streams (null until first needed).
     release_stream: Mutex<CUstream>,
-    /// Events after the work still queued on streams of the context that were destroyed (see
-    /// [`Context::drain`]), until seen complete.
-    draining: Mutex<Vec<CUevent>>,
     /// The device's gate (shared by every context handle of the device): the crate's work holds it for
     /// reading while it enqueues, the release thread for writing while it finds the device idle and unpins
     /// (see `memory/release.rs`).
@@ -58,6 +55,77 @@ impl Drop for Gate<'_> {
     }
 }
 
+/// Takes `gate` for reading, unless the thread holds a gate already (see [`Context::enqueue_gate`]).
+fn enter_gate(gate: &'static RwLock<()>) -> Gate<'static> {
+    let held = GATES_HELD.get();
+    GATES_HELD.set(held + 1);
+    Gate {
+        _read: (held == 0).then(|| gate.read().unwrap_or_else(PoisonError::into_inner)),
+    }
+}
+
+/// Destroys `stream`, a stream of `device`'s primary context with no handle left, at once if it is idle, else
+/// once it is: kept until then in the device's list, with a retain of the context, so that
+/// [`Context::device_is_idle`] sees the work still queued on it. Call it under the device's gate. The errors of
+/// the query and of a failed retain (then the stream is destroyed at once, its work unseen) go to `report`.
+fn retire(device: Device, stream: CUstream, report: impl Fn(Error)) {
+    // SAFETY: a live stream.
+    let queried = unsafe { driver_call!(cuStreamQuery(stream)) };
+    let busy = match queried {
+        Ok(()) => false,
+        Err(e) if e.driver_code() == Some(CUresult::CUDA_ERROR_NOT_READY) => true,
+        Err(e) => {
+            report(e.context("querying a stream as it is destroyed"));
+            true
+        }
+    };
+    if busy {
+        let mut retained = std::ptr::null_mut();
+        // SAFETY: an out-pointer to a local; balanced by the release when the stream is destroyed in `sweep`.
+        match unsafe { driver_call!(cuDevicePrimaryCtxRetain(&mut retained, device.as_raw())) } {
+            Ok(()) => {
+                let mut devices = lock(&DEVICES);
+                if let Some(known) = devices.iter_mut().find(|d| d.device == device) {
+                    known.draining.push(Draining(stream));
+                    return;
+                }
+                drop(devices);
+                // SAFETY: balances the retain above.
+                let _ = unsafe { driver_call!(cuDevicePrimaryCtxRelease_v2(device.as_raw())) };
+            }
+            Err(e) => report(e.context(
+                "keeping a stream with work queued until it is idle (its work is not waited for before unpinning)",
+            )),
+        }
+    }
+    // SAFETY: a stream with no handle left. Work still pending on it completes first: the driver releases the
+    // stream afterwards.
+    if let Err(e) = unsafe { driver_call!(cuStreamDestroy_v2(stream)) } {
+        report(e.context("destroying a stream"));
+    }
+}
+
+/// Destroys the streams of `known.draining` (of `device`) that are idle now.
+fn sweep(known: &mut Known, device: Device) {
+    known.draining.retain(|&Draining(stream)| {
+        // SAFETY: a stream of the device's primary context, which the entry keeps retained.
+        let busy = match unsafe { driver_call!(cuStreamQuery(stream)) } {
+            Err(e) => e.driver_code() == Some(CUresult::CUDA_ERROR_NOT_READY),
+            // Idle, or broken (then no more of its work runs either).
+            Ok(()) => false,
+        };
+        if !busy {
+            // SAFETY: no handle of it is left; the release balances the entry's retain. Failures leak them:
+            // harmless.
+            unsafe {
+                let _ = driver_call!(cuStreamDestroy_v2(stream));
+                let _ = driver_call!(cuDevicePrimaryCtxRelease_v2(device.as_raw()));
+            }
+        }
+        busy
+    });
+}
+
 /// A device's gate held for writing by this thread (see [`Context::close_gate`]).
 pub(crate) struct ClosedGate {
     _write: std::sync::RwLockWriteGuard<'static, ()>,
@@ -72,9 +140,19 @@ impl Drop for ClosedGate {
 /// Every context made, by device: to find all the crate's streams on a device, and the device's gate.
 static DEVICES: Mutex<Vec<Known>> = Mutex::new(Vec::new());
 
+/// A stream of [`Known::draining`].
+struct Draining(CUstream);
+
+// SAFETY: a stream handle, which the driver lets any thread use; only passed to driver calls.
+unsafe impl Send for Draining {}
+
 /// A device the crate has made contexts on.
 struct Known {
-    ordinal: usize,
+    device: Device,
+    /// Streams the crate is done with (its own streams for frees too) that still had work queued, each with a
+    /// retain of the device's primary context: destroyed once seen idle, so that until then the release thread
+    /// sees their work.
+    draining: Vec<Draining>,
     /// One per device for the life of the process (a few bytes), so that guards of it can outlive any handle.
     gate: &'static RwLock<()>,
     contexts: Vec<Weak<Inner>>,
@@ -110,11 +188,15 @@ impl Context {
             },
         )?;
         let mut devices = lock(&DEVICES);
-        let position = match devices.iter().position(|d| d.ordinal == device.ordinal()) {
+        let position = match devices
+            .iter()
+            .position(|d| d.device.ordinal() == device.ordinal())
+        {
             Some(position) => position,
             None => {
                 devices.push(Known {
-                    ordinal: device.ordinal(),
+                    device,
+                    draining: Vec::new(),
                     gate: Box::leak(Box::default()),
                     contexts: Vec::new(),
                 });
@@ -130,7 +212,6 @@ impl Context {
             events: Mutex::new(Vec::new()),
             streams: Mutex::new(Vec::new()),
             release_stream: Mutex::new(std::ptr::null_mut()),
-            draining: Mutex::new(Vec::new()),
             gate: known.gate,
         }));
         known.contexts.retain(|c| c.strong_count() > 0);
@@ -245,24 +326,22 @@ impl Context {
 
     /// Remembers a stream made in this context, for `synchronize`; forgets streams that are gone.
     pub(crate) fn register_stream(&self, stream: Weak<crate::stream::Inner>) {
-        let mut streams = lock(&self.0.streams);
-        // Pruning whenever the list doubles keeps it within twice the live streams, at constant cost per push.
-        if streams.len() >= 16 && streams.len().is_power_of_two() {
-            streams.retain(|s| s.strong_count() > 0);
-        }
-        streams.push(stream);
+        lock(&self.0.streams).push(stream);
+    }
+
+    /// Forgets a stream of [`Context::register_stream`] as its last handle goes. Until then, the entry of a
+    /// stream whose last handle is gone counts as work not finished ([`Context::device_is_idle`]): its work is
+    /// out of sight between the handle's going and its joining the device's list of streams to retire.
+    pub(crate) fn unregister_stream(&self, stream: *const crate::stream::Inner) {
+        lock(&self.0.streams).retain(|s| s.as_ptr() != stream);
     }
 
     /// Holds the device's gate for reading: taken by the crate's work while it enqueues, so that the release
     /// thread, which takes it for writing, never finds the device idle while work is about to be queued. A
     /// thread that holds it already (work enqueued inside [`crate::Stream::profile`], say) does not take it
     /// again: a second read could wait behind the release thread's write, which waits for the first.
-    pub(crate) fn enqueue_gate(&self) -> Gate<'_> {
-        let held = GATES_HELD.get();
-        GATES_HELD.set(held + 1);
-        Gate {
-            _read: (held == 0).then(|| self.0.gate.read().unwrap_or_else(PoisonError::into_inner)),
-        }
+    pub(crate) fn enqueue_gate(&self) -> Gate<'static> {
+        enter_gate(self.0.gate)
     }
 
     /// Whether the calling thread holds a device's gate (see [`Context::enqueue_gate`]).
@@ -277,7 +356,7 @@ impl Context {
     pub(crate) fn close_gate(device: Device) -> Option<ClosedGate> {
         let gate = lock(&DEVICES)
             .iter()
-            .find(|d| d.ordinal == device.ordinal())
+            .find(|d| d.device.ordinal() == device.ordinal())
             .map(|d| d.gate)?;
         let write = gate.write().unwrap_or_else(PoisonError::into_inner);
         GATES_HELD.set(GATES_HELD.get() + 1);
@@ -290,61 +369,58 @@ impl Context {
     /// that fails counts as work not finished, and its error is kept in the context (for
     /// [`Context::check_deferred_errors`]).
     pub(crate) fn device_is_idle(device: Device) -> bool {
-        let contexts: Vec<Context> = lock(&DEVICES)
-            .iter()
-            .filter(|d| d.ordinal == device.ordinal())
-            .flat_map(|d| d.contexts.iter().filter_map(Weak::upgrade))
-            .map(Context)
-            .collect();
-        contexts.iter().all(|context| {
-            let idle = context.idle();
-            idle.unwrap_or_else(|e| {
-                context
-                    .defer_error(e.context("finding whether the device is idle, to unpin memory"));
-                false
+        let (contexts, drained) = {
+            let mut devices = lock(&DEVICES);
+            let Some(known) = devices
+                .iter_mut()
+                .find(|d| d.device.ordinal() == device.ordinal())
+            else {
+                return true;
+            };
+            sweep(known, device);
+            let contexts: Vec<Context> = known
+                .contexts
+                .iter()
+                .filter_map(Weak::upgrade)
+                .map(Context)
+                .collect();
+            (contexts, known.draining.is_empty())
+        };
+        drained
+            && contexts.iter().all(|context| {
+                context.idle().unwrap_or_else(|e| {
+                    context.defer_error(
+                        e.context("finding whether the device is idle, to unpin memory"),
+                    );
+                    false
+                })
             })
-        })
     }
 
-    /// Whether the work of this context handle's streams, its stream for frees and the work left on its
-    /// destroyed streams has finished.
+    /// Lets go of what the crate keeps to see work left on destroyed streams, on every device, where that work
+    /// has completed (see [`Context::device_is_idle`]). For the release thread, once per look.
+    pub(crate) fn sweep_drained() {
+        let mut devices = lock(&DEVICES);
+        for known in devices.iter_mut() {
+            let device = known.device;
+            sweep(known, device);
+        }
+    }
+
+    /// Whether the work of this context handle's streams and its stream for frees has finished.
     fn idle(&self) -> Result<bool> {
-        let inner = &self.0;
-        let not_ready =
-            |e: &Error| e.driver_code() == Some(crate::sys::CUresult::CUDA_ERROR_NOT_READY);
-        let mut first_error = None;
-        lock(&inner.draining).retain(|&event| {
-            // SAFETY: an event of the context, alive until destroyed here.
-            match unsafe { driver_call!(cuEventQuery(event)) } {
-                Err(e) if not_ready(&e) => true,
-                result => {
-                    // Done, or broken: then it is reported once and let go, rather than block every
-                    // release for good.
-                    if let Err(e) = result {
-                        first_error.get_or_insert(e);
-                    }
-                    // SAFETY: nothing else holds it. A failure leaks it.
-                    let _ = unsafe { driver_call!(cuEventDestroy_v2(event)) };
-                    false
-                }
-            }
-        });
-        if let Some(e) = first_error {
-            return Err(e);
-        }
-        if !lock(&inner.draining).is_empty() {
-            return Ok(false);
-        }
-        let release = *lock(&inner.release_stream);
+        let release = *lock(&self.0.release_stream);
         if !release.is_null() {
             // SAFETY: the context's own stream, alive while its context is.
             match unsafe { driver_call!(cuStreamQuery(release)) } {
                 Ok(()) => {}
-                Err(e) if not_ready(&e) => return Ok(false),
+                Err(e) if e.driver_code() == Some(CUresult::CUDA_ERROR_NOT_READY) => {
+                    return Ok(false);
+                }
                 Err(e) => return Err(e),
             }
         }
-        crate::stream::all_idle(&lock(&inner.streams))
+        crate::stream::all_idle(&lock(&self.0.streams))
     }
 
     /// An event of this context for ordering (recorded without timing): an idle one of the pool, else a new one.
@@ -385,16 +461,10 @@ impl Context {
         Ok(Stream::borrowed(self, *raw))
     }
 
-    /// Keeps an event after the work still queued on `stream`, a stream of this context about to be destroyed,
-    /// so that [`Context::device_is_idle`] sees that work. If no event can be recorded, that work is not seen:
-    /// the release thread may then unpin while it runs (which waits for it, as the driver's unpinning does).
-    pub(crate) fn drain(&self, stream: CUstream) {
-        let Ok(event) = self.take_event() else { return };
-        // SAFETY: a live event of this context and a live stream of it.
-        match unsafe { driver_call!(cuEventRecord(event, stream)) } {
-            Ok(()) => lock(&self.0.draining).push(event),
-            Err(_) => self.give_event(event),
-        }
+    /// Destroys `stream`, a stream of this context with no handle left, once its work has completed (see
+    /// [`retire`]); call it under the device's gate. Errors go to the context's deferred errors.
+    pub(crate) fn retire_stream(&self, stream: CUstream) {
+        retire(self.0.device, stream, |e| self.defer_error(e));
     }
 
     /// Takes back an event of [`Context::take_event`] that nothing uses any more.
@@ -460,9 +530,12 @@ impl Drop for Inner {
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner);
         if !release_stream.is_null() {
-            // SAFETY: created by `release_stream`; every `Stream` lent from it held a clone of this context, so
-            // none is left. Frees still queued on it run first: the driver releases the stream afterwards.
-            let _ = unsafe { driver_call!(cuStreamDestroy_v2(release_stream)) };
+            // Created by `release_stream`; every `Stream` lent from it held a clone of this context, so none is
+            // left. Destroyed once the frees still queued on it have run, so that the release thread sees them
+            // meanwhile (under the gate, so that it does not look in between). A destructor has no one to report
+            // to: the errors go.
+            let _gate = enter_gate(self.gate);
+            retire(self.device, release_stream, drop);
         }
         for event in self
             .events

@@ -242,12 +242,17 @@ pub(crate) fn close_segments(streams: &[std::sync::Weak<Inner>]) -> Result<()> {
     first
 }
 
-/// Whether every stream still alive in `streams` has finished its work.
+/// Whether every stream of `streams` has finished its work (one whose last handle is going has not: see
+/// [`Context::unregister_stream`]).
 ///
 /// # Errors
 /// The first failed query's.
 pub(crate) fn all_idle(streams: &[std::sync::Weak<Inner>]) -> Result<bool> {
-    for inner in streams.iter().filter_map(std::sync::Weak::upgrade) {
+    for stream in streams {
+        // A stream whose last handle is going: its work is not in sight until it is retired.
+        let Some(inner) = stream.upgrade() else {
+            return Ok(false);
+        };
         if !Stream(inner).query()? {
             return Ok(false);
         }
@@ -271,26 +276,14 @@ impl fmt::Debug for Stream {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if !self.owned {
-            return;
-        }
-        // Work still queued on it runs after it is destroyed, where no stream of the crate's shows it: the
-        // context keeps an event after that work, for the release thread's look at whether the device is idle.
         // Under the device's gate, so that the release thread does not look between the stream's leaving the
-        // context's list (its last handle is gone) and the event's joining it.
+        // context's list and its joining the device's list of streams to retire.
         let _gate = self.context.enqueue_gate();
-        // SAFETY: a live stream.
-        if let Err(e) = unsafe { driver_call!(cuStreamQuery(self.raw)) } {
-            if e.driver_code() != Some(CUresult::CUDA_ERROR_NOT_READY) {
-                self.context
-                    .defer_error(e.context("querying a stream as it is destroyed"));
-            }
-            self.context.drain(self.raw);
+        if self.owned {
+            // Created by `new` or `with_priority`, and no clone is left. Destroyed once the work still queued on
+            // it has completed, so that the release thread sees that work meanwhile.
+            self.context.retire_stream(self.raw);
         }
-        // SAFETY: created by `new` or `with_priority`, and no clone is left. Work still pending on it completes
-        // first: the driver releases the stream afterwards.
-        if let Err(e) = unsafe { driver_call!(cuStreamDestroy_v2(self.raw)) } {
-            self.context.defer_error(e.context("destroying a stream"));
-        }
+        self.context.unregister_stream(self);
     }
 }

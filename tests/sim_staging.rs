@@ -336,23 +336,43 @@ fn a_small_transfer_takes_a_small_buffer() {
     settle(&rig);
 }
 
-/// With the default options a transfer below 16 MiB takes the driver's pageable path: no staging buffer.
+/// With the default options a transfer below 16 MiB takes the driver's pageable path (no staging buffer),
+/// except an upload of at most `SMALL_UPLOAD` bytes, staged through one buffer of its size.
 #[test]
 fn small_transfers_take_the_drivers_path_by_default() {
     let _serial = serial();
     let rig = rig(64 * MIB);
-    let want = bytes(MIB, 7);
-    let mut device = DeviceBuffer::<u8>::zeroed(&rig.stream, want.len()).unwrap();
-    rig.stream
-        .upload_staged(&rig.pool, &want, &mut device)
-        .unwrap();
-    let mut back = vec![0u8; want.len()];
-    rig.stream
-        .download_staged(&rig.pool, &device, &mut back)
-        .unwrap();
-    assert!(back == want);
-    let stats = rig.pool.stats();
-    assert_eq!((stats.hits, stats.misses), (0, 0), "{stats:?}");
+    for (len, buffers) in [(MIB + 1, 0), (2 * MIB, 0), (MIB, 1), (4 << 10, 1)] {
+        let want = bytes(len, 7);
+        let before = rig.pool.stats();
+        let mut device = DeviceBuffer::<u8>::zeroed(&rig.stream, want.len()).unwrap();
+        rig.stream
+            .upload_staged(&rig.pool, &want, &mut device)
+            .unwrap();
+        let mut back = vec![0u8; want.len()];
+        rig.stream
+            .download_staged(&rig.pool, &device, &mut back)
+            .unwrap();
+        assert!(back == want, "{len} bytes");
+        let stats = rig.pool.stats();
+        assert_eq!(
+            (stats.hits + stats.misses) - (before.hits + before.misses),
+            buffers,
+            "{len} bytes: {stats:?}"
+        );
+        if buffers == 1 {
+            assert_eq!(
+                stats.peak_reserved.max(len),
+                stats.peak_reserved,
+                "{stats:?}"
+            );
+        }
+    }
+    assert_eq!(
+        cuda_pinned::staging::SMALL_UPLOAD,
+        MIB,
+        "the sizes above straddle it"
+    );
     settle(&rig);
 }
 

@@ -105,6 +105,7 @@ impl Service {
             drop(state);
 
             let before = held.len();
+            Context::sweep_drained();
             held = release_idle(held);
             let released = held.len() < before;
 
