@@ -456,11 +456,12 @@ impl Stream {
             Work::Timed(category, name, bytes) => self.profiled(category, name, bytes, enqueue),
             Work::Untimed => enqueue(),
         };
+        let mark = segment.mark();
         if let Some(r) = read.as_mut() {
-            r.record_use(self, segment.mark(), Access::Read);
+            r.record_use(self, &mark, Access::Read);
         }
         if let Some(w) = write.as_mut() {
-            w.record_use(self, segment.mark(), Access::Write);
+            w.record_use(self, &mark, Access::Write);
         }
         enqueued
     }

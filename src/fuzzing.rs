@@ -78,7 +78,7 @@ pub mod pool {
     pub(crate) fn work(sim: &Sim, track: &mut Track, block: u32, stream: usize, access: Access) {
         if track.prepare(sim, &stream, access).is_ok() {
             sim.enqueue(stream, block);
-            track.record_use(&stream, sim.mark(stream), access);
+            track.record_use(&stream, &sim.mark(stream), access);
         }
     }
 

@@ -144,9 +144,10 @@ impl SegmentGuard<'_> {
         self.lock.current.borrow_mut()
     }
 
-    /// The current segment, for an operation's entries to join.
-    pub(crate) fn mark(&self) -> Mark {
-        self.current().clone()
+    /// The current segment, for an operation's entries to join (`Tracker::record_use`), for a short use that
+    /// calls nothing that could take the lock again.
+    pub(crate) fn mark(&self) -> std::cell::Ref<'_, Mark> {
+        self.lock.current.borrow()
     }
 }
 

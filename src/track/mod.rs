@@ -193,23 +193,29 @@ impl<S: Clone + Eq, M: Clone + Eq> Tracker<S, M> {
     ///
     /// A read replaces the previous read of the same stream; a write replaces the pending write and clears the
     /// reads, which `prepare` made it wait for (see the module docs).
-    pub(crate) fn record_use(&mut self, stream: &S, mark: M, access: Access) {
+    pub(crate) fn record_use(&mut self, stream: &S, mark: &M, access: Access) {
         match access {
             Access::Read => match self.reads.iter_mut().find(|read| read.stream == *stream) {
-                Some(read) => read.mark = mark,
+                // The same mark again (the fast path of one stream): nothing to change.
+                Some(read) if read.mark == *mark => {}
+                Some(read) => read.mark = mark.clone(),
                 None => self.reads.push(Entry {
                     stream: stream.clone(),
-                    mark,
+                    mark: mark.clone(),
                 }),
             },
             Access::Write => {
                 match &mut self.write {
                     // Same stream: keep the handle rather than swap one clone for another.
-                    Some(write) if write.stream == *stream => write.mark = mark,
+                    Some(write) if write.stream == *stream => {
+                        if write.mark != *mark {
+                            write.mark = mark.clone();
+                        }
+                    }
                     write => {
                         *write = Some(Entry {
                             stream: stream.clone(),
-                            mark,
+                            mark: mark.clone(),
                         })
                     }
                 }

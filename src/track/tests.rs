@@ -85,7 +85,7 @@ type T = Tracker<usize, usize>;
 fn device_use(tracker: &mut T, sim: &Sim, buffer: u32, stream: usize, access: Access) -> usize {
     tracker.prepare(sim, &stream, access).unwrap();
     let id = sim.touch(buffer, stream, access.into());
-    tracker.record_use(&stream, sim.mark(stream), access);
+    tracker.record_use(&stream, &sim.mark(stream), access);
     id
 }
 
@@ -608,7 +608,7 @@ fn run(program: &Program) {
                 let stream = stream % streams;
                 if b.tracker.prepare(&sim, &stream, access).is_ok() && !enqueue_fails {
                     sim.touch(b.id, stream, access.into());
-                    b.tracker.record_use(&stream, sim.mark(stream), access);
+                    b.tracker.record_use(&stream, &sim.mark(stream), access);
                 }
                 assert_shape(&b.tracker);
             }

@@ -4,7 +4,9 @@
 use std::ffi::c_void;
 use std::time::Instant;
 
-use cuda_pinned::{DeviceBuffer, Pinned, PinnedPool, Pinning, Registered, Stream, driver_call};
+use cuda_pinned::{
+    DeviceBuffer, Event, Pinned, PinnedPool, Pinning, Registered, Stream, driver_call,
+};
 
 use crate::results::{Alloc, Allocation, Enqueue, size_label};
 use crate::timing::{Plan, fill_pattern, median};
@@ -184,6 +186,26 @@ pub fn enqueue(bench: &mut Bench) -> Outcome<Enqueue> {
         unsafe { driver_call!(cuMemcpyHtoDAsync_v2(dst, src, SMALL, stream.as_raw())) }
     })?;
     let same_stream = batches(&mut |_| stream.upload(&small, &mut device))?;
+    // The driver's part of a crossing, as the tracking does it: an event recorded after the other stream's copy,
+    // waited for by this one's (two events reused in turn, as the tracking's pool reuses them).
+    let events = [
+        Event::without_timing(&context)?,
+        Event::without_timing(&context)?,
+    ];
+    let raw_cross_stream = batches(&mut |i| {
+        let (this, previous) = if i % 2 == 0 {
+            (stream, &other)
+        } else {
+            (&other, stream)
+        };
+        let event = &events[i % 2];
+        event.record(previous)?;
+        // SAFETY: live streams and event; 64 bytes of live pinned and device memory, as for `raw` above.
+        unsafe {
+            driver_call!(cuStreamWaitEvent(this.as_raw(), event.as_raw(), 0))?;
+            driver_call!(cuMemcpyHtoDAsync_v2(dst, src, SMALL, this.as_raw()))
+        }
+    })?;
     let cross_stream =
         batches(&mut |i| if i % 2 == 0 { stream } else { &other }.upload(&small, &mut device))?;
     bench.progress.advance(estimate_enqueue(&bench.plan));
@@ -191,6 +213,7 @@ pub fn enqueue(bench: &mut Bench) -> Outcome<Enqueue> {
         raw,
         same_stream,
         cross_stream,
+        raw_cross_stream,
         bytes: SMALL,
         batch: ENQUEUE_BATCH,
         samples,

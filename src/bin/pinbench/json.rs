@@ -276,6 +276,7 @@ pub fn document(report: &Report, plot: Option<&str>) -> Json {
         ("raw_seconds", Json::Num(e.raw)),
         ("same_stream_seconds", Json::Num(e.same_stream)),
         ("cross_stream_seconds", Json::Num(e.cross_stream)),
+        ("raw_cross_stream_seconds", Json::Num(e.raw_cross_stream)),
         ("same_stream_ratio_to_raw", Json::Num(e.same_stream / e.raw)),
         (
             "cross_stream_ratio_to_raw",

@@ -358,6 +358,10 @@ pub struct Enqueue {
     pub same_stream: f64,
     /// `Stream::upload`, alternating two streams (an event and a device-side wait per copy).
     pub cross_stream: f64,
+    /// The raw driver calls of a crossing, alternating two streams: `cuEventRecord` on the stream of the previous
+    /// copy, `cuStreamWaitEvent` on the next one, the copy (two events reused in turn): the floor any tracking
+    /// of a crossing pays.
+    pub raw_cross_stream: f64,
     /// Bytes per copy.
     pub bytes: usize,
     /// Copies per timed batch.

@@ -179,6 +179,7 @@ pub fn sample_report() -> Report {
             raw: 1e-6,
             same_stream: 1e-6,
             cross_stream: 2e-6,
+            raw_cross_stream: 1.5e-6,
             bytes: 64,
             batch: 500,
             samples: 10,
