@@ -58,7 +58,9 @@ impl Host {
     ) -> Outcome<Host> {
         Ok(match method {
             Method::Pageable => Host::Pageable(vec![0u8; bytes]),
-            Method::Staged => Host::staged(pool, None, bytes),
+            Method::Staged | Method::StagedChunked => {
+                Host::staged(pool, method.staging_options(), bytes)
+            }
             Method::Pinned => Host::Pinned(Pinned::zeroed(context, bytes)?),
             Method::PinnedWriteCombined => Host::Pinned(
                 PinnedBuilder::new(context)
@@ -157,7 +159,7 @@ pub fn estimate(method: Method, bytes: usize, plan: &Plan) -> f64 {
     let speed = match method {
         Method::Pageable => 8e9,
         // Downloads are slower than uploads; this is about the slower.
-        Method::Staged => 12e9,
+        Method::Staged | Method::StagedChunked => 12e9,
         _ => 45e9,
     };
     estimate_at(speed, bytes, plan)
@@ -188,8 +190,11 @@ pub fn estimate_warm(options: StagingOptions, bytes: usize) -> f64 {
 /// The estimated seconds of [`bandwidth`].
 pub fn estimate_all(plan: &Plan) -> f64 {
     let mut total = 0.0;
-    if Method::MEASURED.contains(&Method::Staged) {
-        total += estimate_warm(StagingOptions::default(), plan.max_size());
+    for method in Method::MEASURED {
+        if method.against_pageable() {
+            let options = method.staging_options().unwrap_or_default();
+            total += estimate_warm(options, plan.max_size());
+        }
     }
     for method in Method::MEASURED {
         let apis = if method.has_raw() { 2.0 } else { 1.0 };
@@ -215,15 +220,14 @@ pub fn bandwidth(bench: &mut Bench) -> Outcome<Vec<Bandwidth>> {
             &[Api::Safe]
         };
         for &bytes in &plan.sizes {
-            if method == Method::Staged {
+            if method.against_pageable() {
                 // The library adapts the chunk size to the transfer, so each size has staging buffers of its own
                 // size: pin them before its figures.
+                let options = method.staging_options().unwrap_or_default();
                 bench.progress.show("warming the staging pool");
-                warm_pool(&bench.pool, StagingOptions::default(), bytes)?;
+                warm_pool(&bench.pool, options, bytes)?;
                 if bytes == plan.max_size() {
-                    bench
-                        .progress
-                        .advance(estimate_warm(StagingOptions::default(), bytes));
+                    bench.progress.advance(estimate_warm(options, bytes));
                 }
             }
             let mut host = Host::new(&bench.context, &bench.pool, method, bytes)?;

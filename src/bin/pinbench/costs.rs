@@ -68,6 +68,8 @@ pub fn allocation(bench: &mut Bench) -> Outcome<Vec<Allocation>> {
         let pinned = Pinned::<u8>::zeroed(&context, large)?;
         times.push(begin.elapsed().as_secs_f64());
         drop(pinned);
+        // Unpinned on the crate's release thread: done before the next sample, not during it.
+        context.synchronize()?;
     }
     row(Alloc::PinnedCold, large, 1, times);
 
@@ -81,6 +83,7 @@ pub fn allocation(bench: &mut Bench) -> Outcome<Vec<Allocation>> {
         times.push(begin.elapsed().as_secs_f64());
     }
     drop(kept);
+    context.synchronize()?;
     row(Alloc::PinnedPerCall, PER_CALL_BYTES, 1, times);
 
     bench
@@ -145,6 +148,7 @@ pub fn allocation(bench: &mut Bench) -> Outcome<Vec<Allocation>> {
             let registered = Registered::new(&context, vec)?;
             times.push(begin.elapsed().as_secs_f64());
             drop(registered);
+            context.synchronize()?;
         }
         row(what, large, 1, times);
     }
@@ -163,7 +167,9 @@ pub fn enqueue(bench: &mut Bench) -> Outcome<Enqueue> {
     let other = Stream::new(&context)?;
     let small = Pinned::from_slice(&context, &[7u8; SMALL])?;
     let mut device = DeviceBuffer::<u8>::zeroed(stream, SMALL)?;
-    stream.synchronize()?;
+    // Also lets the crate's release thread finish unpinning what earlier sections dropped: unpinning holds back
+    // every thread's driver calls, the timed ones too.
+    context.synchronize()?;
     let batches = |enqueue: &mut dyn FnMut(usize) -> cuda_pinned::Result<()>| -> Outcome<f64> {
         let mut times = Vec::new();
         for batch in 0..2 + samples {

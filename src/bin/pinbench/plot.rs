@@ -31,6 +31,7 @@ fn color(method: Method) -> &'static str {
     match method {
         Method::Pageable => "#d62728",
         Method::Staged => "#ff7f0e",
+        Method::StagedChunked => "#bcbd22",
         Method::Pinned => "#1f77b4",
         Method::PinnedWriteCombined => "#2ca02c",
         Method::Registered => "#9467bd",
@@ -69,6 +70,7 @@ pub fn series(report: &Report, direction: Direction) -> Vec<Series> {
         let label = match method {
             Method::Pageable => "pageable (driver-staged)",
             Method::Staged => "pageable, staged through PinnedPool",
+            Method::StagedChunked => "pageable, chunked through PinnedPool at every size",
             Method::Pinned => "pinned",
             Method::PinnedWriteCombined => "pinned write-combined",
             Method::Registered => "registered Vec",

@@ -1,6 +1,8 @@
 //! What a run measured: plain data, filled by the measuring modules and read by the table, the JSON document
 //! and the plot. Times are seconds (`f64`), sizes bytes; bandwidth is decimal GB/s (1e9 bytes per second).
 
+use cuda_pinned::staging::StagingOptions;
+
 use crate::nvml::Link;
 
 /// Which way data moves.
@@ -41,6 +43,9 @@ pub enum Method {
     /// worker threads copy chunks through pinned buffers of a warm `PinnedPool` while the DMA engine moves the
     /// chunks staged before. No raw reference; compared with [`Method::Pageable`] instead.
     Staged,
+    /// [`Method::Staged`] with `StagingOptions::pageable_below` at 0: chunked through the pool at every size,
+    /// never the driver's path. Where it beats [`Method::Pageable`] is where the crossover belongs.
+    StagedChunked,
     /// `Pinned::zeroed`: `cuMemHostAlloc` with default flags.
     Pinned,
     /// `PinnedBuilder::write_combined(true)`: uncached for the CPU, meant for upload staging.
@@ -51,9 +56,10 @@ pub enum Method {
 
 impl Method {
     /// The methods a run measures, in the order they are shown.
-    pub const MEASURED: [Method; 5] = [
+    pub const MEASURED: [Method; 6] = [
         Method::Pageable,
         Method::Staged,
+        Method::StagedChunked,
         Method::Pinned,
         Method::PinnedWriteCombined,
         Method::Registered,
@@ -64,6 +70,7 @@ impl Method {
         match self {
             Method::Pageable => "pageable",
             Method::Staged => "staged",
+            Method::StagedChunked => "staged_chunked",
             Method::Pinned => "pinned",
             Method::PinnedWriteCombined => "pinned_write_combined",
             Method::Registered => "registered",
@@ -75,6 +82,7 @@ impl Method {
         match self {
             Method::Pageable => "pageable",
             Method::Staged => "staged",
+            Method::StagedChunked => "chunked",
             Method::Pinned => "pinned",
             Method::PinnedWriteCombined => "write-combined",
             Method::Registered => "registered",
@@ -84,13 +92,24 @@ impl Method {
     /// Whether the host memory is page-locked, so that the raw `cuMemcpy*Async` can be timed on the same memory
     /// as a reference.
     pub fn has_raw(self) -> bool {
-        !matches!(self, Method::Pageable | Method::Staged)
+        !matches!(
+            self,
+            Method::Pageable | Method::Staged | Method::StagedChunked
+        )
     }
 
     /// Whether the figure is compared with the driver's pageable path at the same size and direction: the
     /// methods that, like it, take ordinary memory.
     pub fn against_pageable(self) -> bool {
-        matches!(self, Method::Staged)
+        matches!(self, Method::Staged | Method::StagedChunked)
+    }
+
+    /// The staging options of a staged method (`None`: the defaults).
+    pub fn staging_options(self) -> Option<StagingOptions> {
+        (self == Method::StagedChunked).then(|| StagingOptions {
+            pageable_below: 0,
+            ..StagingOptions::default()
+        })
     }
 }
 
