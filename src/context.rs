@@ -420,7 +420,10 @@ impl Context {
                 Err(e) => return Err(e),
             }
         }
-        crate::stream::all_idle(&lock(&self.0.streams))
+        // A copy of the list: a stream upgraded from it may lose its last other handle meanwhile, and its drop
+        // takes the list's lock to leave it.
+        let streams = lock(&self.0.streams).clone();
+        crate::stream::all_idle(&streams)
     }
 
     /// An event of this context for ordering (recorded without timing): an idle one of the pool, else a new one.

@@ -14,13 +14,13 @@
 //!
 //! # Which path
 //! Starting threads and splitting a transfer costs more than it saves on small transfers, so a transfer below
-//! [`StagingOptions::pageable_below`] bytes takes the driver's pageable path ([`Stream::upload_pageable`],
-//! [`Stream::download_pageable`]), except an upload of at most [`SMALL_UPLOAD`] bytes: it is copied into one
-//! staging buffer of its size on the calling thread and returns at once, the copy across the link running on
-//! the stream as staged chunks do. A transfer that cannot get even its first staging buffer from the pool (the
-//! budget is held by buffers in use, or is smaller than one staging buffer) takes the driver's path too: a
-//! staged transfer never gives less than the driver's path would, and never waits for buffers that others
-//! hold.
+//! [`StagingOptions::chunked_from`] bytes goes through one staging buffer of its size, on the calling thread: an
+//! upload is copied into it and returns at once, the copy across the link running on the stream (the driver's
+//! pageable path would return only once it has completed); a download crosses the link at its full speed into
+//! the buffer, then is copied out. A transfer that cannot get even its first staging buffer from the pool (the
+//! budget is held by buffers in use, or is smaller than one staging buffer) takes the driver's pageable path
+//! ([`Stream::upload_pageable`], [`Stream::download_pageable`]): a staged transfer never waits for buffers that
+//! others hold.
 //!
 //! # Chunks
 //! A chunk is at most [`StagingOptions::chunk_bytes`], and smaller where the transfer is too short to give every
@@ -55,12 +55,6 @@ use crate::stream::Stream;
 /// each with its stack and two staging buffers.
 pub const MAX_THREADS: usize = 64;
 
-/// The largest upload staged through one buffer of its own size, copied into on the calling thread: the call
-/// returns once the bytes are copied, while the driver's pageable path returns only once the copy has
-/// completed (on an H100, a 4 KiB pageable upload took 9.5 us against 2.3 us for the asynchronous copy alone).
-/// Above it, the host copy on one thread takes longer than the driver's path.
-pub const SMALL_UPLOAD: usize = 1 << 20;
-
 /// Chunks per worker that the chunk size is adapted for: as many as a worker has buffers, so that its two
 /// buffers alternate (the first chunk crosses the link while the second is staged) and yet a transfer cut this
 /// way never waits for its own copies to free a buffer: an upload queued behind other work on its stream
@@ -76,7 +70,7 @@ const MIN_CHUNK: usize = 256 << 10;
 /// across the link.
 const BUFFERS_PER_WORKER: usize = 2;
 
-/// How a staged transfer splits its work, and when it takes the driver's pageable path instead.
+/// How a staged transfer splits its work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StagingOptions {
     /// The most bytes per chunk (and per staging buffer). Default 4 MiB. A transfer too short to give every
@@ -85,18 +79,19 @@ pub struct StagingOptions {
     /// Worker threads copying between the user's memory and the staging buffers. Default: one per core, at most
     /// 8. A transfer starts no more than [`MAX_THREADS`], and no more than it has chunks.
     pub threads: usize,
-    /// Transfers of fewer bytes take the driver's pageable path ([`Stream::upload_pageable`],
-    /// [`Stream::download_pageable`]) instead, which is faster there. Default 16 MiB, measured on an H100 host
-    /// (PCIe gen 5 x16, 16 cores), where staged uploads ran at 0.48x the driver's pageable path at 4 KiB, 0.87x at
-    /// 1 MiB, 0.60x at 4 MiB and 1.28x at 16 MiB (downloads alike); other machines may cross over elsewhere:
-    /// measure with pinbench. 0 stages every transfer; `usize::MAX` none.
-    pub pageable_below: usize,
+    /// Transfers of at least this many bytes are split into chunks on worker threads; smaller ones go through
+    /// one staging buffer of their size on the calling thread, where starting threads would cost more than they
+    /// save. Default 16 MiB, measured on an H100 host (PCIe gen 5 x16, 16 cores, pinbench's "chunked" column):
+    /// chunked transfers ran at 0.65x the driver's pageable path at 1 MiB and 0.89x-1.05x at 4 MiB, against
+    /// 1.78x-2.72x at 16 MiB; other machines may cross over elsewhere: measure with pinbench. 0 chunks every
+    /// transfer; `usize::MAX` none.
+    pub chunked_from: usize,
 }
 
 /// The defaults were measured on an H100 host with 16 cores (pinbench `--staging-sweep`, 256 MiB): 4 MiB chunks
 /// with 8 threads gave 3.65x the driver's pageable upload and 2.42x its download; 8 MiB chunks with 4 threads
-/// gave 2.38x and 1.56x. The crossover to the driver's path is where the same host's staged transfers overtook
-/// the driver's (between 4 and 16 MiB, both directions).
+/// gave 2.38x and 1.56x. The crossover to chunking is where the same kind of host's chunked transfers overtook the
+/// driver's pageable path (between 4 and 16 MiB, both directions).
 impl Default for StagingOptions {
     fn default() -> StagingOptions {
         // `available_parallelism` reads the process's CPU quota from files (about 10 us, longer than a small
@@ -107,7 +102,7 @@ impl Default for StagingOptions {
         StagingOptions {
             chunk_bytes: 4 << 20,
             threads: cores.clamp(1, 8),
-            pageable_below: 16 << 20,
+            chunked_from: 16 << 20,
         }
     }
 }
@@ -153,10 +148,8 @@ impl StagingOptions {
     }
 
     /// The staging buffers a staged transfer of `bytes` with these options takes from its pool at most: how many,
-    /// and the bytes each one asks the pool for. `(0, 0)` for a transfer that takes the driver's pageable path
-    /// (below [`StagingOptions::pageable_below`] and above [`SMALL_UPLOAD`], or any download below
-    /// `pageable_below`) or is empty; one buffer of `bytes` up to [`SMALL_UPLOAD`] (an upload). For sizing a pool's
-    /// budget, or pinning its buffers ahead of time.
+    /// and the bytes each one asks the pool for: one buffer of `bytes` below [`StagingOptions::chunked_from`],
+    /// `(0, 0)` for an empty transfer. For sizing a pool's budget, or pinning its buffers ahead of time.
     ///
     /// # Errors
     /// An invalid-argument error for a chunk size or thread count of zero.
@@ -165,12 +158,8 @@ impl StagingOptions {
         if bytes == 0 {
             return Ok((0, 0));
         }
-        if bytes < self.pageable_below {
-            return Ok(if bytes <= SMALL_UPLOAD {
-                (1, bytes)
-            } else {
-                (0, 0)
-            });
+        if bytes < self.chunked_from {
+            return Ok((1, bytes));
         }
         Ok((plan.buffers(), plan.buffer_bytes()))
     }
@@ -296,25 +285,19 @@ fn upload<T: Pod>(
             },
         )
     };
-    if bytes.len() <= SMALL_UPLOAD && bytes.len() < options.pageable_below {
-        // Instead of the driver's path: one buffer of its own size, if the pool has one (never waiting), copied
-        // into and uploaded from; the call returns as soon as the bytes are copied, where the driver's path would
-        // return only once the copy has completed.
-        match pool.try_alloc::<u8>(bytes.len()) {
+    if bytes.len() < options.chunked_from {
+        // One buffer of the transfer's size, if the pool has one (never waiting), copied into on this thread and
+        // uploaded from; the call returns as soon as the bytes are copied, where the driver's path would return
+        // only once the copy has completed. Else the driver's path.
+        return match pool.try_alloc::<u8>(bytes.len()) {
             Ok(mut buffer) => {
                 // A block the pool hands out has no device work in flight: this does not wait.
-                buffer
-                    .as_mut_slice()
-                    .map_err(context)?
-                    .copy_from_slice(bytes);
-                return enqueue(0, &buffer, bytes.len()).map_err(context);
+                stream_copy(buffer.as_mut_slice().map_err(context)?, bytes);
+                enqueue(0, &buffer, bytes.len()).map_err(context)
             }
-            Err(Error::PoolExhausted { .. }) => return stream.upload_pageable(src, dst),
-            Err(e) => return Err(context(e)),
-        }
-    }
-    if bytes.len() < options.pageable_below {
-        return stream.upload_pageable(src, dst);
+            Err(Error::PoolExhausted { .. }) => stream.upload_pageable(src, dst),
+            Err(e) => Err(context(e)),
+        };
     }
     // May wait for the pool's blocks whose device work is pending (that wait ends by itself), never for buffers
     // others hold: with no room for one staging buffer the transfer takes the driver's path instead.
@@ -404,22 +387,12 @@ fn download<T: Pod>(
     if total == 0 {
         return Ok(());
     }
-    if total < options.pageable_below {
-        return stream.download_pageable(src, dst);
-    }
     let context = |e: Error| {
         e.context(format_args!(
             "downloading {} staged through pinned memory",
             Bytes(total)
         ))
     };
-    // As for an upload: no room for one staging buffer means the driver's path.
-    let first = match pool.alloc_after_pending::<u8>(plan.buffer_bytes()) {
-        Ok(buffer) => buffer,
-        Err(Error::PoolExhausted { .. }) => return stream.download_pageable(src, dst),
-        Err(e) => return Err(context(e)),
-    };
-    let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
     let (base, track) = (src.device_ptr(), src.track());
     let enqueue = |offset: usize, buffer: &Pinned<u8>, len: usize| {
         let dst = buffer.host_ptr();
@@ -441,6 +414,25 @@ fn download<T: Pod>(
             },
         )
     };
+    if total < options.chunked_from {
+        // One buffer of the transfer's size, if the pool has one (never waiting): the copy across the link at its
+        // full speed, then out on this thread. Else the driver's path.
+        return match pool.try_alloc::<u8>(total) {
+            Ok(buffer) => enqueue(0, &buffer, total)
+                .and_then(|()| buffer.as_slice())
+                .map(|data| stream_copy(bytemuck::cast_slice_mut(dst), data))
+                .map_err(context),
+            Err(Error::PoolExhausted { .. }) => stream.download_pageable(src, dst),
+            Err(e) => Err(context(e)),
+        };
+    }
+    // As for an upload: no room for one staging buffer means the driver's path.
+    let first = match pool.alloc_after_pending::<u8>(plan.buffer_bytes()) {
+        Ok(buffer) => buffer,
+        Err(Error::PoolExhausted { .. }) => return stream.download_pageable(src, dst),
+        Err(e) => return Err(context(e)),
+    };
+    let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
     let result = if plan.chunks() == 1 {
         // One chunk: no threads to start, no overlap to gain.
         let buffer = first;
@@ -554,6 +546,9 @@ fn join_all(workers: Vec<ScopedJoinHandle<'_, ()>>) {
     }
 }
 
+/// The smallest copy [`stream_copy`] makes with streaming stores.
+const STREAMING_FROM: usize = 256 << 10;
+
 /// `to.copy_from_slice(from)` with streaming (non-temporal) stores on x86-64, for the chunks of a staged
 /// transfer: each byte is written once and next read by the DMA engine (an upload's staging buffer) or by the
 /// user later (a download's destination), so there is no point in first reading each destination line into the
@@ -566,6 +561,10 @@ fn stream_copy(to: &mut [u8], from: &[u8]) {
         from.len(),
         "staging: copying between unequal chunks"
     );
+    // A small copy fits in the cache, where its next reader finds it: plain stores.
+    if to.len() < STREAMING_FROM {
+        return to.copy_from_slice(from);
+    }
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
@@ -812,11 +811,11 @@ impl Stream {
     /// transfer overlap. Returns once `src` is no longer read (every chunk staged); the device copies run on this
     /// stream, ordered like [`Stream::upload`]. Default [`StagingOptions`].
     ///
-    /// A transfer below [`StagingOptions::pageable_below`] bytes (16 MiB by default) takes the driver's path,
-    /// [`Stream::upload_pageable`], which is faster there; so does a transfer for which `pool` has no room for
-    /// even one staging buffer (its budget held by buffers in use, or smaller than one buffer), rather than
-    /// waiting for buffers others hold. That path returns once the copy has completed, after the work queued on
-    /// this stream before it.
+    /// A transfer below [`StagingOptions::chunked_from`] bytes (16 MiB by default) goes through one staging
+    /// buffer of its size, copied into on the calling thread, and returns at once. A transfer for which `pool` has
+    /// no room for even one staging buffer (its budget held by buffers in use, or smaller than one buffer) takes
+    /// the driver's path, [`Stream::upload_pageable`], rather than waiting for buffers others hold: that path
+    /// returns once the copy has completed, after the work queued on this stream before it.
     ///
     /// The pool should have room for `2 x threads x chunk` bytes (64 MiB by default); with less, the transfer
     /// goes on with the buffers it could get. [`StagingOptions::staging_buffers`] says what a transfer takes.
@@ -834,7 +833,7 @@ impl Stream {
         self.upload_staged_with(pool, StagingOptions::default(), src, dst)
     }
 
-    /// [`Stream::upload_staged`] with other chunk size, thread count or crossover to the driver's path.
+    /// [`Stream::upload_staged`] with other chunk size, thread count or crossover to chunking.
     ///
     /// # Errors
     /// As [`Stream::upload_staged`], and for a chunk size or thread count of zero.
@@ -852,8 +851,9 @@ impl Stream {
     /// of each chunk overlapping the copy-out of the chunks before on several threads. Returns once every byte of
     /// `dst` has been written. Default [`StagingOptions`].
     ///
-    /// Below [`StagingOptions::pageable_below`] bytes, or when `pool` has no room for one staging buffer, it takes
-    /// the driver's path, [`Stream::download_pageable`], as [`Stream::upload_staged`] does.
+    /// Below [`StagingOptions::chunked_from`] bytes it goes through one staging buffer of its size: across the
+    /// link into it, then out on the calling thread. When `pool` has no room for one staging buffer it takes the
+    /// driver's path, [`Stream::download_pageable`], as [`Stream::upload_staged`] does.
     ///
     /// # Errors
     /// As [`Stream::upload_staged`]; after an error part of `dst` may have been written.
@@ -866,7 +866,7 @@ impl Stream {
         self.download_staged_with(pool, StagingOptions::default(), src, dst)
     }
 
-    /// [`Stream::download_staged`] with other chunk size, thread count or crossover to the driver's path.
+    /// [`Stream::download_staged`] with other chunk size, thread count or crossover to chunking.
     ///
     /// # Errors
     /// As [`Stream::upload_staged_with`].
@@ -893,7 +893,7 @@ mod tests {
         StagingOptions {
             chunk_bytes,
             threads,
-            pageable_below: 0,
+            chunked_from: 0,
         }
     }
 
@@ -944,12 +944,16 @@ mod tests {
 
     #[test]
     fn streaming_copies_copy_every_byte_whatever_the_alignment() {
-        let source: Vec<u8> = (0..300u32).map(|i| (i * 7 + 3) as u8).collect();
+        let base = STREAMING_FROM;
+        let source: Vec<u8> = (0..base as u32 + 300).map(|i| (i * 7 + 3) as u8).collect();
         for from_offset in 0..17 {
             for to_offset in 0..17 {
-                for len in [0, 1, 15, 16, 17, 31, 32, 33, 100, 255] {
+                for len in [0, 1, 15, 100, 255]
+                    .into_iter()
+                    .chain([0, 1, 15, 16, 17, 33, 255].map(|n| base + n))
+                {
                     let from = &source[from_offset..from_offset + len];
-                    let mut target = vec![0xAAu8; 300];
+                    let mut target = vec![0xAAu8; base + 300];
                     stream_copy(&mut target[to_offset..to_offset + len], from);
                     assert_eq!(&target[to_offset..to_offset + len], from);
                     assert!(target[..to_offset].iter().all(|&b| b == 0xAA));
@@ -965,27 +969,25 @@ mod tests {
             threads: 8,
             ..StagingOptions::default()
         };
-        assert_eq!(eight.staging_buffers((16 << 20) - 1).unwrap(), (0, 0));
+        assert_eq!(
+            eight.staging_buffers((16 << 20) - 1).unwrap(),
+            (1, (16 << 20) - 1)
+        );
         assert_eq!(eight.staging_buffers(16 << 20).unwrap(), (16, 1 << 20));
         assert_eq!(eight.staging_buffers(1 << 30).unwrap(), (16, 4 << 20));
         assert_eq!(eight.staging_buffers(4 << 10).unwrap(), (1, 4 << 10));
-        assert_eq!(
-            eight.staging_buffers(SMALL_UPLOAD).unwrap(),
-            (1, SMALL_UPLOAD)
-        );
-        assert_eq!(eight.staging_buffers(SMALL_UPLOAD + 1).unwrap(), (0, 0));
         let always = StagingOptions {
-            pageable_below: 0,
+            chunked_from: 0,
             ..eight
         };
         assert_eq!(always.staging_buffers(0).unwrap(), (0, 0));
         assert_eq!(always.staging_buffers(16 << 10).unwrap(), (1, 16 << 10));
         assert_eq!(always.staging_buffers(1 << 20).unwrap(), (4, MIN_CHUNK));
         let never = StagingOptions {
-            pageable_below: usize::MAX,
+            chunked_from: usize::MAX,
             ..eight
         };
-        assert_eq!(never.staging_buffers(1 << 30).unwrap(), (0, 0));
+        assert_eq!(never.staging_buffers(1 << 30).unwrap(), (1, 1 << 30));
         let none = StagingOptions {
             threads: 0,
             ..eight

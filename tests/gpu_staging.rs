@@ -36,10 +36,10 @@ fn odd_sizes_and_unaligned_slices_round_trip() {
     let small = StagingOptions {
         chunk_bytes: 64 << 10,
         threads: 3,
-        pageable_below: 0,
+        chunked_from: 0,
     };
     let staged = StagingOptions {
-        pageable_below: 0,
+        chunked_from: 0,
         ..StagingOptions::default()
     };
     for options in [small, StagingOptions::default(), staged] {
@@ -128,7 +128,7 @@ fn a_small_pool_still_stages_and_other_streams_are_ordered() {
     let options = StagingOptions {
         chunk_bytes: 1 << 20,
         threads: 4,
-        pageable_below: 0,
+        chunked_from: 0,
     };
     let pool = PinnedPool::new(&ctx, 1 << 20);
     let len = (5 << 20) + 77;

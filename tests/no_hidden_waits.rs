@@ -1174,7 +1174,7 @@ fn a_cached_allocation_does_not_wait_for_a_staged_transfer_waiting_for_room() {
     let one_chunk = StagingOptions {
         chunk_bytes: 48 * MIB,
         threads: 1,
-        pageable_below: 0,
+        chunked_from: 0,
     };
     thread::scope(|scope| {
         let waiter = scope.spawn(|| s.upload_staged_with(&pool, one_chunk, &src, &mut dst));
@@ -1227,7 +1227,7 @@ fn staged_transfers_do_not_wait_for_unrelated_work() {
     let chunked = StagingOptions {
         chunk_bytes: 64 << 10,
         threads: 2,
-        pageable_below: 0,
+        chunked_from: 0,
     };
     let src = data(N, 24);
     let mut back = vec![0u32; N];

@@ -126,7 +126,7 @@ fn a_staged_transfer_whose_caller_holds_the_budget_goes_through_the_drivers_path
     let (result, _) = bounded("a staged upload with the pool held", move || {
         // Staged at any size, so that the pool is asked.
         let options = StagingOptions {
-            pageable_below: 0,
+            chunked_from: 0,
             ..StagingOptions::default()
         };
         let src: Vec<u32> = (0..1 << 20).collect();

@@ -59,7 +59,7 @@ const STEPS: u64 = 2000;
 const STAGING: StagingOptions = StagingOptions {
     chunk_bytes: 4096,
     threads: 2,
-    pageable_below: 0,
+    chunked_from: 0,
 };
 /// More than all threads can hold at once (each at most `OWN_HOST` buffers, 4 staging buffers and one loose
 /// allocation, of at most 16 KiB each: 640 KiB in all), so a wait for room always ends; little enough that

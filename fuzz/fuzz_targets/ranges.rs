@@ -327,7 +327,7 @@ fuzz_target!(|data: &[u8]| {
     let options = StagingOptions {
         chunk_bytes,
         threads,
-        pageable_below: 0,
+        chunked_from: 0,
     };
     // A host slice of more than `usize::MAX` bytes cannot exist; the split is still checked up to that.
     let Some(total) = total else { return };

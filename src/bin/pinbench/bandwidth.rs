@@ -3,7 +3,7 @@
 //!
 //! The staged method copies a `Vec` through pinned buffers of the bench's `PinnedPool`, which is warmed before
 //! the figures of each size (and by every figure's warm-up copy), so that pinning is never timed. Below the
-//! library's crossover (`StagingOptions::pageable_below`) the staged method is the driver's pageable path, as
+//! library's crossover (`StagingOptions::chunked_from`) the staged method is the driver's pageable path, as
 //! for any user of `upload_staged`.
 //!
 //! Every figure is checked once: the source is filled with a pattern of its own seed before the copies, and

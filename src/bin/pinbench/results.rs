@@ -43,7 +43,7 @@ pub enum Method {
     /// worker threads copy chunks through pinned buffers of a warm `PinnedPool` while the DMA engine moves the
     /// chunks staged before. No raw reference; compared with [`Method::Pageable`] instead.
     Staged,
-    /// [`Method::Staged`] with `StagingOptions::pageable_below` at 0: chunked through the pool at every size,
+    /// [`Method::Staged`] with `StagingOptions::chunked_from` at 0: chunked through the pool at every size,
     /// never the driver's path. Where it beats [`Method::Pageable`] is where the crossover belongs.
     StagedChunked,
     /// `Pinned::zeroed`: `cuMemHostAlloc` with default flags.
@@ -107,7 +107,7 @@ impl Method {
     /// The staging options of a staged method (`None`: the defaults).
     pub fn staging_options(self) -> Option<StagingOptions> {
         (self == Method::StagedChunked).then(|| StagingOptions {
-            pageable_below: 0,
+            chunked_from: 0,
             ..StagingOptions::default()
         })
     }
