@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the bundled GPU test binaries (.gpu/tests/gpu_*, from ../shared/gpu-bundle) under compute-sanitizer's
-# memcheck, racecheck and synccheck, on the CUDA machine, from the repository root:
+# Runs the bundled GPU test binaries (.gpu/tests/*, built with --features gpu; the simulator-only ones, sim_*,
+# have no test there) under compute-sanitizer's memcheck, racecheck and synccheck, on the CUDA machine, from the
+# repository root:
 #
 #   bash scripts/gpu-sanitize.sh [OUT_DIR]     logs go to OUT_DIR (default: ./sanitize-logs)
 #
@@ -12,7 +13,8 @@ out=${1:-sanitize-logs}
 mkdir -p "$out"
 failed=0
 for tool in memcheck racecheck synccheck; do
-  for t in .gpu/tests/gpu_*; do
+  for t in .gpu/tests/*; do
+    case $(basename "$t") in sim_* | lib | loader | pinbench) continue ;; esac
     log=$out/$tool.log
     echo "=== $tool $(basename "$t")" >> "$log"
     compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 99 "$t" --test-threads=1 > /tmp/sanitize.$$ 2>&1
