@@ -226,6 +226,9 @@ pub fn bandwidth(bench: &mut Bench) -> Outcome<Vec<Bandwidth>> {
                 let options = method.staging_options().unwrap_or_default();
                 bench.progress.show("warming the staging pool");
                 warm_pool(&bench.pool, options, bytes)?;
+                // Blocks the pool evicted to make room are unpinned on the crate's release thread: done now, not
+                // during the figures.
+                bench.context.synchronize()?;
                 if bytes == plan.max_size() {
                     bench.progress.advance(estimate_warm(options, bytes));
                 }
