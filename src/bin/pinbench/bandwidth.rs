@@ -25,8 +25,9 @@ use crate::{Bench, Outcome};
 /// What a download's destination holds before the copy: not the pattern, not zeros.
 const POISON: u8 = 0xA5;
 
-/// The budget of the bench's staging pool ([`crate::Bench::pool`]).
-pub const STAGING_POOL_BYTES: usize = 256 << 20;
+/// The budget of the bench's staging pool ([`crate::Bench::pool`]): room for the buffers of every size measured,
+/// so that no figure's transfers make the pool evict (and the crate's release thread unpin) another size's.
+pub const STAGING_POOL_BYTES: usize = 1 << 30;
 
 /// The host memory of one method, one transfer long.
 pub enum Host {
