@@ -336,14 +336,14 @@ fn a_small_transfer_takes_a_small_buffer() {
     settle(&rig);
 }
 
-/// With the default options an upload below 16 MiB goes through one staging buffer of its size, a download below
-/// 256 KiB too (from there, the driver's path), and either takes the driver's pageable path where the pool has
-/// no room for the buffer.
+/// With the default options an upload of up to 1 MiB goes through one staging buffer of its size, a download
+/// below 256 KiB too (larger ones below 16 MiB: the driver's path), and either takes the driver's pageable path
+/// where the pool has no room for the buffer.
 #[test]
 fn small_transfers_take_one_buffer_or_the_drivers_path() {
     let _serial = serial();
     let rig = rig(8 * MIB);
-    for (len, buffers) in [(4 << 10, 2), (MIB, 1), (2 * MIB + 1, 1), (12 * MIB, 0)] {
+    for (len, buffers) in [(4 << 10, 2), (MIB, 1), (2 * MIB + 1, 0), (12 * MIB, 0)] {
         let want = bytes(len, 7);
         let before = rig.pool.stats();
         let mut device = DeviceBuffer::<u8>::zeroed(&rig.stream, want.len()).unwrap();
@@ -401,16 +401,16 @@ fn footprint(rig: &Rig, options: StagingOptions, len: usize) -> [(u64, usize); 2
     [up, down]
 }
 
-/// Below `chunked_from` a transfer is one copy (an upload through one staging buffer, a download from 256 KiB
-/// through the driver's path); from it, chunks through staging buffers. 0 chunks everything, `usize::MAX`
-/// nothing.
+/// Below `chunked_from` a transfer is one copy (through one staging buffer when small, else the driver's path);
+/// from it, chunks through staging buffers. 0 chunks everything, `usize::MAX` nothing.
 #[test]
 fn the_crossover_picks_the_path() {
     let _serial = serial();
     let rig = rig(64 * MIB);
     let default = StagingOptions::default();
     assert_eq!(default.chunked_from, 16 * MIB);
-    assert_eq!(footprint(&rig, default, 16 * MIB - 1), [(1, 1), (0, 1)]);
+    assert_eq!(footprint(&rig, default, 16 * MIB - 1), [(0, 1); 2]);
+    assert_eq!(footprint(&rig, default, MIB), [(1, 1), (0, 1)]);
     for (served, copies) in footprint(&rig, default, 16 * MIB) {
         assert!(
             served >= 1 && copies > 1,
@@ -426,7 +426,7 @@ fn the_crossover_picks_the_path() {
         chunked_from: usize::MAX,
         ..default
     };
-    assert_eq!(footprint(&rig, never, 32 * MIB), [(1, 1), (0, 1)]);
+    assert_eq!(footprint(&rig, never, 32 * MIB), [(0, 1); 2]);
     assert_eq!(footprint(&rig, never, 4096), [(1, 1); 2]);
     settle(&rig);
 }
