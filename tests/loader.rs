@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-/// Where cargo built pinbench, or, in a bundle copied to another machine (`../shared/gpu-bundle`), the
+/// Where cargo built pinbench, or, in test binaries copied to another machine, the
 /// `bin/` beside the `tests/` folder holding this test.
 fn pinbench() -> PathBuf {
     let built = PathBuf::from(env!("CARGO_BIN_EXE_pinbench"));
