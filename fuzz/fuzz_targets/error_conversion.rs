@@ -1,6 +1,7 @@
 //! Arbitrary result codes and bytes through `Error::from_driver_parts` / `Error::from_runtime_parts`,
-//! `Error::context` and the error's `Display`, `Debug` and `Clone`: none of it may panic, and the message must
-//! always name the error, its code, the failing function and the context it was given.
+//! `Error::context` (every context kept, innermost first) and the error's `Display`, `Debug` and `Clone`:
+//! none of it may panic, and the message must always name the error, its code, the failing function and
+//! every context it was given.
 //!
 //! Input layout (every part is optional: a short input reads as zeros / empty):
 //!
@@ -77,12 +78,16 @@ fuzz_target!(|data: &[u8]| {
     if let Some(first) = &first {
         error = error.context(first);
     }
-    // A second context never replaces the first: the first is the closest to the failure.
+    // A second context is added after the first: the first is the closest to the failure.
     if let Some(second) = &second {
         error = error.context(second);
     }
-    // The context that must show: the first one given, else the second, else none.
-    let context = first.as_deref().or(second.as_deref());
+    // The contexts that must show, innermost first, joined as the message joins them.
+    let context = match (first.as_deref(), second.as_deref()) {
+        (Some(first), Some(second)) => Some(format!("{first}, while {second}")),
+        (one, other) => one.or(other).map(str::to_owned),
+    };
+    let context = context.as_deref();
 
     let text = error.to_string();
     let debug = format!("{error:?}");
@@ -165,8 +170,16 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(format!("{clone:?}"), debug);
     assert_eq!(clone.driver_code(), error.driver_code());
 
-    // Once there is a context, adding another changes nothing.
-    if context.is_some() {
-        assert_eq!(clone.context("something else").to_string(), text);
+    // Every context added later shows too, outermost last, before the function.
+    if let Some(context) = context {
+        assert!(
+            clone
+                .context("something else")
+                .to_string()
+                .ends_with(&format!(
+                    ", while {context}, while something else ({function})"
+                )),
+            "{text:?}"
+        );
     }
 });

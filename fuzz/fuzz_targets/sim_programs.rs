@@ -4,8 +4,9 @@
 //! waited for by another, host reads and writes of pinned memory, and buffers replaced (dropped with work in
 //! flight) mid-program. The program and its model are tests/common/program.rs, shared with the property test
 //! tests/gpu_props.rs; every element of every buffer is compared at the end (and wherever the program reads
-//! one), the simulator must find no violation (work touching freed memory, memory freed under queued work),
-//! and everything the program allocated must be gone once it ends.
+//! one), the simulator must find no violation (work touching freed memory, memory freed under queued work,
+//! a hidden wait, a false dependency), and everything the program allocated must be gone once it ends. Events
+//! are the exception: the context keeps those its work returns for reuse, at most a fixed number of them.
 //!
 //! The simulator is the one `cargo build -p cuda-pinned-sim --release` builds at the repository root (not the
 //! sanitizer-instrumented copy cargo-fuzz builds beside this target), unless `CUDA_PINNED_LIBCUDA` names
@@ -55,13 +56,15 @@ mod program;
 
 use std::sync::LazyLock;
 
-use cuda_pinned::Context;
+use cuda_pinned::{Context, DeviceBuffer, Pinned, Stream};
 use cuda_pinned_fuzz::Reader;
 use libfuzzer_sys::fuzz_target;
 use program::{DEVICE_BUFFERS, MAX_STREAMS, Op, PINNED_BUFFERS, Program};
 
 /// Operations read at most: enough for long chains across streams, few enough for thousands of runs a minute.
 const MAX_OPS: usize = 64;
+/// The most idle events a context keeps for reuse (the crate's event pool).
+const POOLED_EVENTS_AT_MOST: u64 = 1024;
 /// Buffer lengths come from the first four of `program::SIZES`: up to 65537 elements, 256 KiB.
 const LENGTHS: u8 = 4;
 
@@ -91,9 +94,20 @@ fn use_simulator() {
     set("CUDA_SIM_MAX_DELAY_US", "50");
 }
 
-/// One context for the whole fuzzing process: each run makes its own streams and buffers.
-static CONTEXT: LazyLock<Context> =
-    LazyLock::new(|| Context::on(0).expect("the simulated driver has device 0"));
+/// One context for the whole fuzzing process: each run makes its own streams and buffers. It is made with
+/// what a context keeps for its whole life once used, so that no run's count of live objects includes it: its
+/// stream for frees that wait for several streams (made here by freeing a buffer written on one and read on another).
+static CONTEXT: LazyLock<Context> = LazyLock::new(|| {
+    let ctx = Context::on(0).expect("the simulated driver has device 0");
+    let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let mut host = Pinned::<u32>::zeroed(&ctx, 1).unwrap();
+    let mut device = DeviceBuffer::<u32>::uninit(&a, 1).unwrap();
+    a.upload(&host, &mut device).unwrap();
+    b.download(&device, &mut host).unwrap();
+    drop((device, host, a, b));
+    ctx.synchronize().unwrap();
+    ctx
+});
 
 fn stream(r: &mut Reader) -> usize {
     usize::from(r.byte()) % MAX_STREAMS
@@ -230,6 +244,15 @@ fuzz_target!(
         }
         ctx.synchronize().expect("synchronize after the program");
         let after = sim.live();
-        assert_eq!(after, before, "the program left something allocated: {program:#?}");
+        let events = after.events;
+        assert_eq!(
+            cuda_pinned_sim::Live { events: 0, ..after },
+            cuda_pinned_sim::Live { events: 0, ..before },
+            "the program left something allocated: {program:#?}"
+        );
+        assert!(
+            events <= POOLED_EVENTS_AT_MOST,
+            "{events} events live after the program: more than a context keeps for reuse"
+        );
     }
 );

@@ -438,12 +438,31 @@ fn callers(frames: &[Frame]) -> Vec<Frame> {
 /// the call that enqueues it; a wait made by one call and followed by an operation of another (a user's own
 /// `Stream::wait`, the prefetcher's hand-over of a batch, which readies the stream for whatever the consumer
 /// enqueues, raw kernels included) is not made for that operation, and is not judged by it.
+///
+/// Where a side shows no crate frame, it counts as a raw driver call only if every one of its frames is named
+/// with its path: with line tables alone (`debug = "line-tables-only"`, as cargo-fuzz builds), an inlined
+/// function is named without its module (`and_then<..>`, `{closure#0}<..>`), so a call through the crate can
+/// look like a raw one. Such a wait is not judged: a false dependency is reported only when it is known.
 fn same_call(wait: &[Frame], op: &[Frame]) -> bool {
     fn entry(callers: &[Frame]) -> Option<(&Frame, Option<&Frame>)> {
         let at = callers.iter().rposition(|f| in_crate(&f.function))?;
         Some((&callers[at], callers.get(at + 1)))
     }
-    entry(wait) == entry(op)
+    match (entry(wait), entry(op)) {
+        (Some(wait), Some(op)) => wait == op,
+        (None, None) => wait.iter().chain(op).all(|f| has_path(&f.function)),
+        _ => false,
+    }
+}
+
+/// Whether a function is named with its path (`module::function`, `<Type as Trait>::function`), not only its
+/// own name and generic arguments.
+fn has_path(function: &str) -> bool {
+    let function = function.trim_start_matches('<');
+    function
+        .split('<')
+        .next()
+        .is_some_and(|head| head.contains("::"))
 }
 
 /// "called from" the crate functions among `callers`, outermost first (a few), or the nearest caller where
@@ -573,6 +592,14 @@ mod tests {
             )))
         };
         assert!(same_call(&raw(3), &raw(4)));
+        // A build with line tables only: the crate's functions inlined into the caller are named without
+        // their module, so the wait's call cannot be told from the copy's, and is not judged.
+        let unnamed = callers(&frames(
+            "   0: cuStreamWaitEvent\n   1: and_then<&cuda_pinned::sys::load::Driver, cuda_pinned::error::Error>\n   \
+             2: user::main\n             at ./src/main.rs:9:5\n",
+        ));
+        assert!(!same_call(&unnamed, &raw(4)));
+        assert!(!same_call(&unnamed, &enqueue));
     }
 
     #[test]
