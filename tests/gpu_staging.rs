@@ -7,7 +7,7 @@ use std::time::Duration;
 
 #[cfg(not(feature = "gpu"))]
 use common::kernels::{fill, spin};
-use common::{data, serial};
+use common::{data, data_bytes, serial};
 #[cfg(feature = "gpu")]
 use cuda_pinned::kernels::{fill, spin};
 use cuda_pinned::staging::StagingOptions;
@@ -15,14 +15,6 @@ use cuda_pinned::{Context, DeviceBuffer, Error, PinnedPool, Stream};
 
 fn context() -> Context {
     Context::on(0).expect("a CUDA device under feature `gpu`")
-}
-
-fn bytes(len: usize, seed: u64) -> Vec<u8> {
-    data(len.div_ceil(4), seed)
-        .iter()
-        .flat_map(|x| x.to_le_bytes())
-        .take(len)
-        .collect()
 }
 
 #[test]
@@ -58,7 +50,7 @@ fn odd_sizes_and_unaligned_slices_round_trip() {
         .enumerate()
         {
             // Slices that start 3 bytes into their Vec: not aligned to anything.
-            let source = bytes(len + 3, i as u64);
+            let source = data_bytes(len + 3, i as u64);
             let src = &source[3..];
             let mut device = DeviceBuffer::<u8>::zeroed(&stream, len).unwrap();
             stream
@@ -98,7 +90,7 @@ fn the_source_can_be_reused_as_soon_as_an_upload_returns() {
     let stream = Stream::new(&ctx).unwrap();
     let pool = PinnedPool::new(&ctx, 256 << 20);
     let len = 40 << 20;
-    let want = bytes(len, 5);
+    let want = data_bytes(len, 5);
     let mut src = want.clone();
     let mut device = DeviceBuffer::<u8>::zeroed(&stream, len).unwrap();
     // Warm the pool first, so that pinning its buffers takes none of the spin's time below.
@@ -132,7 +124,7 @@ fn a_small_pool_still_stages_and_other_streams_are_ordered() {
     };
     let pool = PinnedPool::new(&ctx, 1 << 20);
     let len = (5 << 20) + 77;
-    let want = bytes(len, 6);
+    let want = data_bytes(len, 6);
     let mut device = DeviceBuffer::<u8>::zeroed(&a, len).unwrap();
     b.upload_staged_with(&pool, options, &want, &mut device)
         .unwrap();

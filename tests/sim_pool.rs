@@ -10,10 +10,9 @@
 
 mod common;
 
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{serial, sim};
+use common::{on_a_thread, serial, sim};
 use cuda_pinned::staging::StagingOptions;
 use cuda_pinned::{
     Context, DeviceBuffer, Error, Pinned, PinnedPool, Pinning, Prefetcher, Stream, WhenFull,
@@ -24,22 +23,6 @@ const HANG: Duration = Duration::from_secs(20);
 
 fn context() -> Context {
     Context::on(0).unwrap()
-}
-
-/// Runs `f` on a thread of its own and returns what it returned, with how long it took; panics if it is still
-/// running after [`HANG`] (the thread is left behind) or if it panicked.
-fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> (T, Duration) {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let started = Instant::now();
-        let out = f();
-        let _ = tx.send((out, started.elapsed()));
-    });
-    match rx.recv_timeout(HANG) {
-        Ok(out) => out,
-        Err(RecvTimeoutError::Timeout) => panic!("{what}: still waiting after {HANG:?}"),
-        Err(RecvTimeoutError::Disconnected) => panic!("{what}: panicked"),
-    }
 }
 
 /// The time a `PoolExhausted` says it waited; panics on any other result.
@@ -68,7 +51,7 @@ fn a_forgotten_buffer_ends_a_waiting_alloc_at_the_deadline() {
         "try_alloc never waits"
     );
     let waiting = pool.clone();
-    let (result, took) = bounded("alloc after a forgotten buffer", move || {
+    let (result, took) = on_a_thread("alloc after a forgotten buffer", HANG, move || {
         waiting.alloc::<u8>(3 << 20).map(drop)
     });
     let e = result.as_ref().unwrap_err().clone();
@@ -97,7 +80,7 @@ fn a_waiting_pool_whose_budget_the_caller_holds_fails_at_the_deadline() {
         .build();
     let held = pool.alloc::<u8>(4 << 20).unwrap();
     let waiting = pool.clone();
-    let (result, _) = bounded("alloc while the caller holds the budget", move || {
+    let (result, _) = on_a_thread("alloc while the caller holds the budget", HANG, move || {
         waiting.alloc::<u8>(1).map(drop)
     });
     assert!(waited(result, "alloc") >= max_wait);
@@ -123,7 +106,7 @@ fn a_staged_transfer_whose_caller_holds_the_budget_goes_through_the_drivers_path
     let held = pool.alloc::<u8>(8 << 20).unwrap();
     let misses = pool.stats().misses;
     let (stream, transfer_pool) = (Stream::new(&ctx).unwrap(), pool.clone());
-    let (result, _) = bounded("a staged upload with the pool held", move || {
+    let (result, _) = on_a_thread("a staged upload with the pool held", HANG, move || {
         // Staged at any size, so that the pool is asked.
         let options = StagingOptions {
             chunked_from: 0,
@@ -157,14 +140,18 @@ fn a_prefetcher_whose_depth_does_not_fit_fails_at_once_on_a_waiting_pool() {
     let consumer = Stream::new(&ctx).unwrap();
     let (builder_pool, builder_consumer) = (pool.clone(), consumer.clone());
     // Eight slots of 32 MiB in 64 MiB: the builder would wait for the two it holds itself.
-    let (result, _) = bounded("building a prefetcher too deep for its pool", move || {
-        Prefetcher::<Pinned<u8>>::builder(&builder_pool, &builder_consumer, 32 << 20)
-            .batches(100)
-            .workers(4)
-            .depth(8)
-            .build(|_, _| Ok(()))
-            .map(drop)
-    });
+    let (result, _) = on_a_thread(
+        "building a prefetcher too deep for its pool",
+        HANG,
+        move || {
+            Prefetcher::<Pinned<u8>>::builder(&builder_pool, &builder_consumer, 32 << 20)
+                .batches(100)
+                .workers(4)
+                .depth(8)
+                .build(|_, _| Ok(()))
+                .map(drop)
+        },
+    );
     assert_eq!(waited(result, "build"), Duration::ZERO);
     assert_eq!(pool.stats().in_use, 0, "the slots allocated went back");
     // Two slots fit: the same pool serves a prefetcher of that depth.

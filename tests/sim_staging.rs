@@ -12,10 +12,9 @@
 
 mod common;
 
-use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{data, serial, sim};
+use common::{data_bytes, on_a_thread, serial, sim};
 use cuda_pinned::staging::StagingOptions;
 use cuda_pinned::{Context, DeviceBuffer, PinnedPool, Result, Stream};
 
@@ -31,33 +30,6 @@ fn staged(chunk_bytes: usize, threads: usize) -> StagingOptions {
         threads,
         chunked_from: 0,
     }
-}
-
-/// Runs `f` on a thread of its own and returns what it returns; fails the test if it panics or has not
-/// returned within [`DEADLINE`] (the thread is then left behind, hung).
-fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::Builder::new()
-        .name(what.to_owned())
-        .spawn(move || {
-            let _ = tx.send(f());
-        })
-        .expect("a thread for the transfer");
-    match rx.recv_timeout(DEADLINE) {
-        Ok(value) => value,
-        Err(mpsc::RecvTimeoutError::Timeout) => {
-            panic!("{what}: hung (no return within {DEADLINE:?})")
-        }
-        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: panicked"),
-    }
-}
-
-fn bytes(len: usize, seed: u64) -> Vec<u8> {
-    data(len.div_ceil(4), seed)
-        .iter()
-        .flat_map(|x| x.to_le_bytes())
-        .take(len)
-        .collect()
 }
 
 /// What a test needs: a context, a stream and a pool of `budget` bytes.
@@ -81,7 +53,7 @@ fn rig(budget: usize) -> Rig {
 fn upload(rig: &Rig, options: StagingOptions, want: &[u8], what: &str) -> (Result<()>, Vec<u8>) {
     let (stream, pool, want) = (rig.stream.clone(), rig.pool.clone(), want.to_vec());
     let mut device = DeviceBuffer::<u8>::zeroed(&rig.stream, want.len()).unwrap();
-    let (result, device) = bounded(what, move || {
+    let ((result, device), _) = on_a_thread(what, DEADLINE, move || {
         let result = stream.upload_staged_with(&pool, options, &want, &mut device);
         (result, device)
     });
@@ -98,11 +70,12 @@ fn download(
     what: &str,
 ) -> (Result<()>, Vec<u8>) {
     let (stream, pool) = (rig.stream.clone(), rig.pool.clone());
-    bounded(what, move || {
+    on_a_thread(what, DEADLINE, move || {
         let mut back = vec![0u8; device.len()];
         let result = stream.download_staged_with(&pool, options, &device, &mut back);
         (result, back)
     })
+    .0
 }
 
 /// A device buffer holding `want`, put there through the driver's path.
@@ -130,7 +103,7 @@ fn a_failed_copy_with_one_buffer_returns_an_error_upload() {
     let _serial = serial();
     let rig = rig(MIB);
     let sim = sim().unwrap();
-    let want = bytes(5 * MIB + 77, 1);
+    let want = data_bytes(5 * MIB + 77, 1);
     for nth in 1..=3 {
         sim.fail(&format!("cuMemcpyHtoDAsync_v2:{nth}:CUDA_ERROR_UNKNOWN"))
             .unwrap();
@@ -157,7 +130,7 @@ fn a_failed_copy_with_one_buffer_returns_an_error_download() {
     let _serial = serial();
     let rig = rig(MIB);
     let sim = sim().unwrap();
-    let want = bytes(5 * MIB + 77, 2);
+    let want = data_bytes(5 * MIB + 77, 2);
     for nth in 1..=3 {
         let device = on_device(&rig, &want);
         sim.fail(&format!("cuMemcpyDtoHAsync_v2:{nth}:CUDA_ERROR_UNKNOWN"))
@@ -208,7 +181,7 @@ fn a_workers_error_stops_an_upload() {
     let _serial = serial();
     let rig = rig(MIB);
     let sim = sim().unwrap();
-    let want = bytes(5 * MIB + 77, 8);
+    let want = data_bytes(5 * MIB + 77, 8);
     let options = staged(MIB, 4);
     let wait = a_workers_wait(&rig, options, &want, "cuMemcpyHtoDAsync_v2");
     sim.fail(&format!("{wait}:1:CUDA_ERROR_UNKNOWN")).unwrap();
@@ -234,7 +207,7 @@ fn a_workers_error_stops_the_enqueueing_thread() {
     let _serial = serial();
     let rig = rig(64 * MIB);
     let sim = sim().unwrap();
-    let want = bytes(32 * MIB, 3);
+    let want = data_bytes(32 * MIB, 3);
     // 128 chunks of 256 KiB.
     let options = staged(256 << 10, 2);
     let wait = a_workers_wait(&rig, options, &want, "cuMemcpyDtoHAsync_v2");
@@ -271,7 +244,7 @@ fn a_workers_error_stops_the_enqueueing_thread() {
 fn a_pool_smaller_than_a_chunk_never_hangs() {
     let _serial = serial();
     let rig = rig(200 << 10);
-    let want = bytes(5 * MIB + 77, 4);
+    let want = data_bytes(5 * MIB + 77, 4);
     let options = staged(MIB, 4);
     for run in 0..50 {
         let (result, back) = upload(&rig, options, &want, &format!("upload {run}"));
@@ -292,7 +265,7 @@ fn a_caller_holding_the_whole_pool_still_transfers() {
     let _serial = serial();
     let rig = rig(2 * MIB);
     let held = rig.pool.alloc::<u8>(2 * MIB).unwrap();
-    let want = bytes(3 * MIB + 5, 5);
+    let want = data_bytes(3 * MIB + 5, 5);
     for options in [staged(MIB, 2), staged(4 * MIB, 1)] {
         let (result, back) = upload(&rig, options, &want, "upload, pool held");
         result.unwrap();
@@ -318,7 +291,7 @@ fn a_caller_holding_the_whole_pool_still_transfers() {
 fn a_small_transfer_takes_a_small_buffer() {
     let _serial = serial();
     let rig = rig(64 * MIB);
-    let want = bytes(16 << 10, 6);
+    let want = data_bytes(16 << 10, 6);
     let (result, back) = upload(&rig, staged(4 * MIB, 8), &want, "upload 16 KiB");
     result.unwrap();
     assert!(back == want);
@@ -344,7 +317,7 @@ fn small_transfers_take_one_buffer_or_the_drivers_path() {
     let _serial = serial();
     let rig = rig(8 * MIB);
     for (len, buffers) in [(4 << 10, 2), (MIB, 1), (2 * MIB + 1, 0), (12 * MIB, 0)] {
-        let want = bytes(len, 7);
+        let want = data_bytes(len, 7);
         let before = rig.pool.stats();
         let mut device = DeviceBuffer::<u8>::zeroed(&rig.stream, want.len()).unwrap();
         rig.stream
@@ -370,7 +343,7 @@ fn small_transfers_take_one_buffer_or_the_drivers_path() {
 /// many copies the driver was asked for.
 fn footprint(rig: &Rig, options: StagingOptions, len: usize) -> [(u64, usize); 2] {
     let sim = sim().unwrap();
-    let want = bytes(len, len as u64);
+    let want = data_bytes(len, len as u64);
     let mut device = DeviceBuffer::<u8>::zeroed(&rig.stream, len).unwrap();
     let served = || {
         let stats = rig.pool.stats();

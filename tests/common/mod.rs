@@ -83,6 +83,32 @@ macro_rules! bounded {
     };
 }
 
+/// Runs `f` on a thread of its own and returns what it returned, with how long it took; panics if it has
+/// not returned within `limit` (the thread is left behind, hung) or if it panicked. For a test that must see
+/// a call end, where [`bounded`]'s abort would take the other tests of the process with it.
+pub fn on_a_thread<T: Send + 'static>(
+    what: &str,
+    limit: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> (T, Duration) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name(what.to_owned())
+        .spawn(move || {
+            let started = std::time::Instant::now();
+            let out = f();
+            let _ = tx.send((out, started.elapsed()));
+        })
+        .expect("a thread for the call");
+    match rx.recv_timeout(limit) {
+        Ok(out) => out,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{what}: hung (no return within {limit:?})")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: panicked"),
+    }
+}
+
 /// One thread that watches every [`bounded`] call of the process, so that a call costs a lock and a notify
 /// rather than a thread.
 mod watchdog {
@@ -543,6 +569,15 @@ pub mod kernels {
 pub fn data(len: usize, seed: u64) -> Vec<u32> {
     let mut rng = SplitMix64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x1234_5678);
     (0..len).map(|_| rng.next() as u32).collect()
+}
+
+/// [`data`] as `len` bytes.
+pub fn data_bytes(len: usize, seed: u64) -> Vec<u8> {
+    data(len.div_ceil(4), seed)
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .take(len)
+        .collect()
 }
 
 /// `SplitMix64`: reproducible choices and values for the tests' random programs.
