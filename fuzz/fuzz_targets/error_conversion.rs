@@ -1,5 +1,5 @@
-//! Arbitrary result codes and bytes through `Error::from_driver_parts` / `Error::from_runtime_parts`,
-//! `Error::context` (every context kept, innermost first) and the error's `Display`, `Debug` and `Clone`:
+//! Arbitrary result codes and bytes through `sys::Error::from_driver_parts` / `from_runtime_parts` of
+//! cuda-pinned-sys, the conversion into cuda-pinned's `Error`, `Error::context` (every context kept, innermost first) and the error's `Display`, `Debug` and `Clone`:
 //! none of it may panic, and the message must always name the error, its code, the failing function and
 //! every context it was given.
 //!
@@ -22,7 +22,7 @@ use std::error::Error as _;
 use std::ffi::CStr;
 
 use cuda_pinned::Error;
-use cuda_pinned::sys::{CUresult, cudaError_t};
+use cuda_pinned::sys::{self, CUresult, cudaError_t};
 use cuda_pinned_fuzz::Reader;
 use libfuzzer_sys::fuzz_target;
 
@@ -64,13 +64,13 @@ fuzz_target!(|data: &[u8]| {
 
     let (mut error, expected_name, expected_description) = if runtime {
         (
-            Error::from_runtime_parts(cudaError_t(code), name, description, function),
+            Error::from(sys::Error::from_runtime_parts(cudaError_t(code), name, description, function)),
             expected_text(name, "cudaErrorUnrecognized"),
             expected_text(description, "a result code the runtime does not describe"),
         )
     } else {
         (
-            Error::from_driver_parts(CUresult(code), name, description, function),
+            Error::from(sys::Error::from_driver_parts(CUresult(code), name, description, function)),
             expected_text(name, "CUDA_ERROR_UNRECOGNIZED"),
             expected_text(description, "a result code the driver does not describe"),
         )

@@ -1,16 +1,16 @@
 //! Arbitrary programs of safe-API operations over several streams and buffers, run on the simulated driver
-//! (tests/sim-driver) and checked against a CPU model: uploads, downloads and device copies of whole buffers
+//! (crates/cuda-pinned-sim) and checked against a CPU model: uploads, downloads and device copies of whole buffers
 //! and views, pageable transfers, fills, spins that hold a stream back, events recorded on one stream and
 //! waited for by another, host reads and writes of pinned memory, and buffers replaced (dropped with work in
-//! flight) mid-program. The program and its model are tests/common/program.rs, shared with the property test
-//! tests/gpu_props.rs; every element of every buffer is compared at the end (and wherever the program reads
+//! flight) mid-program. The program and its model are crates/cuda-pinned/tests/common/program.rs, shared with
+//! the property test tests/gpu_props.rs there; every element of every buffer is compared at the end (and wherever the program reads
 //! one), the simulator must find no violation (work touching freed memory, memory freed under queued work,
 //! a hidden wait, a false dependency), and everything the program allocated must be gone once it ends. Events
 //! are the exception: the context keeps those its work returns for reuse, at most a fixed number of them.
 //!
 //! The simulator is the one `cargo build -p cuda-pinned-sim --release` builds at the repository root (not the
-//! sanitizer-instrumented copy cargo-fuzz builds beside this target), unless `CUDA_PINNED_LIBCUDA` names
-//! another. Its queued work runs after random delays of up to 50 us unless `CUDA_SIM_MAX_DELAY_US` says other.
+//! sanitizer-instrumented copy cargo-fuzz builds beside this target): under `$CARGO_TARGET_DIR` if that was set
+//! when this target was built, else `<root>/target`; `CUDA_PINNED_LIBCUDA` names another. Its queued work runs after random delays of up to 50 us unless `CUDA_SIM_MAX_DELAY_US` says other.
 //!
 //! Input layout (a short input reads as zeros; at most `MAX_OPS` operations, to the end of the input):
 //!
@@ -49,9 +49,9 @@
 
 #![no_main]
 
-#[path = "../../tests/common/mod.rs"]
+#[path = "../../crates/cuda-pinned/tests/common/mod.rs"]
 mod common;
-#[path = "../../tests/common/program.rs"]
+#[path = "../../crates/cuda-pinned/tests/common/program.rs"]
 mod program;
 
 use std::sync::LazyLock;
@@ -69,10 +69,12 @@ const POOLED_EVENTS_AT_MOST: u64 = 1024;
 const LENGTHS: u8 = 4;
 
 /// The simulator built at the repository root, for this fuzz crate at `<root>/fuzz`.
-const SIMULATOR: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../target/release/libcuda_pinned_sim.so"
-);
+fn simulator() -> String {
+    match option_env!("CARGO_TARGET_DIR") {
+        Some(dir) => format!("{dir}/release/libcuda_pinned_sim.so"),
+        None => concat!(env!("CARGO_MANIFEST_DIR"), "/../target/release/libcuda_pinned_sim.so").to_string(),
+    }
+}
 
 /// Points the crate at the simulator (unless `CUDA_PINNED_LIBCUDA` is set) before anything loads a driver.
 fn use_simulator() {
@@ -82,15 +84,16 @@ fn use_simulator() {
             unsafe { std::env::set_var(name, value) };
         }
     };
+    let simulator = simulator();
     if std::env::var_os("CUDA_PINNED_LIBCUDA").is_none() {
         assert!(
-            std::path::Path::new(SIMULATOR).is_file(),
-            "the simulated driver is not at {SIMULATOR}: run `cargo build -p cuda-pinned-sim --release` at the \
+            std::path::Path::new(&simulator).is_file(),
+            "the simulated driver is not at {simulator}: run `cargo build -p cuda-pinned-sim --release` at the \
              repository root first, or set CUDA_PINNED_LIBCUDA and CUDA_PINNED_LIBCUDART to one"
         );
     }
-    set("CUDA_PINNED_LIBCUDA", SIMULATOR);
-    set("CUDA_PINNED_LIBCUDART", SIMULATOR);
+    set("CUDA_PINNED_LIBCUDA", &simulator);
+    set("CUDA_PINNED_LIBCUDART", &simulator);
     set("CUDA_SIM_MAX_DELAY_US", "50");
 }
 

@@ -1,15 +1,11 @@
-//! The crate's one error type.
-//!
-//! Every runtime failure, from a missing driver to a failed copy, is an [`Error`] whose message says what went
-//! wrong in CUDA's own words and what the crate was doing at the time, so that a user can act on it without a
-//! debugger: `CUDA_ERROR_OUT_OF_MEMORY (2): out of memory, while allocating 4.0 GiB on device 0 (cuMemAlloc_v2)`.
+//! The errors of loading the libraries and of calling them: what the safe crate builds its own error from.
 
 use std::ffi::CStr;
 use std::fmt;
 
-use crate::sys::{CUresult, cudaError_t};
+use crate::{CUresult, cudaError_t};
 
-/// `Result<T, cuda_pinned::Error>`.
+/// `Result<T, cuda_pinned_sys::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Which shared library a load or lookup error is about.
@@ -23,14 +19,18 @@ pub enum Library {
 }
 
 impl Library {
-    fn describe(self) -> &'static str {
+    /// How messages name it: `the CUDA driver (libcuda)`.
+    #[must_use]
+    pub fn describe(self) -> &'static str {
         match self {
             Library::Driver => "the CUDA driver (libcuda)",
             Library::Runtime => "the CUDA runtime (libcudart)",
         }
     }
 
-    fn override_var(self) -> &'static str {
+    /// The environment variable that names it instead of the search.
+    #[must_use]
+    pub fn override_var(self) -> &'static str {
         match self {
             Library::Driver => "CUDA_PINNED_LIBCUDA",
             Library::Runtime => "CUDA_PINNED_LIBCUDART",
@@ -47,12 +47,12 @@ pub struct LoadAttempt {
     pub reason: String,
 }
 
-/// An error from `cuda-pinned`.
+/// An error from loading or calling the CUDA libraries. New kinds may come; the fields of each kind are
+/// stable, so that the safe crate can keep them in its own error.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Error {
-    /// A CUDA driver call returned something other than `CUDA_SUCCESS`.
-    #[non_exhaustive]
+    /// A driver call returned something other than `CUDA_SUCCESS`.
     Driver {
         /// The code the driver returned; a newer driver's code unknown to these bindings is kept as it is.
         code: CUresult,
@@ -62,11 +62,10 @@ pub enum Error {
         description: String,
         /// The driver function that failed.
         function: &'static str,
-        /// What the crate was doing, such as `allocating 4.0 GiB on device 0`.
+        /// What was being done, such as `initialising the CUDA driver loaded from libcuda.so.1`.
         context: Option<String>,
     },
-    /// A CUDA runtime call or a kernel launch returned something other than `cudaSuccess`.
-    #[non_exhaustive]
+    /// A runtime call (or a launcher built on the runtime) returned something other than `cudaSuccess`.
     Runtime {
         /// The code the runtime returned.
         code: cudaError_t,
@@ -76,19 +75,17 @@ pub enum Error {
         description: String,
         /// The runtime function or kernel launcher that failed.
         function: &'static str,
-        /// What the crate was doing.
+        /// What was being done.
         context: Option<String>,
     },
     /// No usable library was found: every place tried, with the loader's message for each.
-    #[non_exhaustive]
     Load {
         /// Which library.
         library: Library,
         /// Every name or path tried, in order.
         attempts: Vec<LoadAttempt>,
     },
-    /// The loaded library lacks a function the crate needs: it is older than the function.
-    #[non_exhaustive]
+    /// The loaded library lacks a function: it is older than the function.
     MissingFunction {
         /// Which library.
         library: Library,
@@ -97,49 +94,7 @@ pub enum Error {
         /// The missing symbol.
         function: &'static str,
     },
-    /// An argument the operation cannot take, such as buffers of different lengths for a copy; nothing was
-    /// enqueued.
-    #[non_exhaustive]
-    InvalidArgument {
-        /// What was wrong, such as `copying 10 elements into a buffer of 8`.
-        message: String,
-    },
-    /// A [`crate::PinnedPool`] has no room for a request within its budget: at once, or after waiting for room
-    /// as long as `waited` says.
-    #[non_exhaustive]
-    PoolExhausted {
-        /// The bytes requested.
-        requested: usize,
-        /// The pool's budget.
-        budget: usize,
-        /// The bytes the pool holds now: in use, cached and pending.
-        reserved: usize,
-        /// How long the request waited for room before giving up: zero when it failed at once; up to the
-        /// pool's [`max_wait`](crate::PoolBuilder::max_wait) for a pool that waits when full.
-        waited: std::time::Duration,
-    },
-    /// A worker of a [`crate::prefetch::Prefetcher`] could not build a batch: the fill closure returned an
-    /// error of its own (the crate's own errors reach the consumer unchanged), or a worker panicked.
-    #[non_exhaustive]
-    Worker {
-        /// The batch index (as given to the fill closure).
-        index: usize,
-        /// The closure's error message, or the panic's.
-        message: String,
-        /// Whether the worker panicked (caught: the process goes on).
-        panicked: bool,
-        /// The closure's error, for downcasting; `None` for a panic.
-        cause: Option<std::sync::Arc<dyn std::error::Error + Send + Sync>>,
-    },
-    /// Several errors met where they could not be returned (in destructors, on the crate's release thread),
-    /// reported together by [`crate::Context::check_deferred_errors`].
-    #[non_exhaustive]
-    Deferred {
-        /// Every error, oldest first.
-        errors: Vec<Error>,
-    },
     /// The driver supports an older CUDA version than the bindings were generated from.
-    #[non_exhaustive]
     DriverTooOld {
         /// Where the driver was loaded from.
         path: String,
@@ -148,6 +103,15 @@ pub enum Error {
         /// The `CUDA_VERSION` of the headers the bindings were generated from.
         bindings_version: i32,
     },
+    /// A library was chosen with [`crate::use_library`] after the process had already loaded another one.
+    AlreadyLoaded {
+        /// Which library.
+        library: Library,
+        /// Where it was loaded from.
+        loaded: String,
+        /// The path asked for too late.
+        requested: String,
+    },
 }
 
 impl Error {
@@ -155,8 +119,8 @@ impl Error {
     /// for it (`None` where the driver had none, as for a code it does not know).
     ///
     /// This is the conversion every failed driver call goes through; it never panics, whatever the bytes.
-    #[doc(hidden)]
     #[cold]
+    #[must_use]
     pub fn from_driver_parts(
         code: CUresult,
         name: Option<&CStr>,
@@ -173,8 +137,8 @@ impl Error {
     }
 
     /// A runtime error for `code`, as [`Error::from_driver_parts`] for the runtime library or a kernel launcher.
-    #[doc(hidden)]
     #[cold]
+    #[must_use]
     pub fn from_runtime_parts(
         code: cudaError_t,
         name: Option<&CStr>,
@@ -190,46 +154,20 @@ impl Error {
         }
     }
 
-    /// Adds what the crate (or the caller) was doing when the error happened, such as
-    /// `"allocating 4.0 GiB on device 0"`: the message of a driver or runtime error then reads
-    /// `..., while allocating 4.0 GiB on device 0`, and each further context is added after the ones before
-    /// (innermost first), so a note such as "(leaked)" added by an outer caller is never lost. An
-    /// invalid-argument or worker error gets it appended to its message; the other kinds (load errors,
-    /// missing functions, an exhausted pool, an old driver, deferred errors) say everything already and are
-    /// returned unchanged.
+    /// Adds what was being done to a driver or runtime error (after any context it has); other kinds say
+    /// everything already and are returned unchanged.
     #[must_use]
-    pub fn context(mut self, what: impl fmt::Display) -> Error {
-        match &mut self {
-            Error::Driver { context, .. } | Error::Runtime { context, .. } => match context {
+    pub fn while_doing(mut self, what: impl fmt::Display) -> Error {
+        if let Error::Driver { context, .. } | Error::Runtime { context, .. } = &mut self {
+            match context {
                 Some(context) => {
                     use fmt::Write as _;
                     let _ = write!(context, ", while {what}");
                 }
                 None => *context = Some(what.to_string()),
-            },
-            Error::InvalidArgument { message } | Error::Worker { message, .. } => {
-                use fmt::Write as _;
-                let _ = write!(message, ", while {what}");
             }
-            _ => {}
         }
         self
-    }
-
-    /// An [`Error::InvalidArgument`] saying `message`.
-    pub(crate) fn invalid(message: impl fmt::Display) -> Error {
-        Error::InvalidArgument {
-            message: message.to_string(),
-        }
-    }
-
-    /// The driver's result code, if this is a failed driver call.
-    #[must_use]
-    pub fn driver_code(&self) -> Option<CUresult> {
-        match self {
-            Error::Driver { code, .. } => Some(*code),
-            _ => None,
-        }
     }
 }
 
@@ -240,6 +178,7 @@ fn text_or(text: Option<&CStr>, fallback: &str) -> String {
     }
 }
 
+/// How a failed call reads: `NAME (code): description, while context (function)`, or `..., in function`.
 fn write_call(
     f: &mut fmt::Formatter<'_>,
     name: &str,
@@ -296,56 +235,6 @@ impl fmt::Display for Error {
                  update it",
                 library.describe()
             ),
-            Error::InvalidArgument { message } => f.write_str(message),
-            Error::PoolExhausted {
-                requested,
-                budget,
-                reserved,
-                waited,
-            } => {
-                write!(
-                    f,
-                    "the pinned pool cannot serve {} within its budget of {} ({} held now)",
-                    crate::memory::Bytes(*requested),
-                    crate::memory::Bytes(*budget),
-                    crate::memory::Bytes(*reserved)
-                )?;
-                if waited.is_zero() {
-                    f.write_str(
-                        ": give buffers back, trim the pool, or build it with WhenFull::Wait",
-                    )
-                } else {
-                    write!(
-                        f,
-                        " after waiting {waited:.1?} for room: a buffer held by the waiting thread itself, or \
-                         forgotten, never comes back; give buffers back, or raise the budget or the pool's \
-                         max_wait"
-                    )
-                }
-            }
-            Error::Worker {
-                index,
-                message,
-                panicked: true,
-                ..
-            } => write!(
-                f,
-                "a prefetch worker panicked while building batch {index}: {message}"
-            ),
-            Error::Worker { index, message, .. } => {
-                write!(f, "building batch {index} failed: {message}")
-            }
-            Error::Deferred { errors } => {
-                write!(
-                    f,
-                    "{} errors met where they could not be returned:",
-                    errors.len()
-                )?;
-                for (i, e) in errors.iter().enumerate() {
-                    write!(f, "\n  {}. {e}", i + 1)?;
-                }
-                Ok(())
-            }
             Error::DriverTooOld {
                 path,
                 driver_version,
@@ -358,6 +247,16 @@ impl fmt::Display for Error {
                 cuda_version(*driver_version),
                 cuda_version(*bindings_version)
             ),
+            Error::AlreadyLoaded {
+                library,
+                loaded,
+                requested,
+            } => write!(
+                f,
+                "{} was already loaded from {loaded} when {requested} was chosen: choose the library before \
+                 the first CUDA call of the process",
+                library.describe()
+            ),
         }
     }
 }
@@ -367,16 +266,7 @@ fn cuda_version(v: i32) -> String {
     format!("{}.{}", v / 1000, (v % 1000) / 10)
 }
 
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Error::Worker {
-                cause: Some(cause), ..
-            } => Some(&**cause as &(dyn std::error::Error + 'static)),
-            _ => None,
-        }
-    }
-}
+impl std::error::Error for Error {}
 
 #[cfg(test)]
 mod tests {
@@ -385,41 +275,20 @@ mod tests {
     #[test]
     fn driver_message_names_code_description_context_and_function() {
         let e = Error::from_driver_parts(
-            CUresult::CUDA_ERROR_OUT_OF_MEMORY,
-            Some(c"CUDA_ERROR_OUT_OF_MEMORY"),
-            Some(c"out of memory"),
-            "cuMemAlloc_v2",
-        )
-        .context("allocating 4.0 GiB on device 0");
+            CUresult::CUDA_ERROR_NO_DEVICE,
+            Some(c"CUDA_ERROR_NO_DEVICE"),
+            Some(c"no CUDA-capable device is detected"),
+            "cuInit",
+        );
         assert_eq!(
             e.to_string(),
-            "CUDA_ERROR_OUT_OF_MEMORY (2): out of memory, while allocating 4.0 GiB on device 0 (cuMemAlloc_v2)"
+            "CUDA_ERROR_NO_DEVICE (100): no CUDA-capable device is detected, in cuInit"
         );
-        assert_eq!(e.driver_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
-    }
-
-    #[test]
-    fn every_context_is_kept_innermost_first() {
-        let e = Error::from_driver_parts(CUresult(1), None, None, "cuMemcpyHtoDAsync_v2")
-            .context("inner")
-            .context("outer (leaked)");
+        let e = e.while_doing("initialising").while_doing("starting");
         assert!(
             e.to_string()
-                .ends_with(", while inner, while outer (leaked) (cuMemcpyHtoDAsync_v2)"),
+                .ends_with(", while initialising, while starting (cuInit)"),
             "{e}"
-        );
-        let e = Error::invalid("bad range").context("copying");
-        assert_eq!(e.to_string(), "bad range, while copying");
-    }
-
-    #[test]
-    fn deferred_errors_are_all_listed() {
-        let e = Error::Deferred {
-            errors: vec![Error::invalid("first"), Error::invalid("second")],
-        };
-        assert_eq!(
-            e.to_string(),
-            "2 errors met where they could not be returned:\n  1. first\n  2. second"
         );
     }
 
@@ -437,7 +306,6 @@ mod tests {
                 .starts_with("cudaErrorUnrecognized (4294967295)"),
             "{e}"
         );
-        assert_eq!(e.driver_code(), None);
     }
 
     #[test]
@@ -487,38 +355,12 @@ mod tests {
     }
 
     #[test]
-    fn a_workers_error_is_its_source_and_a_panic_says_so() {
-        use std::error::Error as _;
-        let cause: std::sync::Arc<dyn std::error::Error + Send + Sync> =
-            std::sync::Arc::new(std::io::Error::other("disk gone"));
-        let e = Error::Worker {
-            index: 7,
-            message: "disk gone".into(),
-            panicked: false,
-            cause: Some(cause),
-        };
-        assert_eq!(e.to_string(), "building batch 7 failed: disk gone");
-        assert_eq!(e.source().unwrap().to_string(), "disk gone");
-        let p = Error::Worker {
-            index: 5,
-            message: "boom".into(),
-            panicked: true,
-            cause: None,
-        };
-        assert_eq!(
-            p.to_string(),
-            "a prefetch worker panicked while building batch 5: boom"
-        );
-        assert!(p.source().is_none());
-    }
-
-    #[test]
-    fn context_leaves_other_errors_alone() {
+    fn while_doing_leaves_other_errors_alone() {
         let e = Error::MissingFunction {
             library: Library::Runtime,
             path: "x".into(),
             function: "cudaHostAlloc",
         };
-        assert_eq!(e.clone().context("anything").to_string(), e.to_string());
+        assert_eq!(e.clone().while_doing("anything").to_string(), e.to_string());
     }
 }

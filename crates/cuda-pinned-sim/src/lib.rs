@@ -42,18 +42,5 @@ mod stream;
 
 pub use control::{Control, Live, library_path};
 
-/// The crate's committed bindings, for the types and constants of cuda.h.
-#[allow(
-    non_camel_case_types,
-    non_snake_case,
-    non_upper_case_globals,
-    dead_code,
-    unused_imports,
-    unnecessary_transmutes,
-    clippy::all,
-    clippy::undocumented_unsafe_blocks
-)]
-#[rustfmt::skip]
-mod sys {
-    include!("../../../src/sys/bindings.rs");
-}
+/// The types and constants of cuda.h.
+use cuda_pinned_sys as sys;

@@ -126,6 +126,7 @@ impl<S, M> Default for Tracker<S, M> {
 
 impl<S: Clone + Eq, M: Clone + Eq> Tracker<S, M> {
     /// A tracker with no work in flight.
+    #[cfg(any(test, fuzzing))]
     pub(crate) fn new() -> Self {
         Self::default()
     }
@@ -341,7 +342,8 @@ where
     Ok(entries.is_empty())
 }
 
-// Also the simulated device of the pool model in `fuzzing.rs`, which uses only part of it.
+// The simulated device of the tests and of the pool model in `fuzzing.rs`, which uses only part of it.
+#[cfg(any(test, fuzzing))]
 #[cfg_attr(not(test), allow(dead_code, reason = "the rest serves the tests"))]
 pub(crate) mod sim;
 #[cfg(test)]

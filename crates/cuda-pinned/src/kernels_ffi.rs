@@ -7,8 +7,8 @@
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 
-use super::{CUstream, cudaError_t};
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::sys::{CUstream, Error, cudaError_t};
 
 unsafe extern "C" {
     /// Sets `n` bytes at device address `dst` to `value`.
@@ -64,5 +64,6 @@ pub fn check_launch(code: c_int, launcher: &'static str) -> Result<()> {
         text(name),
         text(description),
         launcher,
-    ))
+    )
+    .into())
 }

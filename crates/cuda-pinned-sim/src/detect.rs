@@ -351,6 +351,7 @@ fn in_runtime(function: &str) -> bool {
     !function.contains("::")
         || [
             "cuda_pinned_sim::",
+            "cuda_pinned_sys::",
             "std::",
             "core::",
             "alloc::",

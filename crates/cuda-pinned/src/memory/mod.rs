@@ -23,6 +23,7 @@ pub use registered::Registered;
 pub(crate) use release::flush_releases;
 pub use view::{DeviceView, DeviceViewMut, PinnedView, PinnedViewMut};
 // The pure parts the fuzz targets reach through `crate::fuzzing`.
+#[cfg(any(test, fuzzing))]
 pub(crate) use {pool::state as pool_state, view::bounds as view_bounds};
 
 use crate::error::{Error, Result};

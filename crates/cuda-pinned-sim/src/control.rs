@@ -12,12 +12,19 @@ use crate::sys::CUresult;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Live {
+    /// Device allocations (`cuMemAlloc_v2`, `cuMemAllocAsync`) not yet freed.
     pub device_allocations: u64,
+    /// Their bytes.
     pub device_bytes: u64,
+    /// Page-locked host allocations (`cuMemHostAlloc`, `cudaHostAlloc`) not yet freed.
     pub pinned_allocations: u64,
+    /// Their bytes.
     pub pinned_bytes: u64,
+    /// Host ranges registered (`cuMemHostRegister_v2`) and not yet unregistered.
     pub registrations: u64,
+    /// Streams created and not yet destroyed.
     pub streams: u64,
+    /// Events created and not yet destroyed.
     pub events: u64,
     /// Retains of primary contexts not yet released, over all devices.
     pub context_retains: u64,
@@ -224,11 +231,13 @@ impl Control {
         }
     }
 
+    /// Removes every fault not yet triggered.
     pub fn clear_faults(&self) {
         let f: extern "C" fn() = self.function("cuda_sim_clear_faults");
         f();
     }
 
+    /// The driver calls made so far (all but those that describe errors).
     pub fn calls(&self) -> u64 {
         let f: extern "C" fn() -> u64 = self.function("cuda_sim_calls");
         f()

@@ -65,21 +65,29 @@
 //! - [`kernels`]: the small kernels of `cuda/kernels.cu` (fill, axpy, checksum, spin) with safe launchers
 //!   under feature `gpu`, and the host reference of the checksum.
 #![deny(unsafe_op_in_unsafe_fn)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+/// The raw layer: the `cuda-pinned-sys` crate, bindings to the CUDA driver API loaded at run time.
+pub use cuda_pinned_sys as sys;
 
 mod context;
 mod copy;
 mod device;
 pub mod error;
 mod event;
+// Entry points for the fuzz targets in `fuzz/` (built with `--cfg fuzzing`) and the unit tests; in no other
+// build.
+#[cfg(any(test, fuzzing))]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod kernels;
+#[cfg(any(feature = "gpu", docsrs))]
+mod kernels_ffi;
 mod memory;
 pub mod prefetch;
 pub mod profile;
 pub mod staging;
 mod stream;
-pub mod sys;
 mod track;
 
 pub use context::Context;
@@ -94,3 +102,23 @@ pub use memory::{
 pub use prefetch::{Batch, Prefetched, Prefetcher};
 pub use profile::{Ledger, LedgerReport};
 pub use stream::Stream;
+
+/// Calls a function of the process-wide driver table, as [`sys::driver_call!`] does, with the crate's
+/// [`Error`]: `driver_call!(cuMemAlloc_v2(&mut ptr, bytes))` is a [`Result<()>`]: `Err` if the driver cannot be
+/// loaded, lacks the function, or returns anything but `CUDA_SUCCESS`. It expands to the raw call, so it must
+/// stand in an `unsafe` block whose `SAFETY` comment covers the arguments; name the function by its exported
+/// (versioned) name, as in [`sys::DriverApi`].
+///
+/// ```no_run
+/// # fn main() -> cuda_pinned::Result<()> {
+/// let mut count = 0;
+/// // SAFETY: cuDeviceGetCount writes one int through a valid pointer.
+/// unsafe { cuda_pinned::driver_call!(cuDeviceGetCount(&mut count)) }?;
+/// # Ok(()) }
+/// ```
+#[macro_export]
+macro_rules! driver_call {
+    ($function:ident($($arg:expr),* $(,)?)) => {
+        $crate::sys::driver_call!($function($($arg),*)).map_err($crate::Error::from)
+    };
+}

@@ -62,10 +62,11 @@ pub fn checksum(bytes: &[u8]) -> u64 {
 
 #[cfg(feature = "gpu")]
 pub(crate) use launch::preload;
-#[cfg(feature = "gpu")]
+#[cfg(any(feature = "gpu", docsrs))]
+#[cfg_attr(docsrs, doc(cfg(feature = "gpu")))]
 pub use launch::{axpy, device_checksum, fill, spin};
 
-#[cfg(feature = "gpu")]
+#[cfg(any(feature = "gpu", docsrs))]
 mod launch {
     use std::collections::BTreeMap;
     use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -76,9 +77,9 @@ mod launch {
     use crate::context::Context;
     use crate::copy::{DeviceDestination, DeviceSource, Work};
     use crate::error::{Error, Result};
+    use crate::kernels_ffi as raw;
     use crate::profile::Category;
     use crate::stream::Stream;
-    use crate::sys::kernels as raw;
 
     /// The loading of the kernels into one device's primary context: `None` while it runs.
     #[derive(Default)]

@@ -4,10 +4,10 @@
 //! the same way, separately, so that only the functions that need it fail where it is absent.
 
 use std::ffi::{CStr, OsStr, OsString, c_char};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
-use super::{CUDA_VERSION, CUresult, DriverApi, RuntimeApi, cudaError_t};
 use crate::error::{Error, Library, LoadAttempt, Result};
+use crate::{CUDA_VERSION, CUresult, DriverApi, RuntimeApi, cudaError_t};
 
 /// Where the driver is looked for, in order, unless `CUDA_PINNED_LIBCUDA` names one.
 const DRIVER_NAMES: &[&str] = if cfg!(windows) {
@@ -54,10 +54,11 @@ pub struct Runtime {
 /// supports the CUDA version the bindings were generated from. Later calls return the same table, or the same
 /// error.
 ///
-/// The search order is `libcuda.so.1`, `libcuda.so`, `/usr/lib/wsl/lib/libcuda.so.1` (WSL) and
-/// `/usr/local/nvidia/lib64/libcuda.so.1` (containers); `nvcuda.dll` on Windows. If the environment variable
-/// `CUDA_PINNED_LIBCUDA` is set, it names the one library tried: a driver chosen by name (such as a test
-/// double) is never silently replaced by another one.
+/// The library tried is, in order of precedence: the one chosen with [`use_library`]; the one the
+/// environment variable `CUDA_PINNED_LIBCUDA` names, when it is set (even to an empty value, which fails to
+/// load): a driver chosen by name, such as a test double, is never silently replaced by another one; else the
+/// first of `libcuda.so.1`, `libcuda.so`, `/usr/lib/wsl/lib/libcuda.so.1` (WSL) and
+/// `/usr/local/nvidia/lib64/libcuda.so.1` (containers) that loads; `nvcuda.dll` on Windows.
 ///
 /// # Errors
 /// [`Error::Load`] listing every path tried with the loader's message for each, where no library loads that
@@ -65,39 +66,83 @@ pub struct Runtime {
 /// driver but no GPU); [`Error::DriverTooOld`] if the driver supports an older CUDA than the bindings.
 #[doc(alias = "cuInit")]
 pub fn driver() -> Result<&'static Driver> {
-    static DRIVER: OnceLock<Result<Driver>> = OnceLock::new();
     DRIVER
         .get_or_init(|| Driver::load(&candidates(Library::Driver)))
         .as_ref()
         .map_err(Clone::clone)
 }
 
-/// The process-wide CUDA runtime library, found like the driver (`libcudart.so.13`, `libcudart.so.12`,
-/// `libcudart.so`, then `/usr/local/cuda/lib64`; `CUDA_PINNED_LIBCUDART` names one instead).
+/// The process-wide CUDA runtime library, found like the driver: [`use_library`], else
+/// `CUDA_PINNED_LIBCUDART` when set, else `libcudart.so.13`, `libcudart.so.12`, `libcudart.so`, then
+/// `/usr/local/cuda/lib64`.
 ///
 /// # Errors
 /// [`Error::Load`] listing every path tried, where none loads that exports `cudaHostAlloc`.
 pub fn runtime() -> Result<&'static Runtime> {
-    static RUNTIME: OnceLock<Result<Runtime>> = OnceLock::new();
     RUNTIME
         .get_or_init(|| Runtime::load(&candidates(Library::Runtime)))
         .as_ref()
         .map_err(Clone::clone)
 }
 
-/// The names to try for `library`: the override variable's value alone if it is set, else the defaults.
-fn candidates(library: Library) -> Vec<(OsString, Option<&'static str>)> {
-    let (var, defaults) = match library {
-        Library::Driver => ("CUDA_PINNED_LIBCUDA", DRIVER_NAMES),
-        Library::Runtime => ("CUDA_PINNED_LIBCUDART", RUNTIME_NAMES),
+static DRIVER: OnceLock<Result<Driver>> = OnceLock::new();
+static RUNTIME: OnceLock<Result<Runtime>> = OnceLock::new();
+/// The libraries chosen by [`use_library`]: driver, runtime.
+static CHOSEN: Mutex<[Option<OsString>; 2]> = Mutex::new([None, None]);
+
+/// Chooses the one library [`driver()`] (or [`runtime()`]) opens, over `CUDA_PINNED_LIBCUDA`
+/// (`CUDA_PINNED_LIBCUDART`) and the default search: a test double such as a simulated driver, or a driver
+/// outside the loader's path. It takes effect only before the library is first loaded; choosing the path
+/// already loaded again is `Ok`.
+///
+/// # Errors
+/// [`Error::AlreadyLoaded`] if the process has already opened another library (or failed to), which stays the
+/// one in use.
+pub fn use_library(library: Library, path: impl Into<OsString>) -> Result<()> {
+    let path = path.into();
+    let mut chosen = CHOSEN
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let loaded = match library {
+        Library::Driver => DRIVER.get().map(|d| d.as_ref().map(|d| d.path.clone())),
+        Library::Runtime => RUNTIME.get().map(|r| r.as_ref().map(|r| r.path.clone())),
     };
-    match std::env::var_os(var).filter(|v| !v.is_empty()) {
-        Some(path) => vec![(path, Some(var))],
-        None => defaults
-            .iter()
-            .map(|name| (OsString::from(name), None))
-            .collect(),
+    match loaded {
+        None => {
+            chosen[library as usize] = Some(path);
+            Ok(())
+        }
+        Some(Ok(loaded)) if OsStr::new(&loaded) == path => Ok(()),
+        Some(loaded) => Err(Error::AlreadyLoaded {
+            library,
+            loaded: loaded.unwrap_or_else(|_| "nowhere (loading failed)".to_string()),
+            requested: path.to_string_lossy().into_owned(),
+        }),
     }
+}
+
+/// The names to try for `library`, each with where it was named: the one chosen by [`use_library`], else the
+/// override variable's value alone if it is set, else the defaults.
+fn candidates(library: Library) -> Vec<(OsString, Option<&'static str>)> {
+    let chosen = CHOSEN
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())[library as usize]
+        .clone();
+    if let Some(path) = chosen {
+        return vec![(path, Some("use_library"))];
+    }
+    let var = library.override_var();
+    if let Some(path) = std::env::var_os(var) {
+        return vec![(path, Some(var))];
+    }
+    let defaults = match library {
+        Library::Driver => DRIVER_NAMES,
+        Library::Runtime => RUNTIME_NAMES,
+    };
+    defaults
+        .iter()
+        .map(|name| (OsString::from(name), None))
+        .collect()
 }
 
 /// Opens the first candidate that loads and passes `is_library`; the attempts made, if none does.
@@ -110,9 +155,21 @@ fn open_first<T>(
 ) -> Result<(T, String)> {
     let mut attempts = Vec::new();
     for (name, var) in candidates {
-        let mut path = name.to_string_lossy().into_owned();
+        let mut path = if name.is_empty() {
+            "\"\"".to_string()
+        } else {
+            name.to_string_lossy().into_owned()
+        };
         if let Some(var) = var {
             path.push_str(&format!(" (from {var})"));
+        }
+        if name.is_empty() {
+            attempts.push(LoadAttempt {
+                path,
+                reason: "an empty name: unset the variable to search the standard places, or name a library"
+                    .to_string(),
+            });
+            continue;
         }
         match open(name) {
             Ok(api) if is_library(&api) => return Ok((api, name.to_string_lossy().into_owned())),
@@ -168,7 +225,7 @@ impl Driver {
         let init = driver.function(&driver.api.cuInit, "cuInit")?;
         // SAFETY: cuInit takes one flags word, which must be 0.
         driver.check(unsafe { init(0) }, "cuInit").map_err(|e| {
-            e.context(format_args!(
+            e.while_doing(format!(
                 "initialising the CUDA driver loaded from {}",
                 driver.path
             ))
@@ -449,6 +506,21 @@ mod tests {
                 "/nonexistent/a.so (from CUDA_PINNED_LIBCUDA)",
                 "/nonexistent/b.so"
             ]
+        );
+    }
+
+    #[test]
+    fn an_empty_name_is_an_attempt_that_fails_not_a_fall_back_to_the_search() {
+        let attempts = load_attempts(Driver::load(&[(
+            OsString::new(),
+            Some("CUDA_PINNED_LIBCUDA"),
+        )]));
+        assert_eq!(attempts.len(), 1);
+        assert_eq!(attempts[0].path, "\"\" (from CUDA_PINNED_LIBCUDA)");
+        assert!(
+            attempts[0].reason.contains("an empty name"),
+            "{:?}",
+            attempts[0]
         );
     }
 

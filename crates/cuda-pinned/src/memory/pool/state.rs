@@ -92,6 +92,7 @@ impl Reservation {
     }
 
     /// The bytes the caller asked for (read by the model in `fuzzing.rs`; the pool needs only the class).
+    #[cfg(any(test, fuzzing))]
     pub(crate) fn requested(&self) -> usize {
         self.requested
     }
@@ -107,11 +108,13 @@ pub(crate) struct Lease {
 
 impl Lease {
     /// The size of the block: its class (read by the model in `fuzzing.rs`; the pool needs only the class).
+    #[cfg(any(test, fuzzing))]
     pub(crate) fn bytes(&self) -> usize {
         self.class
     }
 
     /// The bytes the caller asked for (at most [`Lease::bytes`]).
+    #[cfg(any(test, fuzzing))]
     pub(crate) fn requested(&self) -> usize {
         self.requested
     }
@@ -451,6 +454,7 @@ impl<B, S: Clone + Eq, M: Clone + Eq> PoolState<B, S, M> {
     ///
     /// # Panics
     /// If any of it does not hold.
+    #[cfg(any(test, fuzzing))]
     pub(crate) fn assert_consistent(&self) {
         assert_eq!(self.cached.len(), self.lru.len(), "cache indexes differ");
         for &(class, stamp) in self.cached.keys() {

@@ -1,4 +1,4 @@
-//! The loader as a user meets it: `pinbench` (the crate's main program) pointed at a driver that is missing
+//! The loader as a user meets it: `pinbench` pointed at a driver that is missing
 //! or is not libcuda must exit with status 1 and the loader's message, never a panic. These run in plain
 //! `cargo test`, on any machine: `CUDA_PINNED_LIBCUDA` names the only library tried.
 
