@@ -1,8 +1,42 @@
-//! The simulator's settings, read once from the environment when it is first used.
+//! The simulator's settings, read once when it is first used: those a test chose in code
+//! ([`crate::Settings`], through `cuda_sim_configure`), else the environment's, else the defaults.
 
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-/// Settings from the environment.
+/// The variables the simulator reads.
+pub(crate) const VARIABLES: &[&str] = &[
+    "CUDA_SIM_SEED",
+    "CUDA_SIM_MAX_DELAY_US",
+    "CUDA_SIM_DEVICES",
+    "CUDA_SIM_DEVICE_MEMORY",
+    "CUDA_SIM_PINNED_LIMIT",
+    "CUDA_SIM_FAIL",
+];
+
+/// Settings chosen in code, by variable name; they take precedence over the environment.
+static CHOSEN: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
+/// Set once the settings have been read: choosing more then has no effect, so it is refused.
+static READ: AtomicBool = AtomicBool::new(false);
+
+/// Chooses `value` for `name` (one of [`VARIABLES`]) before the settings are read.
+pub(crate) fn choose(name: &str, value: &str) -> Result<(), String> {
+    if !VARIABLES.contains(&name) {
+        return Err(format!("{name} is not a setting of the simulator"));
+    }
+    let mut chosen = CHOSEN.lock().unwrap_or_else(|p| p.into_inner());
+    if READ.load(Ordering::SeqCst) {
+        return Err(format!(
+            "{name} was chosen after the simulator started: choose settings before the first CUDA call"
+        ));
+    }
+    chosen.retain(|(n, _)| n != name);
+    chosen.push((name.to_string(), value.to_string()));
+    Ok(())
+}
+
+/// The settings, each chosen in code or taken from the environment variable of its name.
 ///
 /// | variable                 | meaning                                                        | default |
 /// |--------------------------|----------------------------------------------------------------|---------|
@@ -22,8 +56,19 @@ pub(crate) struct Config {
 }
 
 impl Config {
-    pub(crate) fn from_env() -> Config {
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    pub(crate) fn read() -> Config {
+        let chosen = {
+            let chosen = CHOSEN.lock().unwrap_or_else(|p| p.into_inner());
+            READ.store(true, Ordering::SeqCst);
+            chosen.clone()
+        };
+        let var = |name: &str| {
+            let value = match chosen.iter().find(|(n, _)| n == name) {
+                Some((_, value)) => Some(value.clone()),
+                None => std::env::var(name).ok(),
+            };
+            value.filter(|v| !v.trim().is_empty())
+        };
         let number = |name: &str, default: u64| match var(name) {
             None => default,
             Some(v) => parse_bytes(&v).unwrap_or_else(|| {

@@ -50,6 +50,30 @@ pub unsafe extern "C" fn cuda_sim_fail(spec: *const c_char) -> CUresult {
     }
 }
 
+/// Chooses setting `name` (a `CUDA_SIM_*` variable of `config.rs`) to be `value`, over the environment's,
+/// before the simulator starts: `CUDA_ERROR_INVALID_VALUE` for a name it does not have,
+/// `CUDA_ERROR_NOT_PERMITTED` once it has started (its first driver call); a log line says which.
+///
+/// # Safety
+/// `name` and `value` are NUL-terminated strings.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuda_sim_configure(name: *const c_char, value: *const c_char) -> CUresult {
+    // SAFETY: the caller passes NUL-terminated strings.
+    let (name, value) = unsafe { (CStr::from_ptr(name), CStr::from_ptr(value)) };
+    let (name, value) = (name.to_string_lossy(), value.to_string_lossy());
+    match crate::config::choose(&name, &value) {
+        Ok(()) => CUresult::CUDA_SUCCESS,
+        Err(error) => {
+            eprintln!("cuda-pinned-sim: cuda_sim_configure: {error}");
+            if crate::config::VARIABLES.contains(&&*name) {
+                CUresult::CUDA_ERROR_NOT_PERMITTED
+            } else {
+                CUresult::CUDA_ERROR_INVALID_VALUE
+            }
+        }
+    }
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuda_sim_clear_faults() {
     SIM.lock().faults.clear();
@@ -231,6 +255,24 @@ impl Control {
         }
     }
 
+    /// Chooses setting `name` (`CUDA_SIM_SEED`, ... : see [`crate::Settings`]) to be `value` before the
+    /// simulator starts; `Err` with the reason for an unknown name or once it has started.
+    pub fn configure(&self, name: &str, value: &str) -> Result<(), String> {
+        let to_c = |s: &str| std::ffi::CString::new(s).map_err(|e| e.to_string());
+        let (c_name, c_value) = (to_c(name)?, to_c(value)?);
+        let f: unsafe extern "C" fn(*const c_char, *const c_char) -> CUresult =
+            self.function("cuda_sim_configure");
+        // SAFETY: two NUL-terminated strings.
+        match unsafe { f(c_name.as_ptr(), c_value.as_ptr()) } {
+            CUresult::CUDA_SUCCESS => Ok(()),
+            CUresult::CUDA_ERROR_NOT_PERMITTED => Err(format!(
+                "{name} cannot be chosen now: the simulator has started (choose settings before the first \
+                 CUDA call of the process)"
+            )),
+            _ => Err(format!("{name} is not a setting of the simulator")),
+        }
+    }
+
     /// Removes every fault not yet triggered.
     pub fn clear_faults(&self) {
         let f: extern "C" fn() = self.function("cuda_sim_clear_faults");
@@ -303,16 +345,12 @@ fn read_string(copy: impl Fn(*mut c_char, usize) -> i64) -> String {
     String::from_utf8_lossy(&buffer).into_owned()
 }
 
-/// Where the simulator was built, for a test binary of the workspace: `libcuda_pinned_sim.so` in the
-/// directory of the running executable (cargo puts a dev-dependency's cdylib in `deps/`, beside the tests),
-/// or its parent.
+/// Where the simulator was built, for a test binary of a crate that has it as a dependency:
+/// `libcuda_pinned_sim.so` in the directory of the running executable (cargo puts a dependency's cdylib in
+/// `deps/`, beside the tests), or its parent.
 pub fn library_path() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
-    let name = format!(
-        "{}cuda_pinned_sim{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
+    let name = crate::testkit::library_name();
     exe.ancestors()
         .skip(1)
         .take(2)

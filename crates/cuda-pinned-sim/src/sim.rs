@@ -14,7 +14,7 @@ use crate::sys::CUresult;
 
 /// The one simulated driver of the process.
 pub(crate) static SIM: LazyLock<Sim> = LazyLock::new(|| {
-    let config = Config::from_env();
+    let config = Config::read();
     let mut state = State::new();
     if let Some(spec) = &config.fail {
         state.bad_fail_spec = state.faults.add(spec).err();

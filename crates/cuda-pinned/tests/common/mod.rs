@@ -1,5 +1,5 @@
 //! Helpers shared by the test files that run on a GPU (`--features gpu`) and, without that feature, on the
-//! simulated driver (tests/sim-driver), which `cargo test` builds as a dev-dependency.
+//! simulated driver (the cuda-pinned-sim crate), which `cargo test` builds as a dev-dependency.
 #![allow(dead_code, reason = "each test file uses a different subset")]
 
 #[cfg(not(feature = "gpu"))]
@@ -208,24 +208,17 @@ mod watchdog {
     }
 }
 
-/// Without feature `gpu`: sets `CUDA_PINNED_LIBCUDA` and `CUDA_PINNED_LIBCUDART` to the simulator, once,
-/// before the crate loads a driver.
+/// Without feature `gpu`: points the crate at the simulated driver, once, before it loads a driver, unless
+/// `CUDA_PINNED_LIBCUDA` names one (so the same binaries can run on a real driver).
 fn use_simulator() {
     #[cfg(not(feature = "gpu"))]
     static ONCE: Once = Once::new();
     #[cfg(not(feature = "gpu"))]
     ONCE.call_once(|| {
-        if std::env::var_os("CUDA_PINNED_LIBCUDA").is_some() {
-            return;
-        }
-        let path = cuda_pinned_sim::library_path()
-            .expect("the simulated driver is not beside the test binary: build it with `cargo test` (it is a dev-dependency)");
-        // SAFETY: every test of these binaries calls serial() before anything else, and this runs inside
-        // its Once, so no other thread of the test reads the environment while it is written; the harness's
-        // own threads read it only at start-up.
-        unsafe {
-            std::env::set_var("CUDA_PINNED_LIBCUDA", &path);
-            std::env::set_var("CUDA_PINNED_LIBCUDART", &path);
+        if std::env::var_os("CUDA_PINNED_LIBCUDA").is_none() {
+            if let Err(e) = cuda_pinned_sim::install() {
+                panic!("{e}");
+            }
         }
     });
 }
@@ -234,16 +227,17 @@ fn use_simulator() {
 /// linked at all: its runtime functions would clash with the static CUDA runtime the kernels link.)
 #[cfg(not(feature = "gpu"))]
 pub fn sim() -> Option<&'static cuda_pinned_sim::Control> {
-    static CONTROL: std::sync::OnceLock<Option<cuda_pinned_sim::Control>> =
+    static CONTROL: std::sync::OnceLock<Option<&'static cuda_pinned_sim::Control>> =
         std::sync::OnceLock::new();
-    CONTROL
-        .get_or_init(|| {
-            let path = std::env::var_os("CUDA_PINNED_LIBCUDA")?;
+    *CONTROL.get_or_init(|| match std::env::var_os("CUDA_PINNED_LIBCUDA") {
+        None => cuda_pinned_sim::install().ok(),
+        Some(path) => {
             let control = cuda_pinned_sim::Control::open(path.as_ref()).ok()?;
             // A real driver opened here has no cuda_sim_* functions.
+            let control: &'static _ = Box::leak(Box::new(control));
             control.is_simulator().then_some(control)
-        })
-        .as_ref()
+        }
+    })
 }
 
 /// On a GPU there is no simulator to ask.

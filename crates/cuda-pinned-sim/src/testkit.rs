@@ -1,0 +1,175 @@
+//! The simulator as a test sees it: [`install`] points `cuda-pinned` at it, [`Settings`] choose its seed,
+//! devices, memory and faults, and the returned [`Control`] reads what it found.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use cuda_pinned_sys::Library;
+
+use crate::control::{Control, library_path};
+
+/// Settings of the simulated driver, chosen in code before its first use; each one not chosen is taken from
+/// its environment variable, else its default.
+///
+/// | setting              | variable                 | default |
+/// |----------------------|--------------------------|---------|
+/// | [`seed`]             | `CUDA_SIM_SEED`          | 1       |
+/// | [`max_delay`]        | `CUDA_SIM_MAX_DELAY_US`  | 200 us  |
+/// | [`devices`]          | `CUDA_SIM_DEVICES`       | 1       |
+/// | [`device_memory`]    | `CUDA_SIM_DEVICE_MEMORY` | 16 GiB  |
+/// | [`pinned_limit`]     | `CUDA_SIM_PINNED_LIMIT`  | 8 GiB   |
+/// | [`faults`]           | `CUDA_SIM_FAIL`          | none    |
+///
+/// [`seed`]: Settings::seed
+/// [`max_delay`]: Settings::max_delay
+/// [`devices`]: Settings::devices
+/// [`device_memory`]: Settings::device_memory
+/// [`pinned_limit`]: Settings::pinned_limit
+/// [`faults`]: Settings::faults
+#[derive(Clone, Debug, Default)]
+#[must_use]
+pub struct Settings {
+    chosen: Vec<(&'static str, String)>,
+}
+
+impl Settings {
+    /// No setting chosen: the environment's, else the defaults.
+    pub fn new() -> Settings {
+        Settings::default()
+    }
+
+    fn with(mut self, name: &'static str, value: String) -> Settings {
+        self.chosen.retain(|(n, _)| *n != name);
+        self.chosen.push((name, value));
+        self
+    }
+
+    /// The seed of the random delays before queued work runs: the same seed, the same order of work on
+    /// different streams, so a failure found with one seed is replayed with it.
+    pub fn seed(self, seed: u64) -> Settings {
+        self.with("CUDA_SIM_SEED", seed.to_string())
+    }
+
+    /// The longest random delay before a queued operation runs (microseconds are kept).
+    pub fn max_delay(self, delay: Duration) -> Settings {
+        self.with("CUDA_SIM_MAX_DELAY_US", delay.as_micros().to_string())
+    }
+
+    /// How many devices there are (at most 64).
+    pub fn devices(self, count: u32) -> Settings {
+        self.with("CUDA_SIM_DEVICES", count.to_string())
+    }
+
+    /// Bytes of memory per device: an allocation past them fails with `CUDA_ERROR_OUT_OF_MEMORY`.
+    pub fn device_memory(self, bytes: u64) -> Settings {
+        self.with("CUDA_SIM_DEVICE_MEMORY", bytes.to_string())
+    }
+
+    /// Bytes of page-locked host memory the process may allocate or register.
+    pub fn pinned_limit(self, bytes: u64) -> Settings {
+        self.with("CUDA_SIM_PINNED_LIMIT", bytes.to_string())
+    }
+
+    /// Faults to inject from the start, in the syntax of [`Control::fail`]
+    /// (`cuMemAlloc_v2:3:CUDA_ERROR_OUT_OF_MEMORY` fails the third call).
+    pub fn faults(self, spec: &str) -> Settings {
+        self.with("CUDA_SIM_FAIL", spec.to_string())
+    }
+}
+
+/// Why the simulator could not be installed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error(String);
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Makes `cuda-pinned` use the simulated driver, with the settings of the environment: the same as
+/// [`install_with`]`(Settings::new())`. Call it at the start of every test that needs it (it is cheap once
+/// done, and tests run in any order); add `cuda-pinned-sim` as a dev-dependency, which makes `cargo test`
+/// build the simulator beside the test binaries.
+///
+/// ```no_run
+/// #[test]
+/// fn uploads_arrive() -> Result<(), Box<dyn std::error::Error>> {
+///     let sim = cuda_pinned_sim::install()?;
+///     // ... use cuda-pinned as on a GPU ...
+///     assert!(sim.violations().is_empty());
+///     Ok(())
+/// }
+/// ```
+///
+/// # Errors
+/// As [`install_with`].
+pub fn install() -> Result<&'static Control, Error> {
+    install_with(Settings::new())
+}
+
+/// Makes `cuda-pinned` (every crate of the process that uses `cuda-pinned-sys`) load the simulated driver
+/// and runtime instead of libcuda and libcudart, with `settings`, and returns its controls: the faults to
+/// inject, the calls made, the violations found and what is still alive.
+///
+/// It must come before the first CUDA call of the process (the first `Context::on`, say); calling it again
+/// later is `Ok` where it chooses nothing new (the same settings, or none).
+///
+/// # Errors
+/// Where the simulator's library is not beside the test binary (it is built as a dependency's shared
+/// library: add `cuda-pinned-sim` to `[dev-dependencies]`); where another driver was loaded first; where a
+/// setting is chosen after the simulator has started.
+pub fn install_with(settings: Settings) -> Result<&'static Control, Error> {
+    static CONTROL: OnceLock<Result<(Control, PathBuf), Error>> = OnceLock::new();
+    let (control, path) = CONTROL.get_or_init(open).as_ref().map_err(Clone::clone)?;
+    // The settings chosen so far: choosing one again with the same value changes nothing, so it is no error
+    // once the simulator has started.
+    static CHOSEN: Mutex<Vec<(&str, String)>> = Mutex::new(Vec::new());
+    let mut chosen = CHOSEN.lock().unwrap_or_else(PoisonError::into_inner);
+    for (name, value) in &settings.chosen {
+        if chosen.iter().any(|(n, v)| n == name && v == value) {
+            continue;
+        }
+        control.configure(name, value).map_err(Error)?;
+        chosen.retain(|(n, _)| n != name);
+        chosen.push((name, value.clone()));
+    }
+    for library in [Library::Driver, Library::Runtime] {
+        cuda_pinned_sys::use_library(library, path).map_err(|e| Error(e.to_string()))?;
+    }
+    Ok(control)
+}
+
+fn open() -> Result<(Control, PathBuf), Error> {
+    let path = library_path().ok_or_else(|| {
+        Error(format!(
+            "the simulated driver ({}) is not beside the test binary {}: add cuda-pinned-sim to \
+             [dev-dependencies], so that cargo builds it with the tests",
+            library_name(),
+            std::env::current_exe()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        ))
+    })?;
+    let control = Control::open(&path).map_err(Error)?;
+    if !control.is_simulator() {
+        return Err(Error(format!(
+            "{} is not the simulated driver",
+            path.display()
+        )));
+    }
+    Ok((control, path))
+}
+
+/// The simulator's file name: `libcuda_pinned_sim.so` on Linux.
+pub(crate) fn library_name() -> String {
+    format!(
+        "{}cuda_pinned_sim{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    )
+}
