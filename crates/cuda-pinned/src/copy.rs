@@ -35,7 +35,8 @@ use std::ffi::c_void;
 
 use bytemuck::Pod;
 
-use crate::context::Context;
+use crate::driver::Context;
+use crate::driver::Stream;
 use crate::driver_call;
 use crate::error::{Error, Result};
 use crate::memory::{
@@ -43,7 +44,6 @@ use crate::memory::{
     Registered, Track, lock,
 };
 use crate::profile::Category;
-use crate::stream::Stream;
 use crate::sys::CUdeviceptr;
 use crate::track::Access;
 

@@ -74,12 +74,12 @@ mod launch {
 
     use bytemuck::Pod;
 
-    use crate::context::Context;
     use crate::copy::{DeviceDestination, DeviceSource, Work};
+    use crate::driver::Context;
+    use crate::driver::Stream;
     use crate::error::{Error, Result};
     use crate::kernels_ffi as raw;
     use crate::profile::Category;
-    use crate::stream::Stream;
 
     /// The loading of the kernels into one device's primary context: `None` while it runs.
     #[derive(Default)]

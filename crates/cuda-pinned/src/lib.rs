@@ -70,11 +70,9 @@
 /// The raw layer: the `cuda-pinned-sys` crate, bindings to the CUDA driver API loaded at run time.
 pub use cuda_pinned_sys as sys;
 
-mod context;
 mod copy;
-mod device;
+mod driver;
 pub mod error;
-mod event;
 // Entry points for the fuzz targets in `fuzz/` (built with `--cfg fuzzing`) and the unit tests; in no other
 // build.
 #[cfg(any(test, fuzzing))]
@@ -87,21 +85,17 @@ mod memory;
 pub mod prefetch;
 pub mod profile;
 pub mod staging;
-mod stream;
 mod track;
 
-pub use context::Context;
 pub use copy::{DeviceDestination, DeviceSource, PinnedDestination, PinnedSource};
-pub use device::Device;
+pub use driver::{Context, Device, Event, Stream};
 pub use error::{Error, Result};
-pub use event::Event;
 pub use memory::{
     DeviceBuffer, DeviceView, DeviceViewMut, Pinned, PinnedBuilder, PinnedPool, PinnedView,
     PinnedViewMut, Pinning, PoolBuilder, PoolStats, Registered, WhenFull,
 };
 pub use prefetch::{Batch, Prefetched, Prefetcher};
 pub use profile::{Ledger, LedgerReport};
-pub use stream::Stream;
 
 /// Calls a function of the process-wide driver table, as [`sys::driver_call!`] does, with the crate's
 /// [`Error`]: `driver_call!(cuMemAlloc_v2(&mut ptr, bytes))` is a [`Result<()>`]: `Err` if the driver cannot be

@@ -12,10 +12,10 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use crate::driver::Event;
+use crate::driver::Stream;
 use crate::error::Result;
-use crate::event::Event;
 use crate::memory::Bytes;
-use crate::stream::Stream;
 
 /// What a ledger entry timed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -45,11 +45,11 @@ use std::thread::{Scope, ScopedJoinHandle};
 use bytemuck::Pod;
 
 use crate::copy::{DeviceDestination, DeviceSource, Work};
+use crate::driver::Stream;
 use crate::driver_call;
 use crate::error::{Error, Result};
 use crate::memory::{Bytes, Pinned, PinnedPool};
 use crate::profile::Category;
-use crate::stream::Stream;
 
 /// The most worker threads one staged transfer starts, whatever [`StagingOptions::threads`] asks. One thread
 /// copies about 8 GB/s into pinned memory, so a handful already match a PCIe link (on a 16-core H100 host, 16

@@ -8,10 +8,10 @@ use bytemuck::Pod;
 use super::host::check_alignment;
 use super::release::release_host;
 use super::{Bytes, Gpu, Track, byte_len, lock};
-use crate::context::Context;
+use crate::driver::Context;
+use crate::driver::Stream;
 use crate::driver_call;
 use crate::error::Result;
-use crate::stream::Stream;
 use crate::sys::CUdeviceptr;
 
 /// The alignment the driver guarantees for device allocations (`cuMemAlloc`, `cuMemAllocAsync`).

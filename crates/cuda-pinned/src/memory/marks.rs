@@ -31,10 +31,10 @@ use std::cell::{RefCell, RefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 
-use crate::context::Context;
+use crate::driver::Context;
+use crate::driver::Stream;
 use crate::driver_call;
 use crate::error::Result;
-use crate::stream::Stream;
 use crate::sys::CUevent;
 use crate::track::Timeline;
 

@@ -26,8 +26,8 @@ pub use view::{DeviceView, DeviceViewMut, PinnedView, PinnedViewMut};
 #[cfg(any(test, fuzzing))]
 pub(crate) use {pool::state as pool_state, view::bounds as view_bounds};
 
+use crate::driver::Stream;
 use crate::error::{Error, Result};
-use crate::stream::Stream;
 use crate::track::Tracker;
 
 /// The tracker of a buffer on the real device.

@@ -10,7 +10,7 @@ use super::host::{HostRegion, check_alignment};
 use super::pool::Loan;
 use super::release::release_host;
 use super::{Bytes, Track, byte_len};
-use crate::context::Context;
+use crate::driver::Context;
 use crate::driver_call;
 use crate::error::Result;
 use crate::sys::{

@@ -9,7 +9,7 @@ use bytemuck::Pod;
 use super::host::HostRegion;
 use super::release::release_host;
 use super::{Bytes, Gpu, Track, lock};
-use crate::context::Context;
+use crate::driver::Context;
 use crate::driver_call;
 use crate::error::Result;
 

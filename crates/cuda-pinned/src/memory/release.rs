@@ -24,7 +24,7 @@ use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use super::{Bytes, Gpu, GpuTracker};
-use crate::context::Context;
+use crate::driver::Context;
 use crate::error::{Error, Result};
 
 /// Unpins and frees a block of host memory (or frees device memory); run once, when no device work uses it,

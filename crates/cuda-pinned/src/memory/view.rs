@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 
 use super::{DeviceBuffer, Pinned, Track};
-use crate::context::Context;
+use crate::driver::Context;
 use crate::error::{Error, Result};
 use crate::sys::CUdeviceptr;
 

@@ -2,11 +2,11 @@
 
 use bytemuck::Pod;
 
-use crate::context::Context;
 use crate::copy::DeviceSource;
+use crate::driver::Context;
+use crate::driver::Stream;
 use crate::error::Result;
 use crate::memory::{DeviceBuffer, Pinned, PinnedPool, Track};
-use crate::stream::Stream;
 
 /// A batch that a [`Prefetcher`](super::Prefetcher) builds in pinned memory and uploads: the Rust form of a
 /// custom type's `pin_memory()` in PyTorch. It knows its pinned parts (the type itself) and their device

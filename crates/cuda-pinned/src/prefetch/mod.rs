@@ -82,11 +82,11 @@ use std::thread::JoinHandle;
 
 pub use self::batch::{Batch, DeviceParts};
 use self::slots::{Slots, Take};
+use crate::driver::Stream;
 use crate::error::{Error, Result};
 #[cfg(doc)]
 use crate::memory::Pinned;
 use crate::memory::{Gpu, PinnedPool, lock};
-use crate::stream::Stream;
 use crate::track::Access;
 
 /// What a fill closure may fail with: any error, such as the crate's own (from [`Pinned::as_mut_slice`]) or an

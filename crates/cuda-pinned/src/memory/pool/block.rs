@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use super::{PAGE, Pinning};
-use crate::context::Context;
+use crate::driver::Context;
 use crate::driver_call;
 use crate::error::{Error, Result};
 use crate::memory::release::release_host;

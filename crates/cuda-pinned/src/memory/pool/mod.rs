@@ -33,9 +33,9 @@ use self::state::{Config, Lease, PoolState, Reservation, Take};
 use super::host::{HostRegion, check_alignment};
 use super::release::release_host;
 use super::{Gpu, GpuTracker, Mark, Pinned, PinnedBuilder, byte_len};
-use crate::context::Context;
+use crate::driver::Context;
+use crate::driver::Stream;
 use crate::error::{Error, Result};
-use crate::stream::Stream;
 use crate::track::Timeline;
 
 /// The page size the pool's classes are multiples of, and the alignment every block has at least.

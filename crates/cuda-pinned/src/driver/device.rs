@@ -3,7 +3,7 @@
 use std::ffi::{CStr, c_char};
 use std::fmt;
 
-use crate::context::Context;
+use super::context::Context;
 use crate::driver_call;
 use crate::error::Result;
 use crate::sys::{CUdevice, CUdevice_attribute};

@@ -3,10 +3,10 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::context::Context;
+use super::context::Context;
+use super::event::Event;
 use crate::driver_call;
 use crate::error::{Error, Result};
-use crate::event::Event;
 use crate::memory::SegmentLock;
 use crate::profile::Ledger;
 use crate::sys::{CUresult, CUstream, CUstream_flags};

@@ -3,10 +3,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::context::Context;
+use super::context::Context;
+use super::stream::Stream;
 use crate::driver_call;
 use crate::error::Result;
-use crate::stream::Stream;
 use crate::sys::{CUevent, CUevent_flags, CUresult};
 
 /// A CUDA event of a context. Record it on a stream; it completes once the work enqueued on the stream before

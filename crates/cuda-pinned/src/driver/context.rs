@@ -5,10 +5,10 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, Weak};
 
-use crate::device::Device;
+use super::device::Device;
+use super::stream::Stream;
 use crate::driver_call;
 use crate::error::{Error, Result};
-use crate::stream::Stream;
 use crate::sys::{CUcontext, CUevent, CUevent_flags, CUresult, CUstream, CUstream_flags};
 
 /// The primary context of a device, retained while any clone (or any stream, event or buffer made in it) lives.
@@ -30,7 +30,7 @@ struct Inner {
     /// Events for ordering, recorded without timing, ready for reuse (see `memory/marks.rs`).
     events: Mutex<Vec<CUevent>>,
     /// The streams made in the context, so that `synchronize` can close their segments.
-    streams: Mutex<Vec<Weak<crate::stream::Inner>>>,
+    streams: Mutex<Vec<Weak<super::stream::Inner>>>,
     /// The crate's own stream for frees that must wait for several streams (null until first needed).
     release_stream: Mutex<CUstream>,
     /// The device's gate (shared by every context handle of the device): the crate's work holds it for
@@ -258,7 +258,7 @@ impl Context {
         // Work other code enqueues afterwards must not delay what the crate's buffers wait for (see
         // `memory/marks.rs`). A failure to close only makes later waits less precise.
         let streams = lock(&self.0.streams).clone();
-        let closed = crate::stream::close_segments(&streams);
+        let closed = super::stream::close_segments(&streams);
         drop(streams);
         {
             let _current = self.enter()?;
@@ -325,14 +325,14 @@ impl Context {
     }
 
     /// Remembers a stream made in this context, for `synchronize`; forgets streams that are gone.
-    pub(crate) fn register_stream(&self, stream: Weak<crate::stream::Inner>) {
+    pub(crate) fn register_stream(&self, stream: Weak<super::stream::Inner>) {
         lock(&self.0.streams).push(stream);
     }
 
     /// Forgets a stream of [`Context::register_stream`] as its last handle goes. Until then, the entry of a
     /// stream whose last handle is gone counts as work not finished ([`Context::device_is_idle`]): its work is
     /// out of sight between the handle's going and its joining the device's list of streams to retire.
-    pub(crate) fn unregister_stream(&self, stream: *const crate::stream::Inner) {
+    pub(crate) fn unregister_stream(&self, stream: *const super::stream::Inner) {
         lock(&self.0.streams).retain(|s| s.as_ptr() != stream);
     }
 
@@ -423,7 +423,7 @@ impl Context {
         // A copy of the list: a stream upgraded from it may lose its last other handle meanwhile, and its drop
         // takes the list's lock to leave it.
         let streams = lock(&self.0.streams).clone();
-        crate::stream::all_idle(&streams)
+        super::stream::all_idle(&streams)
     }
 
     /// An event of this context for ordering (recorded without timing): an idle one of the pool, else a new one.
