@@ -1,181 +1,232 @@
-//! pinbench's command line: a handful of flags, parsed by hand so that the library's build carries no CLI
-//! dependency.
+//! pinbench's command line: the bandwidth run's flags, and the `train-loop` mode with its own.
 
-use std::fmt;
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
-/// What the user asked for.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Options {
-    /// `--quick`: fewer sizes and repetitions, no 1 GiB, for a run under 20 seconds.
-    pub quick: bool,
-    /// `--json`: one JSON document on stdout instead of the table.
-    pub json: bool,
-    /// `--plot FILE.svg`: also write an SVG chart of bandwidth against size.
-    pub plot: Option<PathBuf>,
-    /// `--progress`: draw the progress bar on stderr even when it is not a terminal.
-    pub progress: bool,
-    /// `--staging-sweep`: also measure staged transfers of 256 MiB for every chunk size and thread count of a
-    /// small grid, to tune `StagingOptions::default()`.
-    pub staging_sweep: bool,
-    /// `--help`: print the usage and exit.
-    pub help: bool,
-}
+use clap::{Args, Parser, Subcommand};
 
-/// A command line pinbench does not understand: it exits with status 2 and says why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsageError(pub String);
-
-impl fmt::Display for UsageError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
-
-/// The text `--help` prints.
-pub const USAGE: &str = "\
-pinbench: what this machine's host<->GPU link delivers, and what each way of using it costs
-
-Usage: pinbench [--quick] [--json] [--plot FILE.svg] [--progress] [--staging-sweep]
-
-Measures device 0: bandwidth of uploads and downloads from 4 KiB to 1 GiB from pageable memory (through the
-driver), pageable memory staged by the crate through a pinned pool (Stream::upload_staged / download_staged,
-default options, also as a ratio to the driver's pageable path), pinned memory (default and write-combined)
-and registered memory, each pinned figure also as a ratio to the raw driver call on the same memory; both
-directions at once; the cost of pinning memory (Pinned::zeroed, Registered::new, and PinnedPool::alloc warm
-and cold, the cold ones as a ratio to Pinned::zeroed); the host time to enqueue a small copy; and (built with
---features gpu) how well copies overlap a kernel.
-Times are medians of CUDA-event-timed repetitions after warm-up. Every copy's data is verified once.
-
-Options:
-  --quick           sizes up to 64 MiB, fewer repetitions, no 1 GiB: a run of under 20 seconds
-  --json            print one JSON document on stdout (every figure, its units and the header)
-  --plot FILE.svg   write an SVG chart of bandwidth (GB/s) against size per method and direction
-  --progress        draw the progress bar on stderr even when stderr is not a terminal
-  --staging-sweep   also time staged uploads and downloads of 256 MiB for chunks of 2, 4, 8, 16 and 32 MiB
-                    x 1, 2, 4 and 8 threads, beside the driver's pageable path (adds 20 to 30 seconds)
-  -h, --help        print this help
-
-Exit status: 0 when the run completed (low figures are reported, never failures), 1 on a CUDA error, a
-missing driver or data that did not arrive intact, 2 on a command line pinbench does not understand.
-Environment: CUDA_PINNED_LIBCUDA names the driver library to open instead of searching for libcuda.so.1.
-";
-
-/// Parses the arguments after the program's name.
+/// pinbench: what this machine's host<->GPU link delivers, and what each way of using it costs
 ///
-/// # Errors
-/// A [`UsageError`] for an unknown flag, a positional argument, or `--plot` without a file.
-pub fn parse<I, S>(args: I) -> Result<Options, UsageError>
-where
-    I: IntoIterator<Item = S>,
-    S: Into<String>,
-{
-    let mut options = Options::default();
-    let mut args = args.into_iter().map(Into::into);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--quick" => options.quick = true,
-            "--json" => options.json = true,
-            "--progress" => options.progress = true,
-            "--staging-sweep" => options.staging_sweep = true,
-            "-h" | "--help" => options.help = true,
-            "--plot" => {
-                let file = args
-                    .next()
-                    .filter(|f| !f.is_empty() && !f.starts_with("--"))
-                    .ok_or_else(|| {
-                        UsageError("--plot needs a file name: --plot FILE.svg".into())
-                    })?;
-                options.plot = Some(PathBuf::from(file));
-            }
-            other => {
-                if let Some(file) = other.strip_prefix("--plot=") {
-                    if file.is_empty() {
-                        return Err(UsageError(
-                            "--plot needs a file name: --plot FILE.svg".into(),
-                        ));
-                    }
-                    options.plot = Some(PathBuf::from(file));
-                } else if other.starts_with('-') {
-                    return Err(UsageError(format!("unknown flag `{other}`")));
-                } else {
-                    return Err(UsageError(format!(
-                        "unexpected argument `{other}`: pinbench takes only flags"
-                    )));
-                }
-            }
-        }
-    }
-    Ok(options)
+/// Measures device 0: bandwidth of uploads and downloads from 4 KiB to 1 GiB from pageable memory (through the
+/// driver), pageable memory staged by the crate through a pinned pool (Stream::upload_staged /
+/// download_staged, default options, also as a ratio to the driver's pageable path), pinned memory (default and
+/// write-combined) and registered memory, each pinned figure also as a ratio to the raw driver call on the same
+/// memory; both directions at once; the cost of pinning memory (Pinned::zeroed, Registered::new, and
+/// PinnedPool::alloc warm and cold, the cold ones as a ratio to Pinned::zeroed); the host time to enqueue a
+/// small copy; and (built with --features gpu) how well copies overlap a kernel. Times are medians of
+/// CUDA-event-timed repetitions after warm-up. Every copy's data is verified once.
+#[derive(Debug, Clone, PartialEq, Eq, Parser)]
+#[command(
+    name = "pinbench",
+    version,
+    after_help = AFTER_HELP,
+    disable_help_subcommand = true,
+    // The bandwidth run's flags mean nothing to another mode, which has flags of its own.
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    /// Another measurement instead of the bandwidth run.
+    #[command(subcommand)]
+    pub mode: Option<Mode>,
+    /// The bandwidth run's flags.
+    #[command(flatten)]
+    pub options: Options,
 }
+
+/// The bandwidth run's flags.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Args)]
+pub struct Options {
+    /// Sizes up to 64 MiB, fewer repetitions, no 1 GiB: a run of under 20 seconds
+    #[arg(long)]
+    pub quick: bool,
+    /// Print one JSON document on stdout (every figure, its units and the header) instead of the table
+    #[arg(long)]
+    pub json: bool,
+    /// Also write an SVG chart of bandwidth (GB/s) against size per method and direction
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Draw the progress bar on stderr even when stderr is not a terminal
+    #[arg(long)]
+    pub progress: bool,
+    /// Also time staged uploads and downloads of 256 MiB for chunks of 2, 4, 8, 16 and 32 MiB x 1, 2, 4, 8 and
+    /// 16 threads, beside the driver's pageable path (adds 20 to 30 seconds)
+    #[arg(long)]
+    pub staging_sweep: bool,
+}
+
+/// The modes other than the bandwidth run.
+#[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
+pub enum Mode {
+    /// How fast a training loop is fed, three ways (needs a build with --features gpu)
+    ///
+    /// Batches of 2048 samples of 16 KiB, gathered by random index from a dataset in pageable memory, feed a
+    /// compute step on device 0 (an axpy that reads the batch, then a kernel as long as one batch's upload),
+    /// three ways: (1) gathered into a Vec and uploaded with a blocking copy; (2) gathered into pinned memory
+    /// on the worker threads and uploaded asynchronously, one step at a time; (3) through a Prefetcher, whose
+    /// workers gather into pooled pinned memory ahead of the loop while a copy stream uploads. Each way is
+    /// reported in samples/s and GB/s fed, with its streams' device time per kind of work; the prefetcher is
+    /// compared with the pinned upload, the gather on the same threads and the compute alone, all measured in
+    /// the same run. Last, the prefetcher runs again with a compute step as long as the slower of gathering and
+    /// uploading a batch.
+    TrainLoop(TrainLoopOptions),
+}
+
+/// `train-loop`'s flags.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Args)]
+pub struct TrainLoopOptions {
+    /// A dataset of 512 MiB and 40 batches, instead of 2 GiB and 400
+    #[arg(long)]
+    pub quick: bool,
+    /// Print one JSON document on stdout instead of the table
+    #[arg(long)]
+    pub json: bool,
+    /// Threads gathering batches [default: the CPU's cores, at most 16]
+    #[arg(long, value_name = "N")]
+    pub workers: Option<NonZeroUsize>,
+    /// Batches of 32 MiB to feed [default: 400, or 40 with --quick]
+    #[arg(long, value_name = "N")]
+    pub batches: Option<NonZeroUsize>,
+    /// Gather with ordinary stores instead of streaming (non-temporal) ones on x86-64
+    #[arg(long)]
+    pub plain_stores: bool,
+}
+
+/// What `--help` prints after the flags.
+const AFTER_HELP: &str = "\
+Exit status: 0 when the run completed (low figures are reported, never failures), 1 on a CUDA error, a \
+missing driver or data that did not arrive intact, 2 on a command line pinbench does not understand.
+Environment: CUDA_PINNED_LIBCUDA names the driver library to open instead of searching for libcuda.so.1.";
 
 #[cfg(test)]
 mod tests {
+    use clap::CommandFactory;
+    use clap::error::ErrorKind;
+
     use super::*;
 
-    fn parsed(args: &[&str]) -> Result<Options, UsageError> {
-        parse(args.iter().copied())
+    fn parsed(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("pinbench").chain(args.iter().copied()))
+    }
+
+    fn options(args: &[&str]) -> Options {
+        let cli = parsed(args).unwrap();
+        assert_eq!(cli.mode, None);
+        cli.options
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
     }
 
     #[test]
     fn no_flags_is_the_full_table_run() {
-        assert_eq!(parsed(&[]).unwrap(), Options::default());
+        assert_eq!(options(&[]), Options::default());
     }
 
     #[test]
     fn every_flag_is_understood() {
-        let o = parsed(&[
+        let o = options(&[
             "--quick",
             "--json",
             "--plot",
             "out.svg",
             "--progress",
             "--staging-sweep",
-        ])
-        .unwrap();
-        assert!(o.quick && o.json && o.progress && o.staging_sweep && !o.help);
-        assert!(!parsed(&["--quick"]).unwrap().staging_sweep);
+        ]);
+        assert!(o.quick && o.json && o.progress && o.staging_sweep);
         assert_eq!(o.plot, Some(PathBuf::from("out.svg")));
-        assert!(parsed(&["-h"]).unwrap().help);
-        assert!(parsed(&["--help"]).unwrap().help);
-        let o = parsed(&["--plot=a b.svg"]).unwrap();
-        assert_eq!(o.plot, Some(PathBuf::from("a b.svg")));
+        assert!(!options(&["--quick"]).staging_sweep);
+        assert_eq!(
+            options(&["--plot=a b.svg"]).plot,
+            Some(PathBuf::from("a b.svg"))
+        );
+        for help in ["-h", "--help"] {
+            assert_eq!(parsed(&[help]).unwrap_err().kind(), ErrorKind::DisplayHelp);
+        }
     }
 
     #[test]
     fn unknown_flags_and_arguments_are_usage_errors() {
-        let e = parsed(&["--quik"]).unwrap_err();
-        assert_eq!(e.0, "unknown flag `--quik`");
-        assert!(parsed(&["-q"]).is_err());
-        assert!(
-            parsed(&["quick"])
-                .unwrap_err()
-                .0
-                .contains("unexpected argument")
-        );
+        for args in [&["--quik"][..], &["-q"], &["quick"]] {
+            let e = parsed(args).unwrap_err();
+            assert!(
+                matches!(
+                    e.kind(),
+                    ErrorKind::UnknownArgument | ErrorKind::InvalidSubcommand
+                ),
+                "{args:?}: {e}"
+            );
+            // clap exits with status 2 on these, as pinbench always has.
+            assert_eq!(e.exit_code(), 2);
+        }
     }
 
     #[test]
     fn plot_needs_a_file() {
         for args in [&["--plot"][..], &["--plot", "--json"], &["--plot="]] {
             let e = parsed(args).unwrap_err();
-            assert!(e.0.starts_with("--plot needs a file name"), "{args:?}: {e}");
+            assert!(
+                matches!(e.kind(), ErrorKind::InvalidValue | ErrorKind::NoEquals),
+                "{args:?}: {e}"
+            );
         }
     }
 
     #[test]
-    fn usage_names_every_flag() {
-        for flag in [
+    fn train_loop_has_its_own_flags() {
+        let cli = parsed(&["train-loop"]).unwrap();
+        assert_eq!(cli.mode, Some(Mode::TrainLoop(TrainLoopOptions::default())));
+        let cli = parsed(&[
+            "train-loop",
             "--quick",
             "--json",
-            "--plot",
+            "--workers",
+            "4",
+            "--batches",
+            "10",
+            "--plain-stores",
+        ])
+        .unwrap();
+        let Some(Mode::TrainLoop(o)) = cli.mode else {
+            panic!("not train-loop")
+        };
+        assert!(o.quick && o.json && o.plain_stores);
+        assert_eq!(o.workers, NonZeroUsize::new(4));
+        assert_eq!(o.batches, NonZeroUsize::new(10));
+        assert!(parsed(&["train-loop", "--workers", "0"]).is_err());
+        // The bandwidth run's flags are not train-loop's, on either side of it.
+        assert!(parsed(&["train-loop", "--plot", "x.svg"]).is_err());
+        assert!(parsed(&["--quick", "train-loop"]).is_err());
+    }
+
+    #[test]
+    fn help_names_every_flag_and_mode() {
+        let help = Cli::command().render_long_help().to_string();
+        for needle in [
+            "--quick",
+            "--json",
+            "--plot <FILE.svg>",
             "--progress",
             "--staging-sweep",
             "--help",
+            "train-loop",
+            "Exit status",
+            "CUDA_PINNED_LIBCUDA",
         ] {
-            assert!(USAGE.contains(flag), "{flag}");
+            assert!(help.contains(needle), "{needle} in\n{help}");
+        }
+        let mut command = Cli::command();
+        let train_loop = command.find_subcommand_mut("train-loop").unwrap();
+        let help = train_loop.render_long_help().to_string();
+        for flag in [
+            "--quick",
+            "--json",
+            "--workers <N>",
+            "--batches <N>",
+            "--plain-stores",
+        ] {
+            assert!(help.contains(flag), "{flag} in\n{help}");
         }
     }
 }

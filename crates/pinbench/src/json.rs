@@ -1,488 +1,572 @@
-//! `--json`: the whole report as one JSON document, written by hand (a value type and a printer), so that the
-//! library's build carries no serialisation dependency. Keys name their units (`seconds`, `gb_per_s`, `bytes`);
+//! `--json`: the whole report as one JSON document. Keys name their units (`seconds`, `gb_per_s`, `bytes`);
 //! `units` at the top spells them out.
+//!
+//! The document is the report plus what the table derives from it (GB/s, ratios, speed-ups), so each section is
+//! a small serializable view built from the results; the results' own types serialize where a section shows
+//! them as they are (methods, directions, the device, the PCIe link). Numbers that cannot be expressed in JSON
+//! (NaN, infinities) are written as `null`.
 
-use std::fmt::Write;
+use serde::Serialize;
 
-use crate::results::{Bandwidth, Report, StagingSweep, gb_per_s};
+use crate::nvml::Link;
+use crate::results::{
+    Alloc, Api, Bandwidth, DeviceInfo, Direction, Method, Overlap, Report, StagingSweep, gb_per_s,
+};
 
-/// A JSON value.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Json {
-    /// `null`.
-    Null,
-    /// `true` / `false`.
-    Bool(bool),
-    /// A number; NaN and infinities print as `null`, which JSON cannot express otherwise.
-    Num(f64),
-    /// An integer, printed exactly.
-    Int(u64),
-    /// A string, escaped when printed.
-    Str(String),
-    /// An array.
-    Arr(Vec<Json>),
-    /// An object, keys in the given order.
-    Obj(Vec<(String, Json)>),
+/// The document `pinbench --json` prints.
+#[derive(Debug, Serialize)]
+pub struct Document<'a> {
+    tool: &'static str,
+    version: &'static str,
+    /// `full` or `quick`.
+    mode: &'static str,
+    wall_seconds: f64,
+    units: Units,
+    header: HeaderJson<'a>,
+    bandwidth: Vec<BandwidthJson>,
+    /// `null` where `--staging-sweep` was not asked for.
+    staging_sweep: Option<SweepJson>,
+    bidirectional: Vec<BidirectionalJson>,
+    allocation: Vec<AllocationJson>,
+    enqueue: EnqueueJson,
+    overlap: OverlapJson,
+    failures: Vec<String>,
+    /// The SVG file written with `--plot`, or `null`.
+    plot: Option<&'a str>,
 }
 
-impl Json {
-    /// An object from `(key, value)` pairs.
-    pub fn obj<const N: usize>(pairs: [(&str, Json); N]) -> Json {
-        Json::Obj(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
-    }
-
-    /// A string value.
-    pub fn str(s: impl Into<String>) -> Json {
-        Json::Str(s.into())
-    }
-
-    /// A size or count.
-    pub fn int(n: usize) -> Json {
-        Json::Int(n as u64)
-    }
-
-    /// The value as pretty-printed JSON (two-space indent), ending in a newline.
-    pub fn pretty(&self) -> String {
-        let mut out = String::new();
-        self.write(&mut out, 0);
-        out.push('\n');
-        out
-    }
-
-    fn write(&self, out: &mut String, depth: usize) {
-        match self {
-            Json::Null => out.push_str("null"),
-            Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-            // Rust prints finite floats without exponents, which is valid JSON.
-            Json::Num(x) if x.is_finite() => {
-                let _ = write!(out, "{x}");
-            }
-            Json::Num(_) => out.push_str("null"),
-            Json::Int(n) => {
-                let _ = write!(out, "{n}");
-            }
-            Json::Str(s) => escape(s, out),
-            Json::Arr(items) if items.is_empty() => out.push_str("[]"),
-            Json::Obj(fields) if fields.is_empty() => out.push_str("{}"),
-            Json::Arr(items) => {
-                out.push('[');
-                for (i, item) in items.iter().enumerate() {
-                    out.push_str(if i == 0 { "\n" } else { ",\n" });
-                    indent(out, depth + 1);
-                    item.write(out, depth + 1);
-                }
-                out.push('\n');
-                indent(out, depth);
-                out.push(']');
-            }
-            Json::Obj(fields) => {
-                out.push('{');
-                for (i, (key, value)) in fields.iter().enumerate() {
-                    out.push_str(if i == 0 { "\n" } else { ",\n" });
-                    indent(out, depth + 1);
-                    escape(key, out);
-                    out.push_str(": ");
-                    value.write(out, depth + 1);
-                }
-                out.push('\n');
-                indent(out, depth);
-                out.push('}');
-            }
-        }
-    }
+/// What the keys' units mean, for a reader of the document without this program.
+#[derive(Debug, Serialize)]
+struct Units {
+    gb_per_s: &'static str,
+    seconds: &'static str,
+    bytes: &'static str,
+    ratio_to_raw: &'static str,
+    ratio_to_pageable: &'static str,
+    speedup: &'static str,
 }
 
-fn indent(out: &mut String, depth: usize) {
-    for _ in 0..depth {
-        out.push_str("  ");
-    }
+const UNITS: Units = Units {
+    gb_per_s: "decimal gigabytes (1e9 bytes) per second",
+    seconds: "seconds; bandwidth times are device times from CUDA events, medians per copy; allocation and \
+              enqueue times are host times, medians per call",
+    bytes: "bytes",
+    ratio_to_raw: "safe-layer GB/s over the raw driver call's GB/s on the same memory, direction and size; for \
+                   enqueue, time over the raw call's time",
+    ratio_to_pageable: "staged GB/s over the driver's pageable GB/s at the same direction and size, same run",
+    speedup: "allocation: the time per GiB of the figure named by speedup_over over this one's",
+};
+
+/// The machine: the device, the driver and the PCIe link.
+#[derive(Debug, Serialize)]
+struct HeaderJson<'a> {
+    device: &'a DeviceInfo,
+    device_count: usize,
+    nvidia_driver: Option<&'a str>,
+    /// `13.0`.
+    cuda_version: String,
+    driver_library: &'a str,
+    pcie: Option<PcieJson>,
 }
 
-/// Writes `s` as a JSON string literal: quotes, backslashes and control characters escaped, the rest as is.
-pub fn escape(s: &str, out: &mut String) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if u32::from(c) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
+/// The PCIe link and when it was read (an idle link drops to a slower generation, so the time matters).
+#[derive(Debug, Serialize)]
+struct PcieJson {
+    #[serde(flatten)]
+    link: Link,
+    read: &'static str,
 }
 
-fn opt<T>(value: Option<T>, f: impl FnOnce(T) -> Json) -> Json {
-    value.map_or(Json::Null, f)
+/// One bandwidth figure with its GB/s and ratios.
+#[derive(Debug, Serialize)]
+struct BandwidthJson {
+    method: Method,
+    api: Api,
+    direction: Direction,
+    bytes: usize,
+    gb_per_s: f64,
+    seconds: f64,
+    ratio_to_raw: Option<f64>,
+    ratio_to_pageable: Option<f64>,
+    samples: usize,
+    batch: usize,
+    verified: bool,
 }
 
-/// `--staging-sweep`'s figures: the pageable reference each way, and one entry per direction, chunk size and
-/// thread count.
-fn staging_sweep(sweep: &StagingSweep) -> Json {
-    let figure = |b: &Bandwidth| {
-        [
-            ("direction", Json::str(b.direction.key())),
-            ("gb_per_s", Json::Num(b.gb_per_s())),
-            ("seconds", Json::Num(b.seconds)),
-            ("samples", Json::int(b.samples)),
-            ("batch", Json::int(b.batch)),
-            ("verified", Json::Bool(b.verified)),
-        ]
-    };
-    let pageable = sweep
-        .pageable
-        .iter()
-        .map(|b| Json::obj(figure(b)))
-        .collect();
-    let points = sweep
-        .points
-        .iter()
-        .map(|p| {
-            let mut fields = vec![
-                ("chunk_bytes".to_string(), Json::int(p.chunk_bytes)),
-                ("threads".to_string(), Json::int(p.threads)),
-            ];
-            fields.extend(figure(&p.figure).map(|(k, v)| (k.to_string(), v)));
-            fields.push((
-                "ratio_to_pageable".to_string(),
-                opt(sweep.ratio_to_pageable(p), Json::Num),
-            ));
-            Json::Obj(fields)
-        })
-        .collect();
-    Json::obj([
-        ("bytes", Json::int(sweep.bytes)),
-        ("pool_budget_bytes", Json::int(sweep.pool_budget)),
-        (
-            "default",
-            Json::obj([
-                ("chunk_bytes", Json::int(sweep.default_chunk_bytes)),
-                ("threads", Json::int(sweep.default_threads)),
-            ]),
-        ),
-        ("pageable", Json::Arr(pageable)),
-        ("points", Json::Arr(points)),
-    ])
+/// `--staging-sweep`: the pageable reference each way, and one entry per direction, chunk size and thread count.
+#[derive(Debug, Serialize)]
+struct SweepJson {
+    bytes: usize,
+    pool_budget_bytes: usize,
+    default: SweepOptionsJson,
+    pageable: Vec<SweepFigureJson>,
+    points: Vec<SweepPointJson>,
 }
 
-/// The report as a JSON value: `pinbench --json` prints `document(report).pretty()`.
-pub fn document(report: &Report, plot: Option<&str>) -> Json {
+/// The staging options a sweep point (or the library's default) used.
+#[derive(Debug, Serialize)]
+struct SweepOptionsJson {
+    chunk_bytes: usize,
+    threads: usize,
+}
+
+/// A figure of the sweep (all of one size and method, so those are the sweep's).
+#[derive(Debug, Serialize)]
+struct SweepFigureJson {
+    direction: Direction,
+    gb_per_s: f64,
+    seconds: f64,
+    samples: usize,
+    batch: usize,
+    verified: bool,
+}
+
+/// One point of the sweep.
+#[derive(Debug, Serialize)]
+struct SweepPointJson {
+    chunk_bytes: usize,
+    threads: usize,
+    #[serde(flatten)]
+    figure: SweepFigureJson,
+    ratio_to_pageable: Option<f64>,
+}
+
+/// Both directions at once, beside each alone.
+#[derive(Debug, Serialize)]
+struct BidirectionalJson {
+    bytes: usize,
+    aggregate_gb_per_s: f64,
+    both_seconds: f64,
+    upload_alone_gb_per_s: f64,
+    download_alone_gb_per_s: f64,
+    ratio_to_sum_alone: f64,
+    samples: usize,
+    verified: bool,
+}
+
+/// One allocation figure, with its speed-up over its reference where it has one.
+#[derive(Debug, Serialize)]
+struct AllocationJson {
+    what: Alloc,
+    bytes: usize,
+    seconds: f64,
+    seconds_per_gib: f64,
+    samples: usize,
+    batch: usize,
+    speedup_over: Option<Alloc>,
+    speedup: Option<f64>,
+}
+
+/// The enqueue overhead, in seconds per call and as ratios to the raw call.
+#[derive(Debug, Serialize)]
+struct EnqueueJson {
+    bytes: usize,
+    raw_seconds: f64,
+    same_stream_seconds: f64,
+    cross_stream_seconds: f64,
+    raw_cross_stream_seconds: f64,
+    same_stream_ratio_to_raw: f64,
+    cross_stream_ratio_to_raw: f64,
+    batch: usize,
+    samples: usize,
+}
+
+/// The overlap pipeline, or a note that this build has no kernels to run it with.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum OverlapJson {
+    NotBuilt {
+        built: bool,
+        note: &'static str,
+    },
+    Built {
+        built: bool,
+        chunks: usize,
+        chunk_bytes: usize,
+        spin_seconds: f64,
+        copy_seconds: f64,
+        kernel_seconds: f64,
+        ideal_seconds: f64,
+        one_stream_seconds: f64,
+        two_streams_seconds: f64,
+        one_stream_ratio_to_ideal: f64,
+        two_streams_ratio_to_ideal: f64,
+        samples: usize,
+    },
+}
+
+/// The report as the JSON document; `plot` is the SVG file written beside it, if any.
+pub fn document<'a>(report: &'a Report, plot: Option<&'a str>) -> Document<'a> {
     let h = &report.header;
-    let d = &h.device;
-    let header = Json::obj([
-        (
-            "device",
-            Json::obj([
-                ("ordinal", Json::int(d.ordinal)),
-                ("name", Json::str(&d.name)),
-                (
-                    "compute_capability",
-                    Json::str(format!(
-                        "{}.{}",
-                        d.compute_capability.0, d.compute_capability.1
-                    )),
-                ),
-                ("memory_bytes", Json::int(d.memory_bytes)),
-                ("pci_bus_id", Json::str(&d.pci_bus_id)),
-                ("copy_engines", Json::Int(d.copy_engines.into())),
-            ]),
-        ),
-        ("device_count", Json::int(h.device_count)),
-        ("nvidia_driver", opt(h.nvidia_driver.as_ref(), Json::str)),
-        ("cuda_version", Json::str(h.cuda_version_text())),
-        ("driver_library", Json::str(&h.driver_library)),
-        (
-            "pcie",
-            opt(h.pcie, |l| {
-                Json::obj([
-                    ("generation", Json::Int(l.generation.into())),
-                    ("width", Json::Int(l.width.into())),
-                    ("max_generation", Json::Int(l.max_generation.into())),
-                    ("max_width", Json::Int(l.max_width.into())),
-                    ("read", Json::str("under load")),
-                ])
-            }),
-        ),
-    ]);
-    let bandwidth = report
-        .bandwidth
-        .iter()
-        .map(|b| {
-            Json::obj([
-                ("method", Json::str(b.method.key())),
-                ("api", Json::str(b.api.key())),
-                ("direction", Json::str(b.direction.key())),
-                ("bytes", Json::int(b.bytes)),
-                ("gb_per_s", Json::Num(b.gb_per_s())),
-                ("seconds", Json::Num(b.seconds)),
-                ("ratio_to_raw", opt(report.ratio_to_raw(b), Json::Num)),
-                (
-                    "ratio_to_pageable",
-                    opt(report.ratio_to_pageable(b), Json::Num),
-                ),
-                ("samples", Json::int(b.samples)),
-                ("batch", Json::int(b.batch)),
-                ("verified", Json::Bool(b.verified)),
-            ])
-        })
-        .collect();
-    let bidirectional = report
-        .bidirectional
-        .iter()
-        .map(|b| {
-            Json::obj([
-                ("bytes", Json::int(b.bytes)),
-                ("aggregate_gb_per_s", Json::Num(b.aggregate_gb_per_s())),
-                ("both_seconds", Json::Num(b.both_seconds)),
-                (
-                    "upload_alone_gb_per_s",
-                    Json::Num(gb_per_s(b.bytes, b.upload_seconds)),
-                ),
-                (
-                    "download_alone_gb_per_s",
-                    Json::Num(gb_per_s(b.bytes, b.download_seconds)),
-                ),
-                ("ratio_to_sum_alone", Json::Num(b.ratio_to_sum())),
-                ("samples", Json::int(b.samples)),
-                ("verified", Json::Bool(b.verified)),
-            ])
-        })
-        .collect();
-    let allocation = report
-        .allocation
-        .iter()
-        .map(|a| {
-            let speedup = report.alloc_speedup(a);
-            Json::obj([
-                ("what", Json::str(a.what.key())),
-                ("bytes", Json::int(a.bytes)),
-                ("seconds", Json::Num(a.seconds)),
-                ("seconds_per_gib", Json::Num(a.seconds_per_gib())),
-                ("samples", Json::int(a.samples)),
-                ("batch", Json::int(a.batch)),
-                ("speedup_over", opt(speedup, |(r, _)| Json::str(r.key()))),
-                ("speedup", opt(speedup, |(_, x)| Json::Num(x))),
-            ])
-        })
-        .collect();
     let e = &report.enqueue;
-    let enqueue = Json::obj([
-        ("bytes", Json::int(e.bytes)),
-        ("raw_seconds", Json::Num(e.raw)),
-        ("same_stream_seconds", Json::Num(e.same_stream)),
-        ("cross_stream_seconds", Json::Num(e.cross_stream)),
-        ("raw_cross_stream_seconds", Json::Num(e.raw_cross_stream)),
-        ("same_stream_ratio_to_raw", Json::Num(e.same_stream / e.raw)),
-        (
-            "cross_stream_ratio_to_raw",
-            Json::Num(e.cross_stream / e.raw),
+    Document {
+        tool: "pinbench",
+        version: env!("CARGO_PKG_VERSION"),
+        mode: if report.quick { "quick" } else { "full" },
+        wall_seconds: report.wall_seconds,
+        units: UNITS,
+        header: HeaderJson {
+            device: &h.device,
+            device_count: h.device_count,
+            nvidia_driver: h.nvidia_driver.as_deref(),
+            cuda_version: h.cuda_version_text(),
+            driver_library: &h.driver_library,
+            pcie: h.pcie.map(|link| PcieJson {
+                link,
+                read: "under load",
+            }),
+        },
+        bandwidth: report
+            .bandwidth
+            .iter()
+            .map(|b| BandwidthJson {
+                method: b.method,
+                api: b.api,
+                direction: b.direction,
+                bytes: b.bytes,
+                gb_per_s: b.gb_per_s(),
+                seconds: b.seconds,
+                ratio_to_raw: report.ratio_to_raw(b),
+                ratio_to_pageable: report.ratio_to_pageable(b),
+                samples: b.samples,
+                batch: b.batch,
+                verified: b.verified,
+            })
+            .collect(),
+        staging_sweep: report.staging_sweep.as_ref().map(sweep),
+        bidirectional: report
+            .bidirectional
+            .iter()
+            .map(|b| BidirectionalJson {
+                bytes: b.bytes,
+                aggregate_gb_per_s: b.aggregate_gb_per_s(),
+                both_seconds: b.both_seconds,
+                upload_alone_gb_per_s: gb_per_s(b.bytes, b.upload_seconds),
+                download_alone_gb_per_s: gb_per_s(b.bytes, b.download_seconds),
+                ratio_to_sum_alone: b.ratio_to_sum(),
+                samples: b.samples,
+                verified: b.verified,
+            })
+            .collect(),
+        allocation: report
+            .allocation
+            .iter()
+            .map(|a| {
+                let speedup = report.alloc_speedup(a);
+                AllocationJson {
+                    what: a.what,
+                    bytes: a.bytes,
+                    seconds: a.seconds,
+                    seconds_per_gib: a.seconds_per_gib(),
+                    samples: a.samples,
+                    batch: a.batch,
+                    speedup_over: speedup.map(|(reference, _)| reference),
+                    speedup: speedup.map(|(_, x)| x),
+                }
+            })
+            .collect(),
+        enqueue: EnqueueJson {
+            bytes: e.bytes,
+            raw_seconds: e.raw,
+            same_stream_seconds: e.same_stream,
+            cross_stream_seconds: e.cross_stream,
+            raw_cross_stream_seconds: e.raw_cross_stream,
+            same_stream_ratio_to_raw: e.same_stream / e.raw,
+            cross_stream_ratio_to_raw: e.cross_stream / e.raw,
+            batch: e.batch,
+            samples: e.samples,
+        },
+        overlap: report.overlap.as_ref().map_or(
+            OverlapJson::NotBuilt {
+                built: false,
+                note: "build with --features gpu",
+            },
+            overlap,
         ),
-        ("batch", Json::int(e.batch)),
-        ("samples", Json::int(e.samples)),
-    ]);
-    let overlap = match &report.overlap {
-        None => Json::obj([
-            ("built", Json::Bool(false)),
-            ("note", Json::str("build with --features gpu")),
-        ]),
-        Some(o) => Json::obj([
-            ("built", Json::Bool(true)),
-            ("chunks", Json::int(o.chunks)),
-            ("chunk_bytes", Json::int(o.chunk_bytes)),
-            ("spin_seconds", Json::Num(o.spin_seconds)),
-            ("copy_seconds", Json::Num(o.copy_seconds)),
-            ("kernel_seconds", Json::Num(o.kernel_seconds)),
-            ("ideal_seconds", Json::Num(o.ideal_seconds())),
-            ("one_stream_seconds", Json::Num(o.one_stream_seconds)),
-            ("two_streams_seconds", Json::Num(o.two_streams_seconds)),
-            (
-                "one_stream_ratio_to_ideal",
-                Json::Num(o.one_stream_seconds / o.ideal_seconds()),
-            ),
-            (
-                "two_streams_ratio_to_ideal",
-                Json::Num(o.two_streams_seconds / o.ideal_seconds()),
-            ),
-            ("samples", Json::int(o.samples)),
-        ]),
+        failures: report.failures(),
+        plot,
+    }
+}
+
+/// The sweep's section.
+fn sweep(sweep: &StagingSweep) -> SweepJson {
+    let figure = |b: &Bandwidth| SweepFigureJson {
+        direction: b.direction,
+        gb_per_s: b.gb_per_s(),
+        seconds: b.seconds,
+        samples: b.samples,
+        batch: b.batch,
+        verified: b.verified,
     };
-    Json::obj([
-        ("tool", Json::str("pinbench")),
-        ("version", Json::str(env!("CARGO_PKG_VERSION"))),
-        (
-            "mode",
-            Json::str(if report.quick { "quick" } else { "full" }),
-        ),
-        ("wall_seconds", Json::Num(report.wall_seconds)),
-        (
-            "units",
-            Json::obj([
-                (
-                    "gb_per_s",
-                    Json::str("decimal gigabytes (1e9 bytes) per second"),
-                ),
-                (
-                    "seconds",
-                    Json::str(
-                        "seconds; bandwidth times are device times from CUDA events, medians per copy; allocation and enqueue times are host times, medians per call",
-                    ),
-                ),
-                ("bytes", Json::str("bytes")),
-                (
-                    "ratio_to_raw",
-                    Json::str(
-                        "safe-layer GB/s over the raw driver call's GB/s on the same memory, direction and size; for enqueue, time over the raw call's time",
-                    ),
-                ),
-                (
-                    "ratio_to_pageable",
-                    Json::str(
-                        "staged GB/s over the driver's pageable GB/s at the same direction and size, same run",
-                    ),
-                ),
-                (
-                    "speedup",
-                    Json::str(
-                        "allocation: the time per GiB of the figure named by speedup_over over this one's",
-                    ),
-                ),
-            ]),
-        ),
-        ("header", header),
-        ("bandwidth", Json::Arr(bandwidth)),
-        (
-            "staging_sweep",
-            opt(report.staging_sweep.as_ref(), staging_sweep),
-        ),
-        ("bidirectional", Json::Arr(bidirectional)),
-        ("allocation", Json::Arr(allocation)),
-        ("enqueue", enqueue),
-        ("overlap", overlap),
-        (
-            "failures",
-            Json::Arr(report.failures().into_iter().map(Json::Str).collect()),
-        ),
-        ("plot", opt(plot, Json::str)),
-    ])
+    SweepJson {
+        bytes: sweep.bytes,
+        pool_budget_bytes: sweep.pool_budget,
+        default: SweepOptionsJson {
+            chunk_bytes: sweep.default_chunk_bytes,
+            threads: sweep.default_threads,
+        },
+        pageable: sweep.pageable.iter().map(figure).collect(),
+        points: sweep
+            .points
+            .iter()
+            .map(|p| SweepPointJson {
+                chunk_bytes: p.chunk_bytes,
+                threads: p.threads,
+                figure: figure(&p.figure),
+                ratio_to_pageable: sweep.ratio_to_pageable(p),
+            })
+            .collect(),
+    }
+}
+
+/// The overlap section of a build with kernels.
+fn overlap(o: &Overlap) -> OverlapJson {
+    OverlapJson::Built {
+        built: true,
+        chunks: o.chunks,
+        chunk_bytes: o.chunk_bytes,
+        spin_seconds: o.spin_seconds,
+        copy_seconds: o.copy_seconds,
+        kernel_seconds: o.kernel_seconds,
+        ideal_seconds: o.ideal_seconds(),
+        one_stream_seconds: o.one_stream_seconds,
+        two_streams_seconds: o.two_streams_seconds,
+        one_stream_ratio_to_ideal: o.one_stream_seconds / o.ideal_seconds(),
+        two_streams_ratio_to_ideal: o.two_streams_seconds / o.ideal_seconds(),
+        samples: o.samples,
+    }
+}
+
+/// `value` as pretty-printed JSON (two-space indent), ending in a newline.
+pub fn pretty(value: &impl Serialize) -> serde_json::Result<String> {
+    let mut text = serde_json::to_string_pretty(value)?;
+    text.push('\n');
+    Ok(text)
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::{Value, json};
+
     use super::*;
-    use crate::testdata::{sample_report, valid};
+    use crate::testdata::{sample_overlap, sample_report};
 
-    fn escaped(s: &str) -> String {
-        let mut out = String::new();
-        escape(s, &mut out);
-        out
+    /// The document of `report`, printed and parsed back.
+    fn round_trip(report: &Report, plot: Option<&str>) -> Value {
+        let text = pretty(&document(report, plot)).unwrap();
+        assert!(text.ends_with("}\n"));
+        serde_json::from_str(&text).unwrap()
     }
 
-    #[test]
-    fn strings_are_escaped() {
-        assert_eq!(escaped("plain"), r#""plain""#);
-        assert_eq!(escaped(r#"a "q" \ b"#), r#""a \"q\" \\ b""#);
-        assert_eq!(escaped("l1\nl2\t\r"), r#""l1\nl2\t\r""#);
-        assert_eq!(escaped("\u{1}\u{1f}"), r#""\u0001\u001f""#);
-        assert_eq!(escaped("H100 <&> é ✓"), "\"H100 <&> é ✓\"");
-        assert!(valid(&escaped("\u{0}\u{7f}\"\\")));
+    /// The keys of an object, sorted.
+    fn keys(v: &Value) -> Vec<&str> {
+        let mut keys: Vec<&str> = v
+            .as_object()
+            .unwrap_or_else(|| panic!("not an object: {v}"))
+            .keys()
+            .map(String::as_str)
+            .collect();
+        keys.sort_unstable();
+        keys
     }
 
-    #[test]
-    fn values_print_as_json() {
-        assert_eq!(Json::Num(f64::NAN).pretty(), "null\n");
-        assert_eq!(Json::Num(f64::INFINITY).pretty(), "null\n");
-        assert_eq!(Json::Num(55.25).pretty(), "55.25\n");
-        assert_eq!(Json::Num(1e-7).pretty(), "0.0000001\n");
-        assert_eq!(Json::Int(u64::MAX).pretty(), "18446744073709551615\n");
-        assert_eq!(Json::Arr(vec![]).pretty(), "[]\n");
-        assert_eq!(
-            Json::obj([
-                ("a", Json::Int(1)),
-                ("b", Json::Arr(vec![Json::Null, Json::Bool(true)]))
-            ])
-            .pretty(),
-            "{\n  \"a\": 1,\n  \"b\": [\n    null,\n    true\n  ]\n}\n"
-        );
-        for tiny in [1e-300, -2.5e-12, 1e300] {
-            assert!(valid(&Json::Num(tiny).pretty()), "{tiny}");
+    /// Asserts that every object in `ours` has the keys of the object at the same place in `theirs`, descending
+    /// into objects and into the first element of arrays (the elements of an array share one shape).
+    fn same_shape(ours: &Value, theirs: &Value, at: &str) {
+        match (ours, theirs) {
+            (Value::Object(a), Value::Object(b)) => {
+                assert_eq!(keys(ours), keys(theirs), "keys of {at}");
+                for (key, value) in a {
+                    same_shape(value, &b[key], &format!("{at}.{key}"));
+                }
+            }
+            (Value::Array(a), Value::Array(b)) => {
+                if let (Some(a), Some(b)) = (a.first(), b.first()) {
+                    same_shape(a, b, &format!("{at}[0]"));
+                }
+            }
+            // A value that is null on one side (no ratio, no sweep) has nothing to compare.
+            _ => {}
         }
     }
 
     #[test]
-    fn the_checker_rejects_broken_documents() {
-        for bad in [
-            "{",
-            "[1,]",
-            "{\"a\" 1}",
-            "\"\u{1}\"",
-            "01",
-            "1.",
-            "nul",
-            "[] []",
-            "{\"a\":1,}",
-        ] {
-            assert!(!valid(bad), "{bad:?}");
-        }
-        assert!(valid(
-            "{\"a\": [1, -0.5, 2e10, \"x\\u00e9\", {}], \"b\": null}"
-        ));
+    fn the_document_has_the_shape_of_the_committed_h100_run() {
+        let h100: Value =
+            serde_json::from_str(include_str!("../../../docs/bench/h100.json")).unwrap();
+        let mut report = sample_report();
+        report.overlap = Some(sample_overlap());
+        let ours = round_trip(&report, Some("bench.svg"));
+        same_shape(&ours, &h100, "document");
+        assert_eq!(ours["units"], h100["units"]);
+        // The committed run had no sweep: its section is checked on its own below.
+        assert!(h100["staging_sweep"].is_null());
     }
 
     #[test]
-    fn the_document_is_valid_json_with_every_section() {
+    fn the_document_round_trips_with_every_figure() {
         let report = sample_report();
-        let text = document(&report, Some("out \"x\".svg")).pretty();
-        assert!(valid(&text), "{text}");
-        for key in [
-            "\"header\"",
-            "\"bandwidth\"",
-            "\"bidirectional\"",
-            "\"allocation\"",
-            "\"enqueue\"",
-            "\"overlap\"",
-            "\"units\"",
-            "\"gb_per_s\"",
-            "\"ratio_to_raw\": 0.5",
-            "\"ratio_to_raw\": null",
-            "\"ratio_to_pageable\": 3.5",
-            "\"ratio_to_pageable\": null",
-            "\"method\": \"staged\"",
-            "\"staging_sweep\"",
-            "\"pool_budget_bytes\": 536870912",
-            "\"chunk_bytes\": 8388608",
-            "\"ratio_to_pageable\": 4",
-            "\"what\": \"pool_alloc_warm\"",
-            "\"what\": \"pool_alloc_cold_register\"",
-            "\"what\": \"pool_alloc_cold_host_alloc\"",
-            "\"speedup_over\": \"pinned_zeroed_cold\"",
-            "\"speedup\": 4",
-            "\"batch\": 1000",
-            "\"name\": \"Test GPU <&>\"",
-            "\"cuda_version\": \"13.0\"",
-            "\"nvidia_driver\": \"580.1\"",
-            "\"max_generation\": 5",
-            "\"built\": false",
-            "\"plot\": \"out \\\"x\\\".svg\"",
-        ] {
-            assert!(text.contains(key), "missing {key} in {text}");
-        }
-        let bandwidth_rows = text.matches("\"method\":").count();
-        assert_eq!(bandwidth_rows, report.bandwidth.len());
-        let sweep = report.staging_sweep.as_ref().unwrap();
-        assert_eq!(text.matches("\"threads\":").count(), sweep.points.len() + 1);
+        let v = round_trip(&report, Some("out \"x\".svg"));
+        assert_eq!(v["tool"], "pinbench");
+        assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+        assert_eq!(v["mode"], "quick");
+        assert_eq!(v["wall_seconds"], 12.5);
+        assert_eq!(v["plot"], "out \"x\".svg");
+        assert_eq!(v["failures"], json!([]));
+        assert_eq!(v["units"]["bytes"], "bytes");
+
+        let header = &v["header"];
+        assert_eq!(
+            header["device"],
+            json!({
+                "ordinal": 0,
+                "name": "Test GPU <&>",
+                "compute_capability": "9.0",
+                "memory_bytes": 80u64 << 30,
+                "pci_bus_id": "0000:65:00.0",
+                "copy_engines": 3,
+            })
+        );
+        assert_eq!(header["cuda_version"], "13.0");
+        assert_eq!(header["nvidia_driver"], "580.1");
+        assert_eq!(
+            header["pcie"],
+            json!({"generation": 5, "width": 16, "max_generation": 5, "max_width": 16, "read": "under load"})
+        );
+
+        let rows = v["bandwidth"].as_array().unwrap();
+        assert_eq!(rows.len(), report.bandwidth.len());
+        let row = |method: &str, api: &str, direction: &str, bytes: u64| {
+            rows.iter()
+                .find(|r| {
+                    r["method"] == method
+                        && r["api"] == api
+                        && r["direction"] == direction
+                        && r["bytes"] == bytes
+                })
+                .unwrap_or_else(|| panic!("no {method} {api} {direction} {bytes}"))
+        };
+        let pinned = row("pinned", "safe", "upload", 4096);
+        assert!((pinned["gb_per_s"].as_f64().unwrap() - 5.0).abs() < 1e-9);
+        assert_eq!(pinned["ratio_to_raw"], 0.5);
+        assert_eq!(pinned["ratio_to_pageable"], Value::Null);
+        assert_eq!(pinned["samples"], 5);
+        assert_eq!(pinned["batch"], 1);
+        assert_eq!(pinned["verified"], true);
+        let staged = row("staged", "safe", "download", 64 << 20);
+        assert!((staged["ratio_to_pageable"].as_f64().unwrap() - 3.5).abs() < 1e-9);
+        assert_eq!(staged["ratio_to_raw"], Value::Null);
+        assert_eq!(
+            row("pinned", "raw", "upload", 4096)["ratio_to_raw"],
+            Value::Null
+        );
+
+        let warm = &v["allocation"][2];
+        assert_eq!(warm["what"], "pool_alloc_warm");
+        assert_eq!(warm["speedup_over"], "pinned_zeroed_per_call");
+        assert_eq!(warm["batch"], 1000);
+        assert!((warm["speedup"].as_f64().unwrap() - 2000.0).abs() < 1e-6);
+        let register = &v["allocation"][3];
+        assert_eq!(register["what"], "pool_alloc_cold_register");
+        assert_eq!(register["speedup_over"], "pinned_zeroed_cold");
+        assert!((register["speedup"].as_f64().unwrap() - 4.0).abs() < 1e-9);
+        assert_eq!(v["allocation"][0]["speedup_over"], Value::Null);
+
+        let both = &v["bidirectional"][0];
+        assert_eq!(both["bytes"], 256 << 20);
+        assert!((both["ratio_to_sum_alone"].as_f64().unwrap() - 1.0).abs() < 1e-9);
+        let enqueue = &v["enqueue"];
+        assert_eq!(enqueue["raw_seconds"], 1e-6);
+        assert_eq!(enqueue["cross_stream_ratio_to_raw"], 2.0);
+        assert_eq!(enqueue["batch"], 500);
+        assert_eq!(
+            v["overlap"],
+            json!({"built": false, "note": "build with --features gpu"})
+        );
     }
 
     #[test]
-    fn without_a_sweep_the_document_says_null() {
+    fn the_sweep_section_has_the_reference_and_every_point() {
+        let report = sample_report();
+        let v = round_trip(&report, None);
+        let sweep = &v["staging_sweep"];
+        assert_eq!(sweep["bytes"], 256 << 20);
+        assert_eq!(sweep["pool_budget_bytes"], 512 << 20);
+        assert_eq!(
+            sweep["default"],
+            json!({"chunk_bytes": 8 << 20, "threads": 4})
+        );
+        assert_eq!(
+            keys(&sweep["pageable"][0]),
+            [
+                "batch",
+                "direction",
+                "gb_per_s",
+                "samples",
+                "seconds",
+                "verified"
+            ]
+        );
+        let points = sweep["points"].as_array().unwrap();
+        assert_eq!(points.len(), report.staging_sweep.unwrap().points.len());
+        let default = points
+            .iter()
+            .find(|p| {
+                p["chunk_bytes"] == 8 << 20 && p["threads"] == 4 && p["direction"] == "upload"
+            })
+            .unwrap();
+        assert!((default["gb_per_s"].as_f64().unwrap() - 32.0).abs() < 1e-9);
+        assert!((default["ratio_to_pageable"].as_f64().unwrap() - 4.0).abs() < 1e-9);
+        assert_eq!(default["verified"], true);
+        assert_eq!(v["plot"], Value::Null);
+    }
+
+    #[test]
+    fn absent_sections_and_unmeasurable_numbers_are_null() {
         let mut report = sample_report();
         report.staging_sweep = None;
-        let text = document(&report, None).pretty();
-        assert!(valid(&text), "{text}");
-        assert!(text.contains("\"staging_sweep\": null"), "{text}");
+        report.header.pcie = None;
+        report.header.nvidia_driver = None;
+        report.bandwidth[0].seconds = 0.0; // an infinite GB/s
+        report.bandwidth[0].verified = false;
+        report.overlap = Some(sample_overlap());
+        let v = round_trip(&report, None);
+        assert_eq!(v["staging_sweep"], Value::Null);
+        assert_eq!(v["header"]["pcie"], Value::Null);
+        assert_eq!(v["header"]["nvidia_driver"], Value::Null);
+        assert_eq!(v["bandwidth"][0]["gb_per_s"], Value::Null);
+        assert_eq!(v["failures"], json!(["pageable safe upload of 4 KiB"]));
+        let overlap = &v["overlap"];
+        assert_eq!(overlap["built"], true);
+        assert_eq!(overlap["chunks"], 64);
+        assert_eq!(overlap["ideal_seconds"], 0.005);
+        let ratio = overlap["two_streams_ratio_to_ideal"].as_f64().unwrap();
+        assert!((ratio - 1.5).abs() < 1e-9, "{ratio}");
+    }
+
+    #[test]
+    fn names_in_json_are_the_keys_the_table_and_earlier_documents_use() {
+        let name = |v: Value| v.as_str().unwrap().to_string();
+        for method in Method::MEASURED {
+            assert_eq!(name(json!(method)), method.key());
+        }
+        for direction in Direction::BOTH {
+            assert_eq!(name(json!(direction)), direction.key());
+        }
+        for api in [Api::Safe, Api::Raw] {
+            assert_eq!(name(json!(api)), api.key());
+        }
+        let allocations = [
+            (Alloc::PinnedCold, "pinned_zeroed_cold"),
+            (Alloc::PinnedPerCall, "pinned_zeroed_per_call"),
+            (Alloc::PoolWarm, "pool_alloc_warm"),
+            (Alloc::PoolColdRegister, "pool_alloc_cold_register"),
+            (Alloc::PoolColdHostAlloc, "pool_alloc_cold_host_alloc"),
+            (Alloc::RegisterTouched, "registered_new_touched"),
+            (Alloc::RegisterUntouched, "registered_new_untouched"),
+        ];
+        for (what, key) in allocations {
+            assert_eq!(name(json!(what)), key);
+        }
     }
 }

@@ -14,10 +14,13 @@
 //!   enqueueing a small copy (`costs.rs`);
 //! - with feature `gpu`, how well a two-stream pipeline overlaps uploads with a kernel (`overlap.rs`).
 //!
+//! `pinbench train-loop` (feature `gpu`) instead times a training-loop-shaped program fed three ways
+//! (`train_loop.rs`).
+//!
 //! Device times come from CUDA events after warm-up, repeated until stable, as medians (`timing.rs`). Every copy's
 //! data is checked once; a figure is never a failure, however low, but data that did not arrive intact is.
 //! Where no CUDA driver can be loaded, pinbench exits with status 1 and the loader's message; on a command line
-//! it does not understand, with status 2.
+//! it does not understand, with status 2 (`cli.rs`).
 
 mod bandwidth;
 mod cli;
@@ -34,14 +37,17 @@ mod sweep;
 #[cfg(test)]
 mod testdata;
 mod timing;
+#[cfg(feature = "gpu")]
+mod train_loop;
 
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use clap::Parser;
 use cuda_pinned::{Context, Device, PinnedPool, Pinning, Stream, WhenFull, sys};
 
-use crate::cli::Options;
+use crate::cli::{Cli, Mode, Options};
 use crate::progress::Progress;
 use crate::results::{DeviceInfo, Header, Report};
 use crate::timing::Plan;
@@ -76,21 +82,13 @@ impl Bench {
 }
 
 fn main() -> ExitCode {
-    let args = std::env::args_os()
-        .skip(1)
-        .map(|a| a.to_string_lossy().into_owned());
-    let options = match cli::parse(args) {
-        Ok(options) => options,
-        Err(e) => {
-            eprintln!("pinbench: {e}\nTry `pinbench --help`.");
-            return ExitCode::from(2);
-        }
+    // On a command line it does not understand, this prints why and exits with status 2.
+    let cli = Cli::parse();
+    let outcome = match &cli.mode {
+        None => run(&cli.options),
+        Some(Mode::TrainLoop(options)) => train_loop(options),
     };
-    if options.help {
-        print(cli::USAGE);
-        return ExitCode::SUCCESS;
-    }
-    match run(&options) {
+    match outcome {
         Ok(failures) if failures.is_empty() => ExitCode::SUCCESS,
         Ok(failures) => {
             eprintln!(
@@ -104,6 +102,24 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `pinbench train-loop`: measures and reports; nothing to check afterwards, so no failures.
+#[cfg(feature = "gpu")]
+fn train_loop(options: &cli::TrainLoopOptions) -> Outcome<Vec<String>> {
+    let figures = train_loop::measure(&train_loop::Settings::new(options))?;
+    if options.json {
+        print(&json::pretty(&figures)?);
+    } else {
+        print(&train_loop::table(&figures));
+    }
+    Ok(Vec::new())
+}
+
+/// Without the crate's kernels there is no compute step to feed.
+#[cfg(not(feature = "gpu"))]
+fn train_loop(_: &cli::TrainLoopOptions) -> Outcome<Vec<String>> {
+    Err("train-loop runs the crate's kernels: build pinbench with --features gpu".into())
 }
 
 /// Writes to stdout; a closed stdout (`pinbench | head`) ends the output, not the program.
@@ -189,11 +205,11 @@ fn run(options: &Options) -> Outcome<Vec<String>> {
     };
     let plot = options.plot.as_ref().map(|p| p.display().to_string());
     if let Some(path) = &options.plot {
-        std::fs::write(path, plot::render(&report))
+        std::fs::write(path, plot::render(&report)?)
             .map_err(|e| format!("writing the plot to {}: {e}", path.display()))?;
     }
     if options.json {
-        print(&json::document(&report, plot.as_deref()).pretty());
+        print(&json::pretty(&json::document(&report, plot.as_deref()))?);
     } else {
         let mut text = report::table(&report);
         if let Some(plot) = &plot {

@@ -3,6 +3,8 @@
 
 use std::ffi::{CString, c_char, c_int, c_uint, c_void};
 
+use serde::Serialize;
+
 type Init = unsafe extern "C" fn() -> c_int;
 type DriverVersion = unsafe extern "C" fn(*mut c_char, c_uint) -> c_int;
 type HandleByBusId = unsafe extern "C" fn(*const c_char, *mut *mut c_void) -> c_int;
@@ -14,7 +16,7 @@ pub struct Nvml {
 }
 
 /// A device's PCIe link.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Link {
     /// The generation in use now (an idle link drops to a slower one to save power).
     pub generation: u32,

@@ -1,17 +1,31 @@
 //! `--plot FILE.svg`: bandwidth (GB/s) against transfer size (log2 axis), one panel per direction, one line per
-//! method, written as SVG by hand. Both panels share the y scale, so they compare at a glance.
+//! method, drawn with plotters' SVG backend. Both panels share the y scale, so they compare at a glance.
 
-use std::fmt::Write;
+use std::ops::Range;
 
+use plotters::coord::Shift;
+use plotters::element::DashedPathElement;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+use crate::Outcome;
 use crate::results::{Api, Direction, Method, Report};
 
-/// Canvas and layout, in SVG user units (pixels).
-const WIDTH: f64 = 1000.0;
-const HEIGHT: f64 = 540.0;
-const PANEL_WIDTH: f64 = 390.0;
-const PANEL_HEIGHT: f64 = 320.0;
-const PANEL_TOP: f64 = 80.0;
-const PANEL_LEFT: [f64; 2] = [80.0, 570.0];
+/// Canvas size, in pixels.
+const SIZE: (u32, u32) = (1000, 600);
+/// Height of the strip under the panels that holds the legend: two columns of four rows.
+const LEGEND_HEIGHT: u32 = 110;
+const FONT: &str = "sans-serif";
+/// Text sizes as plotters takes them (its SVG output writes them smaller by a factor of 1.24): 16, 12 and 14
+/// pixels for the title, the subtitle and the panels' captions, 11 for the rest.
+const TITLE: f64 = 20.0;
+const SUBTITLE: f64 = 15.0;
+const CAPTION: f64 = 17.0;
+const TEXT: f64 = 14.0;
+/// The raw driver call's line: grey and dashed, a reference rather than a method.
+const RAW: RGBColor = RGBColor(0x7f, 0x7f, 0x7f);
+/// The subtitle's colour.
+const GREY: RGBColor = RGBColor(0x55, 0x55, 0x55);
 
 /// One line of the chart.
 #[derive(Debug, Clone, PartialEq)]
@@ -19,22 +33,22 @@ pub struct Series {
     /// The legend's text.
     pub label: &'static str,
     /// Stroke colour.
-    pub color: &'static str,
+    pub color: RGBColor,
     /// Dashed (the raw-driver reference) or solid.
     pub dashed: bool,
     /// (bytes, GB/s) per measured size, ascending.
     pub points: Vec<(usize, f64)>,
 }
 
-/// The colour of a method's line (the raw reference is grey).
-fn color(method: Method) -> &'static str {
+/// The colour of a method's line.
+fn color(method: Method) -> RGBColor {
     match method {
-        Method::Pageable => "#d62728",
-        Method::Staged => "#ff7f0e",
-        Method::StagedChunked => "#bcbd22",
-        Method::Pinned => "#1f77b4",
-        Method::PinnedWriteCombined => "#2ca02c",
-        Method::Registered => "#9467bd",
+        Method::Pageable => RGBColor(0xd6, 0x27, 0x28),
+        Method::Staged => RGBColor(0xff, 0x7f, 0x0e),
+        Method::StagedChunked => RGBColor(0xbc, 0xbd, 0x22),
+        Method::Pinned => RGBColor(0x1f, 0x77, 0xb4),
+        Method::PinnedWriteCombined => RGBColor(0x2c, 0xa0, 0x2c),
+        Method::Registered => RGBColor(0x94, 0x67, 0xbd),
     }
 }
 
@@ -59,13 +73,7 @@ pub fn series(report: &Report, direction: Direction) -> Vec<Series> {
     };
     for method in Method::MEASURED {
         if method == Method::Pinned {
-            line(
-                method,
-                Api::Raw,
-                "raw cuMemcpy*Async (pinned)",
-                "#7f7f7f",
-                true,
-            );
+            line(method, Api::Raw, "raw cuMemcpy*Async (pinned)", RAW, true);
         }
         let label = match method {
             Method::Pageable => "pageable (driver-staged)",
@@ -80,30 +88,6 @@ pub fn series(report: &Report, direction: Direction) -> Vec<Series> {
     lines
 }
 
-/// Ticks from 0 to at least `max` with a step of 1, 2, 2.5 or 5 times a power of ten, about `target` of them.
-pub fn nice_ticks(max: f64, target: usize) -> Vec<f64> {
-    let max = if max.is_finite() && max > 0.0 {
-        max
-    } else {
-        1.0
-    };
-    let raw = max / target.max(1) as f64;
-    let magnitude = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 2.5, 5.0, 10.0]
-        .into_iter()
-        .map(|m| m * magnitude)
-        .find(|&s| s >= raw * (1.0 - 1e-9))
-        .unwrap_or(10.0 * magnitude);
-    let count = (max / step - 1e-9).ceil().max(1.0) as usize;
-    (0..=count).map(|i| i as f64 * step).collect()
-}
-
-/// A tick value as text: no trailing zeros (`10`, `2.5`, `0.25`).
-pub fn tick_label(value: f64) -> String {
-    let text = format!("{value:.3}");
-    text.trim_end_matches('0').trim_end_matches('.').to_string()
-}
-
 /// `4K`, `256K`, `1M`, `1G`: compact size labels for the x axis.
 pub fn short_size(bytes: usize) -> String {
     for (unit, scale) in [("G", 1usize << 30), ("M", 1 << 20), ("K", 1 << 10)] {
@@ -114,244 +98,149 @@ pub fn short_size(bytes: usize) -> String {
     format!("{bytes}")
 }
 
-/// Maps sizes to x on a log2 scale, `lo`..`hi` bytes onto `x0`..`x1` pixels.
-#[derive(Debug, Clone, Copy)]
-pub struct LogAxis {
-    lo: f64,
-    hi: f64,
-    x0: f64,
-    x1: f64,
+/// A tick value as text: no trailing zeros (`10`, `2.5`).
+fn tick_label(value: f64) -> String {
+    let text = format!("{value:.2}");
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
-impl LogAxis {
-    /// An axis over `sizes` (a single size gets a range of a factor 4 either side).
-    pub fn new(sizes: &[usize], x0: f64, x1: f64) -> LogAxis {
-        let logs = sizes.iter().map(|&s| (s.max(1) as f64).log2());
-        let lo = logs.clone().fold(f64::INFINITY, f64::min);
-        let hi = logs.fold(f64::NEG_INFINITY, f64::max);
-        let (lo, hi) = if lo.is_finite() && hi > lo {
-            (lo, hi)
-        } else if lo.is_finite() {
-            (lo - 2.0, lo + 2.0)
-        } else {
-            (12.0, 30.0)
-        };
-        LogAxis { lo, hi, x0, x1 }
-    }
+/// The x coordinate of a size, its log2: the sizes measured are powers of four, so they are spaced evenly and
+/// their log2 is whole.
+fn log2(bytes: usize) -> i32 {
+    bytes.max(1).ilog2() as i32
+}
 
-    /// The x of `bytes`.
-    pub fn x(&self, bytes: usize) -> f64 {
-        let t = ((bytes.max(1) as f64).log2() - self.lo) / (self.hi - self.lo);
-        self.x0 + t * (self.x1 - self.x0)
+/// The x range over the sizes' log2, ascending (a single size gets a factor of 4 either side).
+fn x_range(sizes: &[i32]) -> Range<i32> {
+    match (sizes.first(), sizes.last()) {
+        (Some(&lo), Some(&hi)) if hi > lo => lo..hi,
+        (Some(&x), _) => x - 2..x + 2,
+        _ => 12..30,
     }
 }
 
-/// `&`, `<`, `>`, `"` as XML entities.
-pub fn xml(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// The whole chart.
-pub fn render(report: &Report) -> String {
-    let sizes = report.sizes();
+/// The whole chart, as an SVG document.
+pub fn render(report: &Report) -> Outcome<String> {
     let panels: Vec<(Direction, Vec<Series>)> = Direction::BOTH
         .into_iter()
         .map(|d| (d, series(report, d)))
         .collect();
     let max = panels
         .iter()
-        .flat_map(|(_, s)| s.iter().flat_map(|s| s.points.iter().map(|p| p.1)))
+        .flat_map(|(_, lines)| lines.iter().flat_map(|l| l.points.iter().map(|p| p.1)))
         .filter(|v| v.is_finite())
         .fold(0.0, f64::max);
-    let ticks = nice_ticks(max, 6);
-    let top = ticks.last().copied().unwrap_or(1.0);
+    // A little room above the fastest point, so its marker is not cut by the frame.
+    let top = if max > 0.0 { max * 1.05 } else { 1.0 };
+    let sizes: Vec<i32> = report.sizes().into_iter().map(log2).collect();
 
-    let mut svg = String::new();
-    let _ = writeln!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
     let h = &report.header;
     let link = h.pcie.map_or(String::new(), |l| {
         format!(", PCIe gen {} x{}", l.generation, l.width)
     });
+    let driver = h
+        .nvidia_driver
+        .as_ref()
+        .map_or(String::new(), |r| format!(", driver {r}"));
     let title = format!(
-        "host-GPU bandwidth: {}{link}, CUDA {}{}",
+        "host-GPU bandwidth: {}{link}, CUDA {}{driver}",
         h.device.name,
         h.cuda_version_text(),
-        h.nvidia_driver
-            .as_ref()
-            .map_or(String::new(), |r| format!(", driver {r}"))
     );
-    let _ = writeln!(
-        svg,
-        r#"<text x="{}" y="30" text-anchor="middle" font-size="16" font-weight="bold">{}</text>"#,
-        WIDTH / 2.0,
-        xml(&title)
-    );
-    let _ = writeln!(
-        svg,
-        r##"<text x="{}" y="50" text-anchor="middle" fill="#555">pinbench {}, median per copy, event-timed ({} run)</text>"##,
-        WIDTH / 2.0,
+    let subtitle = format!(
+        "pinbench {}, median per copy, event-timed ({} run)",
         env!("CARGO_PKG_VERSION"),
         if report.quick { "quick" } else { "full" }
     );
-    for ((direction, lines), left) in panels.iter().zip(PANEL_LEFT) {
-        panel(&mut svg, *direction, lines, &sizes, &ticks, top, left);
+
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+        root.fill(&WHITE)?;
+        let root = root
+            .titled(&title, (FONT, TITLE).into_font().style(FontStyle::Bold))?
+            .titled(&subtitle, (FONT, SUBTITLE).into_font().color(&GREY))?;
+        let (charts, legend_area) = root.split_vertically(root.dim_in_pixel().1 - LEGEND_HEIGHT);
+        for ((direction, lines), area) in panels.iter().zip(charts.split_evenly((1, 2))) {
+            panel(&area, *direction, lines, &sizes, top)?;
+        }
+        legend(&legend_area, &panels[0].1)?;
+        root.present()?;
     }
-    legend(&mut svg, &panels[0].1);
-    svg.push_str("</svg>\n");
-    svg
+    Ok(svg)
 }
 
+/// One direction's panel: GB/s from 0 to `top` against the sizes' log2, a tick at each measured size.
 fn panel(
-    svg: &mut String,
+    area: &DrawingArea<SVGBackend<'_>, Shift>,
     direction: Direction,
     lines: &[Series],
-    sizes: &[usize],
-    ticks: &[f64],
+    sizes: &[i32],
     top: f64,
-    left: f64,
-) {
-    let (right, bottom) = (left + PANEL_WIDTH, PANEL_TOP + PANEL_HEIGHT);
-    let axis = LogAxis::new(sizes, left, right);
-    let y = |gbps: f64| bottom - gbps / top * PANEL_HEIGHT;
-    let title = match direction {
+) -> Outcome<()> {
+    let caption = match direction {
         Direction::Upload => "upload (host to device)",
         Direction::Download => "download (device to host)",
     };
-    let _ = writeln!(
-        svg,
-        r#"<text x="{}" y="{}" text-anchor="middle" font-size="14">{title}</text>"#,
-        left + PANEL_WIDTH / 2.0,
-        PANEL_TOP - 10.0
-    );
-    for &t in ticks {
-        let ty = y(t);
-        let _ = writeln!(
-            svg,
-            "<line x1=\"{left}\" y1=\"{ty:.1}\" x2=\"{right}\" y2=\"{ty:.1}\" stroke=\"#e0e0e0\"/>\n\
-             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
-            left - 6.0,
-            ty + 4.0,
-            tick_label(t)
-        );
-    }
-    for &s in sizes {
-        let tx = axis.x(s);
-        let _ = writeln!(
-            svg,
-            "<line x1=\"{tx:.1}\" y1=\"{bottom}\" x2=\"{tx:.1}\" y2=\"{:.1}\" stroke=\"#333\"/>\n\
-             <text x=\"{tx:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
-            bottom + 5.0,
-            bottom + 19.0,
-            short_size(s)
-        );
-    }
-    let _ = writeln!(
-        svg,
-        "<polyline points=\"{left},{PANEL_TOP} {left},{bottom} {right},{bottom}\" fill=\"none\" stroke=\"#333\"/>"
-    );
-    let _ = writeln!(
-        svg,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">transfer size (bytes, log2 scale)</text>"#,
-        left + PANEL_WIDTH / 2.0,
-        bottom + 40.0
-    );
-    let _ = writeln!(
-        svg,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" transform="rotate(-90 {:.1} {:.1})">GB/s</text>"#,
-        left - 45.0,
-        PANEL_TOP + PANEL_HEIGHT / 2.0,
-        left - 45.0,
-        PANEL_TOP + PANEL_HEIGHT / 2.0
-    );
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, (FONT, CAPTION))
+        .margin(12)
+        .x_label_area_size(45)
+        .y_label_area_size(55)
+        .build_cartesian_2d(x_range(sizes).with_key_points(sizes.to_vec()), 0.0..top)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .max_light_lines(0)
+        .bold_line_style(RGBColor(0xe0, 0xe0, 0xe0))
+        .x_label_formatter(&|&x| short_size(1 << x))
+        .y_label_formatter(&|&y| tick_label(y))
+        .x_desc("transfer size (bytes, log2 scale)")
+        .y_desc("GB/s")
+        .label_style((FONT, TEXT))
+        .axis_desc_style((FONT, TEXT))
+        .draw()?;
     for line in lines {
-        let points: Vec<String> = line
+        let points: Vec<(i32, f64)> = line
             .points
             .iter()
             .filter(|p| p.1.is_finite())
-            .map(|&(b, g)| format!("{:.1},{:.1}", axis.x(b), y(g)))
+            .map(|&(bytes, gbps)| (log2(bytes), gbps))
             .collect();
-        let dash = if line.dashed {
-            r#" stroke-dasharray="6 4""#
+        let style = line.color.stroke_width(2);
+        if line.dashed {
+            chart.draw_series(DashedLineSeries::new(points.clone(), 6, 4, style))?;
         } else {
-            ""
-        };
-        let _ = writeln!(
-            svg,
-            r#"<polyline points="{}" fill="none" stroke="{}" stroke-width="2"{dash}/>"#,
-            points.join(" "),
-            line.color
-        );
-        for p in &points {
-            let (px, py) = p.split_once(',').unwrap_or(("0", "0"));
-            let _ = writeln!(
-                svg,
-                r#"<circle cx="{px}" cy="{py}" r="3" fill="{}"/>"#,
-                line.color
-            );
+            chart.draw_series(LineSeries::new(points.clone(), style))?;
         }
+        chart.draw_series(
+            points
+                .into_iter()
+                .map(|p| Circle::new(p, 3, line.color.filled())),
+        )?;
     }
+    Ok(())
 }
 
-/// Estimated width of `text` at the chart's 12-unit font: enough to keep legend entries apart.
-fn text_width(text: &str) -> f64 {
-    6.6 * text.chars().count() as f64
-}
-
-/// Where each legend entry starts: left to right, wrapping onto a new row before the right margin.
-pub fn legend_layout(labels: &[&str]) -> Vec<(f64, f64)> {
-    const SWATCH: f64 = 34.0;
-    const GAP: f64 = 28.0;
-    let (left, right) = (60.0, WIDTH - 40.0);
-    let (mut x, mut y) = (left, HEIGHT - 60.0);
-    let mut at = Vec::with_capacity(labels.len());
-    for label in labels {
-        let width = SWATCH + text_width(label);
-        if x > left && x + width > right {
-            x = left;
-            y += 22.0;
-        }
-        at.push((x, y));
-        x += width + GAP;
-    }
-    at
-}
-
-fn legend(svg: &mut String, lines: &[Series]) {
-    let labels: Vec<&str> = lines.iter().map(|l| l.label).collect();
-    for (line, (x, y)) in lines.iter().zip(legend_layout(&labels)) {
-        let dash = if line.dashed {
-            r#" stroke-dasharray="6 4""#
+/// The legend under the panels (which show the same lines): two columns, filled row by row, each entry a stroke
+/// of its line and its label.
+fn legend(area: &DrawingArea<SVGBackend<'_>, Shift>, lines: &[Series]) -> Outcome<()> {
+    const LEFT: i32 = 70;
+    const ROW: i32 = 22;
+    let column = (area.dim_in_pixel().0 as i32 - 2 * LEFT) / 2;
+    let text = TextStyle::from((FONT, TEXT).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
+    for (i, line) in lines.iter().enumerate() {
+        let (x, y) = (LEFT + (i % 2) as i32 * column, ROW + (i / 2) as i32 * ROW);
+        let stroke = [(x, y), (x + 28, y)];
+        let style = line.color.stroke_width(2);
+        if line.dashed {
+            area.draw(&DashedPathElement::new(stroke, 6, 4, style))?;
         } else {
-            ""
-        };
-        let _ = writeln!(
-            svg,
-            r#"<line x1="{x:.1}" y1="{y}" x2="{:.1}" y2="{y}" stroke="{}" stroke-width="2"{dash}/>"#,
-            x + 28.0,
-            line.color
-        );
-        let _ = writeln!(
-            svg,
-            r#"<text x="{:.1}" y="{:.1}">{}</text>"#,
-            x + 34.0,
-            y + 4.0,
-            xml(line.label)
-        );
+            area.draw(&PathElement::new(stroke, style))?;
+        }
+        area.draw(&Text::new(line.label, (x + 36, y), text.clone()))?;
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -359,114 +248,95 @@ mod tests {
     use super::*;
     use crate::testdata::sample_report;
 
-    #[test]
-    fn ticks_are_round_and_cover_the_maximum() {
-        assert_eq!(
-            nice_ticks(57.3, 6),
-            vec![0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
-        );
-        assert_eq!(
-            nice_ticks(12.0, 6),
-            vec![0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0]
-        );
-        let t = nice_ticks(14.0, 6);
-        assert_eq!(t[1], 2.5);
-        assert!(*t.last().unwrap() >= 14.0);
-        for max in [0.003, 0.9, 7.0, 55.0, 99.9, 100.0, 1234.0] {
-            let t = nice_ticks(max, 6);
-            assert_eq!(t[0], 0.0);
-            assert!(*t.last().unwrap() >= max * (1.0 - 1e-9), "{max}: {t:?}");
-            assert!((3..=12).contains(&t.len()), "{max}: {t:?}");
-        }
-        assert_eq!(nice_ticks(0.0, 6), nice_ticks(1.0, 6));
-        assert_eq!(nice_ticks(f64::NAN, 6), nice_ticks(1.0, 6));
+    /// The text of every `<text>` element of `svg`.
+    fn texts(svg: &str) -> Vec<&str> {
+        svg.split("</text>")
+            .filter_map(|piece| piece.rsplit_once('>'))
+            .map(|(_, text)| text.trim())
+            .collect()
     }
 
     #[test]
-    fn tick_labels_drop_trailing_zeros() {
+    fn ticks_drop_trailing_zeros() {
         assert_eq!(tick_label(10.0), "10");
         assert_eq!(tick_label(2.5), "2.5");
-        assert_eq!(tick_label(0.25), "0.25");
         assert_eq!(tick_label(0.0), "0");
         assert_eq!(tick_label(3.0 * 0.1), "0.3");
     }
 
     #[test]
-    fn sizes_are_spaced_by_their_log() {
-        let sizes = [4096, 16384, 65536, 1 << 30];
-        let axis = LogAxis::new(&sizes, 100.0, 500.0);
-        assert!((axis.x(4096) - 100.0).abs() < 1e-9);
-        assert!((axis.x(1 << 30) - 500.0).abs() < 1e-9);
-        // Each factor of 4 is the same distance: 2 of the 18 doublings from 4 KiB to 1 GiB.
-        let step = axis.x(16384) - axis.x(4096);
-        assert!((step - 400.0 * 2.0 / 18.0).abs() < 1e-9);
-        assert!((axis.x(65536) - axis.x(16384) - step).abs() < 1e-9);
-        let single = LogAxis::new(&[1 << 20], 0.0, 100.0);
-        assert!((single.x(1 << 20) - 50.0).abs() < 1e-9);
+    fn sizes_are_labelled_compactly_and_spaced_by_their_log() {
         assert_eq!(short_size(4096), "4K");
         assert_eq!(short_size(256 << 20), "256M");
         assert_eq!(short_size(1 << 30), "1G");
         assert_eq!(short_size(100), "100");
+        assert_eq!(log2(4096), 12);
+        assert_eq!(log2(1 << 30), 30);
+        assert_eq!(x_range(&[12, 14, 30]), 12..30);
+        assert_eq!(x_range(&[20]), 18..22);
+        assert_eq!(x_range(&[]), 12..30);
     }
 
     #[test]
-    fn legend_entries_never_overlap_and_stay_on_the_canvas() {
-        let labels = [
-            "pageable (driver-staged)",
-            "raw cuMemcpy*Async (pinned)",
-            "pinned",
-            "pinned write-combined",
-            "registered Vec",
-            "a much longer label for a method added later, such as staged",
-        ];
-        let at = legend_layout(&labels);
-        assert_eq!(at.len(), labels.len());
-        for (i, (&(x, y), label)) in at.iter().zip(labels).enumerate() {
-            assert!(x >= 0.0 && y < HEIGHT, "{label}");
-            let end = x + 34.0 + text_width(label);
-            assert!(end <= WIDTH || x == 60.0, "{label} runs off the canvas");
-            if let Some(&(nx, ny)) = at.get(i + 1) {
-                assert!(ny > y || nx >= end, "{label} overlaps the next entry");
-            }
-        }
-        assert!(at.iter().any(|&(_, y)| y > at[0].1), "the long label wraps");
+    fn each_panel_has_a_line_per_measured_method_and_the_raw_reference() {
+        let report = sample_report();
+        let lines = series(&report, Direction::Upload);
+        let labels: Vec<&str> = lines.iter().map(|l| l.label).collect();
+        assert_eq!(
+            labels,
+            [
+                "pageable (driver-staged)",
+                "pageable, staged through PinnedPool",
+                "raw cuMemcpy*Async (pinned)",
+                "pinned",
+                "registered Vec",
+            ]
+        );
+        let raw = &lines[2];
+        assert!(raw.dashed && lines.iter().filter(|l| l.dashed).count() == 1);
+        assert_eq!(raw.points.len(), 3);
+        assert!((raw.points[0].1 - 10.0).abs() < 1e-9);
+        assert_eq!(series(&report, Direction::Download).len(), 5);
     }
 
     #[test]
     fn the_chart_has_axes_ticks_labels_and_a_legend() {
         let report = sample_report();
-        let svg = render(&report);
-        assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+        let svg = render(&report).unwrap();
+        assert!(svg.starts_with("<svg"), "{svg}");
         assert!(svg.trim_end().ends_with("</svg>"));
-        assert!(
-            svg.contains("Test GPU &lt;&amp;&gt;"),
-            "device name escaped"
-        );
+        let texts = texts(&svg);
+        let title =
+            "host-GPU bandwidth: Test GPU &lt;&amp;&gt;, PCIe gen 5 x16, CUDA 13.0, driver 580.1";
+        assert!(texts.contains(&title), "the device name escaped: {texts:?}");
         assert!(!svg.contains("<&>"));
         for needle in [
             "upload (host to device)",
             "download (device to host)",
             "transfer size (bytes, log2 scale)",
             "GB/s",
-            ">4K<",
-            ">1M<",
-            ">64M<",
+            "4K",
+            "1M",
+            "64M",
+            "10",
             "pageable (driver-staged)",
             "raw cuMemcpy*Async (pinned)",
             "registered Vec",
             "pageable, staged through PinnedPool",
-            "#ff7f0e",
-            "stroke-dasharray",
         ] {
-            assert!(svg.contains(needle), "missing {needle:?}");
+            assert!(texts.contains(&needle), "missing {needle:?} in {texts:?}");
         }
+        assert!(
+            texts.iter().any(|t| t.ends_with("(quick run)")),
+            "{texts:?}"
+        );
+        let staged = color(Method::Staged);
+        let orange = format!("#{:02X}{:02X}{:02X}", staged.0, staged.1, staged.2);
+        assert!(svg.contains(&orange), "no line in {orange}");
         // Methods without figures get no line and no legend entry.
         assert!(!svg.contains("write-combined"));
-        // One line per measured series (pageable, staged, raw pinned, pinned, registered) and a marker per point.
-        let lines = series(&report, Direction::Upload).len();
-        assert_eq!(lines, 5);
-        assert_eq!(svg.matches("<circle").count(), 2 * lines * 3);
-        // Every element opened is closed: each tag is self-closing or has its end tag.
+        // A marker per point: 5 lines of 3 sizes in each of the two panels.
+        assert_eq!(svg.matches("<circle").count(), 2 * 5 * 3);
         assert_eq!(svg.matches("<text").count(), svg.matches("</text>").count());
     }
 }

@@ -2,11 +2,13 @@
 //! and the plot. Times are seconds (`f64`), sizes bytes; bandwidth is decimal GB/s (1e9 bytes per second).
 
 use cuda_pinned::staging::StagingOptions;
+use serde::{Serialize, Serializer};
 
 use crate::nvml::Link;
 
-/// Which way data moves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which way data moves. Serialized as its [`key`](Direction::key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Direction {
     /// Host to device.
     Upload,
@@ -34,7 +36,9 @@ impl Direction {
 /// `bandwidth::Host` (a staged method keeps a `Vec` with its own copy calls in `Host::upload` and
 /// `Host::download`), say in [`Method::has_raw`] whether a raw reference applies, and give it a line in
 /// `plot::series`. Rows exist only for measured methods, so nothing is printed for a method before it is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Serialized as its [`key`](Method::key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Method {
     /// A `Vec<u8>` through `Stream::upload_pageable` / `download_pageable`: the driver stages it through a
     /// pinned buffer of its own, and the call blocks.
@@ -113,8 +117,9 @@ impl Method {
     }
 }
 
-/// Who makes the copy call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Who makes the copy call. Serialized as its [`key`](Api::key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Api {
     /// The crate's safe layer (`Stream::upload` and friends), with its tracking.
     Safe,
@@ -199,46 +204,41 @@ impl Bidirectional {
 /// What an allocation figure times.
 ///
 /// Extension point: a new kind of allocation gets a variant here, is timed in `costs::allocation`, and names
-/// the figure it reads as a ratio to in [`Alloc::reference`]. Only measured kinds produce rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// the figure it reads as a ratio to in [`Alloc::reference`]. Only measured kinds produce rows. Each is
+/// serialized as its key in JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[expect(
     clippy::enum_variant_names,
     reason = "`PoolColdHostAlloc` ends in `Pinning::HostAlloc`, not in this enum's name"
 )]
 pub enum Alloc {
     /// One cold `Pinned::zeroed` of a large size (cuMemHostAlloc plus the zeroing), scaled per GiB.
+    #[serde(rename = "pinned_zeroed_cold")]
     PinnedCold,
     /// `Pinned::zeroed` of 1 MiB, per call.
+    #[serde(rename = "pinned_zeroed_per_call")]
     PinnedPerCall,
     /// `PinnedPool::alloc` of 1 MiB from a pool that holds an idle block of that size, and its drop (the block
     /// goes back to the pool), per call: the reason for pooling. Timed in batches, one clock read per batch.
+    #[serde(rename = "pool_alloc_warm")]
     PoolWarm,
     /// The first `PinnedPool::alloc` of a large size from a fresh pool built with `Pinning::Register`: pages
     /// touched on several threads, then `cuMemHostRegister`. Scaled per GiB.
+    #[serde(rename = "pool_alloc_cold_register")]
     PoolColdRegister,
     /// The first `PinnedPool::alloc` of a large size from a fresh pool built with `Pinning::HostAlloc`:
     /// `cuMemHostAlloc`, then the zeroing on several threads. Scaled per GiB.
+    #[serde(rename = "pool_alloc_cold_host_alloc")]
     PoolColdHostAlloc,
     /// `Registered::new` of a `Vec` whose pages were already written, scaled per GiB.
+    #[serde(rename = "registered_new_touched")]
     RegisterTouched,
     /// `Registered::new` of a fresh `vec![0u8; n]` (calloc: pages not yet touched), scaled per GiB.
+    #[serde(rename = "registered_new_untouched")]
     RegisterUntouched,
 }
 
 impl Alloc {
-    /// The key in JSON.
-    pub fn key(self) -> &'static str {
-        match self {
-            Alloc::PinnedCold => "pinned_zeroed_cold",
-            Alloc::PinnedPerCall => "pinned_zeroed_per_call",
-            Alloc::PoolWarm => "pool_alloc_warm",
-            Alloc::PoolColdRegister => "pool_alloc_cold_register",
-            Alloc::PoolColdHostAlloc => "pool_alloc_cold_host_alloc",
-            Alloc::RegisterTouched => "registered_new_touched",
-            Alloc::RegisterUntouched => "registered_new_untouched",
-        }
-    }
-
     /// The row title in the table.
     pub fn label(self) -> &'static str {
         match self {
@@ -418,14 +418,15 @@ impl Overlap {
     }
 }
 
-/// One CUDA device as the header describes it.
-#[derive(Debug, Clone, PartialEq)]
+/// One CUDA device as the header describes it, and as `--json` writes it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DeviceInfo {
     /// The driver's ordinal.
     pub ordinal: usize,
     /// Such as `NVIDIA H100 80GB HBM3`.
     pub name: String,
-    /// (major, minor).
+    /// (major, minor); `"9.0"` in JSON.
+    #[serde(serialize_with = "major_minor")]
     pub compute_capability: (u32, u32),
     /// Device memory, bytes.
     pub memory_bytes: usize,
@@ -433,6 +434,11 @@ pub struct DeviceInfo {
     pub pci_bus_id: String,
     /// Copy engines: with two or more, an upload and a download run at once.
     pub copy_engines: u32,
+}
+
+/// `(9, 0)` as the string `"9.0"`.
+fn major_minor<S: Serializer>(version: &(u32, u32), serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(&format_args!("{}.{}", version.0, version.1))
 }
 
 /// What every report starts with: the machine the figures belong to.

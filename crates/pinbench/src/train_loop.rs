@@ -1,0 +1,727 @@
+//! `pinbench train-loop` (feature `gpu`): a training-loop-shaped program, timed. Batches are gathered by random
+//! index from an in-memory dataset and fed to a compute step on the GPU, three ways:
+//!
+//! 1. **pageable**: the loop gathers each batch into a `Vec` and uploads it with a blocking copy (what a naive
+//!    loop, or a data loader without pinned memory, does);
+//! 2. **pinned, no overlap**: the batch is gathered (on the same worker threads as below) straight into pinned
+//!    memory and uploaded asynchronously, but each step waits for the last before the next gather;
+//! 3. **prefetcher**: [`Prefetcher`] workers gather batches into pooled pinned memory ahead of the loop, a copy
+//!    stream uploads them, and the loop's stream only waits on the device.
+//!
+//! The compute step (`kernels::spin`, plus an `axpy` that reads the batch) lasts as long as one batch's upload,
+//! measured first. Each way reports samples/s, GB/s fed and the time ledger of its streams; the prefetcher is
+//! compared with the pinned upload bandwidth, the host's gather bandwidth on the same threads and the compute
+//! time alone, all measured in the same run. Last, the prefetcher runs again with a compute step as long as the
+//! slower of gathering and uploading a batch: the data is then produced as fast as it is consumed, and only
+//! transfer time that fails to hide shows.
+
+use std::fmt::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cuda_pinned::kernels::{axpy, spin};
+use cuda_pinned::profile::Category;
+use cuda_pinned::{
+    Context, DeviceBuffer, Event, Ledger, LedgerReport, Pinned, PinnedPool, Prefetcher, Stream,
+};
+use serde::{Serialize, Serializer};
+
+use crate::Outcome;
+use crate::cli::TrainLoopOptions;
+use crate::progress::Progress;
+
+/// f32 values per sample (16 KiB).
+const SAMPLE: usize = 4096;
+/// Samples per batch (32 MiB).
+const BATCH: usize = 2048;
+
+/// The run's size and how the host gathers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// Bytes of the dataset, f32 in pageable memory.
+    pub dataset_bytes: usize,
+    /// Batches fed per way.
+    pub batches: usize,
+    /// Threads gathering batches.
+    pub workers: usize,
+    /// Whether the gather uses streaming stores (see [`gather`]).
+    pub streaming: bool,
+}
+
+impl Settings {
+    /// The settings `train-loop`'s flags ask for.
+    pub fn new(options: &TrainLoopOptions) -> Settings {
+        let (dataset_bytes, batches) = if options.quick {
+            (512 << 20, 40)
+        } else {
+            (2 << 30, 400)
+        };
+        Settings {
+            dataset_bytes,
+            batches: options.batches.map_or(batches, |n| n.get()),
+            workers: options.workers.map_or(cores().min(16), |n| n.get()),
+            streaming: cfg!(target_arch = "x86_64") && !options.plain_stores,
+        }
+    }
+}
+
+/// The CPU's cores, as the standard library sees them.
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+}
+
+/// Everything a run measured, as the table shows it and `--json` writes it.
+#[derive(Debug, Serialize)]
+pub struct TrainLoop {
+    tool: &'static str,
+    version: &'static str,
+    mode: &'static str,
+    /// The device's name.
+    pub device: String,
+    /// The CPU's cores.
+    pub cores: usize,
+    /// Bytes of the dataset.
+    pub dataset_bytes: usize,
+    /// Batches fed per way.
+    pub batches: usize,
+    /// Samples per batch.
+    pub samples_per_batch: usize,
+    /// Bytes per sample.
+    pub sample_bytes: usize,
+    /// Bytes per batch.
+    pub batch_bytes: usize,
+    /// Threads gathering batches.
+    pub workers: usize,
+    /// Whether the gather used streaming stores.
+    pub streaming_stores: bool,
+    /// What bounds the loop, measured alone.
+    pub references: References,
+    /// 1. Gathered into a `Vec`, uploaded with a blocking copy.
+    pub pageable: Run,
+    /// 2. Gathered into pinned memory on the workers, uploaded asynchronously, one step at a time.
+    pub pinned: Run,
+    /// 3. The prefetcher.
+    pub prefetcher: PrefetcherRun,
+    /// 4. The prefetcher again, with a compute step as long as the slower of gathering and uploading a batch.
+    pub slow_step: SlowStep,
+}
+
+/// What bounds the loop, each measured alone.
+#[derive(Debug, Serialize)]
+pub struct References {
+    /// The median device time of a pinned upload of one batch.
+    pub pinned_upload_seconds: f64,
+    /// One batch over that time.
+    pub pinned_upload_gb_per_s: f64,
+    /// Wall time of gathering every batch on the workers, each into a buffer of its own.
+    pub gather_seconds: f64,
+    /// Every batch's bytes over that time.
+    pub gather_gb_per_s: f64,
+    /// Wall time of the compute steps with no data to wait for.
+    pub compute_alone_seconds: f64,
+}
+
+/// One way of feeding the loop.
+#[derive(Debug, Serialize)]
+pub struct Run {
+    /// Wall time of the whole loop.
+    pub wall_seconds: f64,
+    /// Samples fed per second.
+    pub samples_per_s: f64,
+    /// Bytes fed per second, decimal GB/s.
+    pub gb_per_s_fed: f64,
+    /// How many times faster than the pageable way.
+    pub ratio_to_pageable: f64,
+    /// Device time of the run's streams per kind of work.
+    #[serde(serialize_with = "ledger")]
+    pub ledger: LedgerReport,
+}
+
+/// The prefetcher's run, and it against the references.
+#[derive(Debug, Serialize)]
+pub struct PrefetcherRun {
+    /// The run.
+    #[serde(flatten)]
+    pub run: Run,
+    /// Until the loop got its first batch (one worker gathers it alone).
+    pub first_batch_seconds: f64,
+    /// From the first batch to the end.
+    pub after_first_seconds: f64,
+    /// That over the compute time alone.
+    pub after_first_ratio_to_compute: f64,
+    /// GB/s fed over the lower of the pinned upload's and the gather's GB/s.
+    pub ratio_to_bound: f64,
+    /// The whole run over the compute time alone.
+    pub ratio_to_compute: f64,
+}
+
+/// The prefetcher with a compute step as long as the slower of gathering and uploading a batch.
+#[derive(Debug, Serialize)]
+pub struct SlowStep {
+    /// The compute step.
+    pub step_seconds: f64,
+    /// Wall time of the compute steps with no data to wait for.
+    pub compute_alone_seconds: f64,
+    /// The run.
+    #[serde(flatten)]
+    pub run: Run,
+    /// The run's wall time over the compute time alone.
+    pub ratio_to_compute: f64,
+}
+
+/// A ledger's report as JSON: one row per category and per named kernel, and the wall and transfer times.
+fn ledger<S: Serializer>(report: &LedgerReport, serializer: S) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Row {
+        category: &'static str,
+        /// `null` for the category as a whole.
+        name: Option<&'static str>,
+        count: usize,
+        bytes: usize,
+        seconds: f64,
+        gb_per_s: Option<f64>,
+        share_of_wall: f64,
+    }
+    #[derive(Serialize)]
+    struct Ledger {
+        rows: Vec<Row>,
+        wall_seconds: f64,
+        transfer_seconds: f64,
+        hidden_transfer_seconds: f64,
+    }
+    let rows = report
+        .rows
+        .iter()
+        .map(|r| Row {
+            category: match r.category {
+                Category::Upload => "upload",
+                Category::Download => "download",
+                Category::DeviceCopy => "device_copy",
+                Category::Kernel => "kernel",
+                _ => "other",
+            },
+            name: (!r.name.is_empty()).then_some(r.name),
+            count: r.count,
+            bytes: r.bytes,
+            seconds: r.seconds,
+            gb_per_s: r.gb_per_s(),
+            share_of_wall: r.share_of_wall,
+        })
+        .collect();
+    Ledger {
+        rows,
+        wall_seconds: report.wall.as_secs_f64(),
+        transfer_seconds: report.transfer.as_secs_f64(),
+        hidden_transfer_seconds: report.hidden_transfer.as_secs_f64(),
+    }
+    .serialize(serializer)
+}
+
+/// Runs the references and the four loops on device 0.
+pub fn measure(settings: &Settings) -> Outcome<TrainLoop> {
+    let Settings {
+        dataset_bytes,
+        batches,
+        workers,
+        streaming,
+    } = *settings;
+    let context = Context::on(0)?;
+    let device = context.device().name()?;
+    // One unit per step: the dataset, the references and the four loops.
+    let mut progress = Progress::new(false, 6.0);
+    progress.show("making the dataset");
+    let dataset = make_dataset(dataset_bytes / 4, workers);
+    let samples = dataset.len() / SAMPLE;
+    let order = shuffled(samples, batches * BATCH);
+    let batch_bytes = BATCH * SAMPLE * 4;
+    let fed = (batches * batch_bytes) as f64;
+    // A loop's figures from its wall time, beside the pageable loop's.
+    let run = |seconds: f64, pageable: f64, ledger| Run {
+        wall_seconds: seconds,
+        samples_per_s: (batches * BATCH) as f64 / seconds,
+        gb_per_s_fed: fed / seconds / 1e9,
+        ratio_to_pageable: pageable / seconds,
+        ledger,
+    };
+
+    // References, measured in this run.
+    progress.advance(1.0);
+    progress.show("references: upload, gather, compute");
+    let stream = Stream::new(&context)?;
+    let upload_seconds = time_pinned_upload(&context, &stream)?;
+    let step = Duration::from_secs_f64(upload_seconds);
+    let gather_seconds = time_gather(&dataset, &order, workers, batches, streaming);
+    let gather_bw = fed / gather_seconds;
+    let mut scratch = DeviceBuffer::<f32>::zeroed(&stream, BATCH * SAMPLE)?;
+    let compute_alone = time_compute(&context, batches, step)?;
+
+    // 1. Pageable, blocking copies.
+    progress.advance(1.0);
+    progress.show("1. pageable + blocking copies");
+    let ledger = Ledger::new();
+    let s = Stream::with_ledger(&context, &ledger)?;
+    let mut batch = vec![0f32; BATCH * SAMPLE];
+    let mut device_batch = DeviceBuffer::<f32>::uninit(&s, BATCH * SAMPLE)?;
+    let begin = Instant::now();
+    for b in 0..batches {
+        gather(
+            &dataset,
+            &order[b * BATCH..(b + 1) * BATCH],
+            &mut batch,
+            streaming,
+        );
+        s.upload_pageable(&batch, &mut device_batch)?;
+        compute(&s, &device_batch, &mut scratch, step)?;
+    }
+    s.synchronize()?;
+    let pageable = begin.elapsed().as_secs_f64();
+    let pageable_run = run(pageable, pageable, ledger.report()?);
+
+    // 2. Pinned, no overlap: parallel gather into pinned memory, async upload, then wait for the step.
+    progress.advance(1.0);
+    progress.show("2. pinned, no overlap");
+    let ledger = Ledger::new();
+    let s = Stream::with_ledger(&context, &ledger)?;
+    let mut host = Pinned::<f32>::zeroed(&context, BATCH * SAMPLE)?;
+    let begin = Instant::now();
+    for b in 0..batches {
+        gather_parallel(
+            &dataset,
+            &order[b * BATCH..(b + 1) * BATCH],
+            host.as_mut_slice()?,
+            workers,
+            streaming,
+        );
+        s.upload(&host, &mut device_batch)?;
+        compute(&s, &device_batch, &mut scratch, step)?;
+        s.synchronize()?;
+    }
+    let pinned = begin.elapsed().as_secs_f64();
+    let pinned_run = run(pinned, pageable, ledger.report()?);
+
+    // 3. The prefetcher.
+    progress.advance(1.0);
+    progress.show("3. prefetcher");
+    let depth = 2 * workers;
+    let pool = PinnedPool::new(&context, (depth + 2) * batch_bytes);
+    // A loop over several epochs pins once: warm the pool as the first epoch would have.
+    drop(
+        (0..depth)
+            .map(|_| pool.alloc::<f32>(BATCH * SAMPLE))
+            .collect::<cuda_pinned::Result<Vec<_>>>()?,
+    );
+    let (data, idx) = (Arc::new(dataset), Arc::new(order));
+    let prefetch = |step: Duration| -> Outcome<(f64, Duration, LedgerReport)> {
+        let ledger = Ledger::new();
+        let s = Stream::with_ledger(&context, &ledger)?;
+        let copies = Stream::with_ledger(&context, &ledger)?;
+        let mut scratch = DeviceBuffer::<f32>::zeroed(&s, BATCH * SAMPLE)?;
+        s.synchronize()?;
+        let (data, idx) = (data.clone(), idx.clone());
+        let begin = Instant::now();
+        let batches = Prefetcher::<Pinned<f32>>::builder(&pool, &s, BATCH * SAMPLE)
+            .batches(batches)
+            .workers(workers)
+            .depth(depth)
+            .copy_stream(&copies)
+            .build(move |b, host: &mut Pinned<f32>| {
+                gather(
+                    &data,
+                    &idx[b * BATCH..(b + 1) * BATCH],
+                    host.as_mut_slice()?,
+                    streaming,
+                );
+                Ok(())
+            })?;
+        let mut first = None;
+        for batch in batches {
+            let batch = batch?;
+            first.get_or_insert_with(|| begin.elapsed());
+            compute(&s, &batch, &mut scratch, step)?;
+        }
+        s.synchronize()?;
+        Ok((
+            begin.elapsed().as_secs_f64(),
+            first.unwrap_or_default(),
+            ledger.report()?,
+        ))
+    };
+    let (prefetched, first, ledger) = prefetch(step)?;
+    let prefetcher_run = run(prefetched, pageable, ledger);
+    let upload_bw = batch_bytes as f64 / upload_seconds;
+    let bound = upload_bw.min(gather_bw);
+    let after_first = prefetched - first.as_secs_f64();
+
+    // 4. The same, with a compute step as long as the slower of gathering and uploading a batch.
+    progress.advance(1.0);
+    progress.show("4. prefetcher, slower compute step");
+    let slow_step = Duration::from_secs_f64(upload_seconds.max(batch_bytes as f64 / gather_bw));
+    let slow_compute_alone = time_compute(&context, batches, slow_step)?;
+    let (t, _, ledger) = prefetch(slow_step)?;
+    progress.finish();
+
+    Ok(TrainLoop {
+        tool: "pinbench",
+        version: env!("CARGO_PKG_VERSION"),
+        mode: "train-loop",
+        device,
+        cores: cores(),
+        dataset_bytes,
+        batches,
+        samples_per_batch: BATCH,
+        sample_bytes: SAMPLE * 4,
+        batch_bytes,
+        workers,
+        streaming_stores: streaming,
+        references: References {
+            pinned_upload_seconds: upload_seconds,
+            pinned_upload_gb_per_s: upload_bw / 1e9,
+            gather_seconds,
+            gather_gb_per_s: gather_bw / 1e9,
+            compute_alone_seconds: compute_alone,
+        },
+        pageable: pageable_run,
+        pinned: pinned_run,
+        prefetcher: PrefetcherRun {
+            run: prefetcher_run,
+            first_batch_seconds: first.as_secs_f64(),
+            after_first_seconds: after_first,
+            after_first_ratio_to_compute: after_first / compute_alone,
+            ratio_to_bound: fed / prefetched / bound,
+            ratio_to_compute: prefetched / compute_alone,
+        },
+        slow_step: SlowStep {
+            step_seconds: slow_step.as_secs_f64(),
+            compute_alone_seconds: slow_compute_alone,
+            run: run(t, pageable, ledger),
+            ratio_to_compute: t / slow_compute_alone,
+        },
+    })
+}
+
+/// The figures as text: the setting, the references, each way with its ledger, then the comparison.
+pub fn table(r: &TrainLoop) -> String {
+    let mut out = String::new();
+    let refs = &r.references;
+    let _ = writeln!(
+        out,
+        "{} ({} cores), dataset {} MiB of f32 in pageable memory, {} batches of {} samples x {} KiB = {} MiB, \
+         {} workers, gather with {} stores",
+        r.device,
+        r.cores,
+        r.dataset_bytes >> 20,
+        r.batches,
+        r.samples_per_batch,
+        r.sample_bytes / 1024,
+        r.batch_bytes >> 20,
+        r.workers,
+        if r.streaming_stores {
+            "streaming"
+        } else {
+            "plain"
+        },
+    );
+    let _ = writeln!(
+        out,
+        "references: pinned upload of a batch {:.3} ms ({:.1} GB/s); gather on {} threads {:.1} GB/s; compute \
+         alone {:.1} ms for {} steps",
+        refs.pinned_upload_seconds * 1e3,
+        refs.pinned_upload_gb_per_s,
+        r.workers,
+        refs.gather_gb_per_s,
+        refs.compute_alone_seconds * 1e3,
+        r.batches
+    );
+    let p = &r.prefetcher;
+    section(&mut out, "1. pageable + blocking copies", &r.pageable);
+    section(&mut out, "2. pinned, no overlap", &r.pinned);
+    section(&mut out, "3. prefetcher", &p.run);
+    let _ = writeln!(
+        out,
+        "first batch after {:.1} ms (one worker gathers it alone); from then on {:.1} ms = {:.3} x compute alone",
+        p.first_batch_seconds * 1e3,
+        p.after_first_seconds * 1e3,
+        p.after_first_ratio_to_compute
+    );
+
+    out.push('\n');
+    out.push_str(
+        "                                   wall ms   samples/s     GB/s fed   x pageable\n",
+    );
+    for (name, run) in [
+        ("pageable + blocking", &r.pageable),
+        ("pinned, no overlap", &r.pinned),
+        ("prefetcher", &p.run),
+    ] {
+        let _ = writeln!(
+            out,
+            "  {name:<30} {:>9.1} {:>11.0} {:>12.2} {:>11.2}x",
+            run.wall_seconds * 1e3,
+            run.samples_per_s,
+            run.gb_per_s_fed,
+            run.ratio_to_pageable
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nprefetcher: {:.2} GB/s fed = {:.2} x min(pinned upload {:.1} GB/s, gather {:.1} GB/s); total {:.1} ms \
+         = {:.3} x compute alone ({:.1} ms); the host's gather alone needs {:.1} ms",
+        p.run.gb_per_s_fed,
+        p.ratio_to_bound,
+        refs.pinned_upload_gb_per_s,
+        refs.gather_gb_per_s,
+        p.run.wall_seconds * 1e3,
+        p.ratio_to_compute,
+        refs.compute_alone_seconds * 1e3,
+        refs.gather_seconds * 1e3
+    );
+
+    let slow = &r.slow_step;
+    let title = format!(
+        "4. prefetcher, compute step {:.3} ms (the slower of upload and gather)",
+        slow.step_seconds * 1e3
+    );
+    section(&mut out, &title, &slow.run);
+    let _ = writeln!(
+        out,
+        "total {:.1} ms = {:.3} x compute alone ({:.1} ms)",
+        slow.run.wall_seconds * 1e3,
+        slow.ratio_to_compute,
+        slow.compute_alone_seconds * 1e3
+    );
+    out
+}
+
+/// One way's line and its ledger, after a blank line.
+fn section(out: &mut String, title: &str, run: &Run) {
+    let _ = writeln!(
+        out,
+        "\n{title}: {:.1} ms, {:.0} samples/s, {:.2} GB/s fed\n{}",
+        run.wall_seconds * 1e3,
+        run.samples_per_s,
+        run.gb_per_s_fed,
+        run.ledger
+    );
+}
+
+/// The time of `batches` compute steps of `step` with no data to wait for.
+fn time_compute(context: &Context, batches: usize, step: Duration) -> Outcome<f64> {
+    let stream = Stream::new(context)?;
+    let input = DeviceBuffer::<f32>::zeroed(&stream, BATCH * SAMPLE)?;
+    let mut scratch = DeviceBuffer::<f32>::zeroed(&stream, BATCH * SAMPLE)?;
+    stream.synchronize()?;
+    let begin = Instant::now();
+    for _ in 0..batches {
+        compute(&stream, &input, &mut scratch, step)?;
+    }
+    stream.synchronize()?;
+    Ok(begin.elapsed().as_secs_f64())
+}
+
+/// The compute step: an axpy that reads the batch, then a spin that lasts `step`.
+fn compute(
+    s: &Stream,
+    batch: &DeviceBuffer<f32>,
+    scratch: &mut DeviceBuffer<f32>,
+    step: Duration,
+) -> Outcome<()> {
+    axpy(s, 1.0, batch, scratch)?;
+    spin(s, step)?;
+    Ok(())
+}
+
+/// A dataset of `len` f32 values (never zeros), written on `threads` threads.
+fn make_dataset(len: usize, threads: usize) -> Vec<f32> {
+    let mut data = vec![0f32; len];
+    let piece = len.div_ceil(threads);
+    std::thread::scope(|scope| {
+        for (t, part) in data.chunks_mut(piece).enumerate() {
+            scope.spawn(move || {
+                for (i, x) in part.iter_mut().enumerate() {
+                    *x = ((t * piece + i) % 1021) as f32 + 1.0;
+                }
+            });
+        }
+    });
+    data
+}
+
+/// `n` sample indices in a pseudo-random order (xorshift), wrapping around the dataset.
+fn shuffled(samples: usize, n: usize) -> Vec<usize> {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % samples as u64) as usize
+        })
+        .collect()
+}
+
+/// Copies the samples `indices` of `data` into `out`, one after another.
+///
+/// With `streaming` (x86-64 only) the copy uses streaming (non-temporal) stores: a batch is written once and next
+/// read by the DMA engine, so there is no point in first reading each destination line into the cache, as
+/// ordinary stores do. That read is a third of a plain copy's memory traffic, and the gather is bound by memory
+/// bandwidth, which it shares with the uploads reading the pinned batches.
+fn gather(data: &[f32], indices: &[usize], out: &mut [f32], streaming: bool) {
+    for (k, &i) in indices.iter().enumerate() {
+        let (to, from) = (
+            &mut out[k * SAMPLE..(k + 1) * SAMPLE],
+            &data[i * SAMPLE..(i + 1) * SAMPLE],
+        );
+        if streaming {
+            stream_copy(to, from);
+        } else {
+            to.copy_from_slice(from);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a fence has no preconditions. It orders the streaming stores before whatever this thread does
+    // next (handing the batch to the copy stream), as they are otherwise weakly ordered.
+    unsafe {
+        std::arch::x86_64::_mm_sfence();
+    }
+}
+
+/// `to.copy_from_slice(from)` with 16-byte non-temporal stores where `to` is 16-byte aligned.
+#[cfg(target_arch = "x86_64")]
+fn stream_copy(to: &mut [f32], from: &[f32]) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+    assert_eq!(to.len(), from.len());
+    if !to.as_ptr().addr().is_multiple_of(16) {
+        return to.copy_from_slice(from);
+    }
+    let vectors = to.len() / 4;
+    let (d, s) = (
+        to.as_mut_ptr().cast::<__m128i>(),
+        from.as_ptr().cast::<__m128i>(),
+    );
+    for v in 0..vectors {
+        // SAFETY: v < vectors, so both 16-byte accesses are inside the slices (same length); `d` is 16-byte
+        // aligned, as the streaming store requires; the load takes any alignment. SSE2 is part of x86-64.
+        unsafe { _mm_stream_si128(d.add(v), _mm_loadu_si128(s.add(v))) };
+    }
+    to[vectors * 4..].copy_from_slice(&from[vectors * 4..]);
+}
+
+/// Elsewhere there are no streaming stores to use (and [`Settings::new`] never asks for them).
+#[cfg(not(target_arch = "x86_64"))]
+fn stream_copy(to: &mut [f32], from: &[f32]) {
+    to.copy_from_slice(from);
+}
+
+/// [`gather`] split over `threads` threads.
+fn gather_parallel(
+    data: &[f32],
+    indices: &[usize],
+    out: &mut [f32],
+    threads: usize,
+    streaming: bool,
+) {
+    let per = indices.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        for (part, idx) in out.chunks_mut(per * SAMPLE).zip(indices.chunks(per)) {
+            scope.spawn(move || gather(data, idx, part, streaming));
+        }
+    });
+}
+
+/// The wall time of gathering `batches` batches with `threads` threads, each building whole batches into its own
+/// buffer, as the prefetcher's workers do.
+fn time_gather(
+    data: &[f32],
+    order: &[usize],
+    threads: usize,
+    batches: usize,
+    streaming: bool,
+) -> f64 {
+    let begin = Instant::now();
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            scope.spawn(move || {
+                // Written once before, as the prefetcher's pooled buffers are: no first-touch page faults timed.
+                let mut out = vec![1f32; BATCH * SAMPLE];
+                std::hint::black_box(&mut out);
+                for b in (t..batches).step_by(threads) {
+                    gather(
+                        data,
+                        &order[b * BATCH..(b + 1) * BATCH],
+                        &mut out,
+                        streaming,
+                    );
+                }
+                std::hint::black_box(&out);
+            });
+        }
+    });
+    begin.elapsed().as_secs_f64()
+}
+
+/// The median device time of a pinned upload of one batch, after a warm-up.
+fn time_pinned_upload(context: &Context, stream: &Stream) -> Outcome<f64> {
+    let host = Pinned::<f32>::zeroed(context, BATCH * SAMPLE)?;
+    let mut device = DeviceBuffer::<f32>::uninit(stream, BATCH * SAMPLE)?;
+    let (start, end) = (Event::new(context)?, Event::new(context)?);
+    let mut times = Vec::new();
+    for i in 0..12 {
+        start.record(stream)?;
+        stream.upload(&host, &mut device)?;
+        end.record(stream)?;
+        end.synchronize()?;
+        if i >= 2 {
+            times.push(end.elapsed_since(&start)?.as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroUsize;
+
+    use super::*;
+
+    #[test]
+    fn settings_follow_the_flags() {
+        let full = Settings::new(&TrainLoopOptions::default());
+        assert_eq!((full.dataset_bytes, full.batches), (2 << 30, 400));
+        assert_eq!(full.workers, cores().min(16));
+        assert_eq!(full.streaming, cfg!(target_arch = "x86_64"));
+        let quick = Settings::new(&TrainLoopOptions {
+            quick: true,
+            workers: NonZeroUsize::new(3),
+            plain_stores: true,
+            ..TrainLoopOptions::default()
+        });
+        assert_eq!((quick.dataset_bytes, quick.batches), (512 << 20, 40));
+        assert_eq!(quick.workers, 3);
+        assert!(!quick.streaming);
+        let batches = Settings::new(&TrainLoopOptions {
+            quick: true,
+            batches: NonZeroUsize::new(7),
+            ..TrainLoopOptions::default()
+        });
+        assert_eq!(batches.batches, 7);
+    }
+
+    #[test]
+    fn the_gather_copies_the_indexed_samples_with_either_store() {
+        let data = make_dataset(8 * SAMPLE, 3);
+        assert!(data.iter().all(|&x| x >= 1.0));
+        let order = shuffled(8, 5);
+        assert!(order.iter().all(|&i| i < 8));
+        for streaming in [false, cfg!(target_arch = "x86_64")] {
+            let mut out = vec![0f32; 5 * SAMPLE];
+            gather_parallel(&data, &order, &mut out, 2, streaming);
+            for (k, &i) in order.iter().enumerate() {
+                assert_eq!(
+                    out[k * SAMPLE..(k + 1) * SAMPLE],
+                    data[i * SAMPLE..(i + 1) * SAMPLE]
+                );
+            }
+        }
+    }
+}
