@@ -37,7 +37,7 @@ use bytemuck::Pod;
 
 use crate::driver::Context;
 use crate::driver::Stream;
-use crate::driver_call;
+use crate::driver::calls;
 use crate::error::{Error, Result};
 use crate::memory::{
     Bytes, DeviceBuffer, DeviceView, DeviceViewMut, Gpu, Pinned, PinnedView, PinnedViewMut,
@@ -208,12 +208,7 @@ impl Stream {
                 // (lengths checked); the trackers ordered the copy after conflicting work and keep both buffers
                 // alive (and the host memory untouched by safe code) until it has completed.
                 unsafe {
-                    driver_call!(cuMemcpyHtoDAsync_v2(
-                        dst.device_ptr(),
-                        src.host_ptr(),
-                        bytes,
-                        self.as_raw()
-                    ))
+                    calls::memcpy_htod_async(dst.device_ptr(), src.host_ptr(), bytes, self.as_raw())
                 }
             },
         )
@@ -241,12 +236,7 @@ impl Stream {
             || {
                 // SAFETY: as in `upload`, the other way round.
                 unsafe {
-                    driver_call!(cuMemcpyDtoHAsync_v2(
-                        dst.host_ptr(),
-                        src.device_ptr(),
-                        bytes,
-                        self.as_raw()
-                    ))
+                    calls::memcpy_dtoh_async(dst.host_ptr(), src.device_ptr(), bytes, self.as_raw())
                 }
             },
         )
@@ -274,12 +264,12 @@ impl Stream {
             || {
                 // SAFETY: two device ranges of `bytes` bytes in live allocations, ordered by the trackers.
                 unsafe {
-                    driver_call!(cuMemcpyDtoDAsync_v2(
+                    calls::memcpy_dtod_async(
                         dst.device_ptr(),
                         src.device_ptr(),
                         bytes,
-                        self.as_raw()
-                    ))
+                        self.as_raw(),
+                    )
                 }
             },
         )
@@ -309,12 +299,12 @@ impl Stream {
                 // SAFETY: `src` is `bytes` readable bytes borrowed for this call, which returns only after the
                 // copy has completed (below); `dst` is ordered by its tracker.
                 unsafe {
-                    driver_call!(cuMemcpyHtoDAsync_v2(
+                    calls::memcpy_htod_async(
                         dst.device_ptr(),
                         src.as_ptr().cast(),
                         bytes,
-                        self.as_raw()
-                    ))
+                        self.as_raw(),
+                    )
                 }
             },
         );
@@ -351,14 +341,7 @@ impl Stream {
             || {
                 // SAFETY: `dst` is `bytes` writable bytes of a `T: Pod`, borrowed exclusively for this call, which
                 // returns only after the copy has completed (below); `src` is ordered by its tracker.
-                unsafe {
-                    driver_call!(cuMemcpyDtoHAsync_v2(
-                        ptr,
-                        src.device_ptr(),
-                        bytes,
-                        self.as_raw()
-                    ))
-                }
+                unsafe { calls::memcpy_dtoh_async(ptr, src.device_ptr(), bytes, self.as_raw()) }
             },
         );
         // Whatever happened, part of the copy may be queued (an error may come after the enqueue, from the
@@ -473,8 +456,7 @@ impl Stream {
     /// queued behind an `Err`. Only a failing poll ends that early: the context is then broken, and no queued
     /// work of it runs any more.
     fn finish(&self) -> Result<()> {
-        // SAFETY: a live stream.
-        let Err(failed) = (unsafe { driver_call!(cuStreamSynchronize(self.as_raw())) }) else {
+        let Err(failed) = calls::stream_synchronize(self.as_raw()) else {
             return Ok(());
         };
         let failed = failed.context("waiting for a pageable copy to complete");

@@ -46,7 +46,7 @@ use bytemuck::Pod;
 
 use crate::copy::{DeviceDestination, DeviceSource, Work};
 use crate::driver::Stream;
-use crate::driver_call;
+use crate::driver::calls;
 use crate::error::{Error, Result};
 use crate::memory::{Bytes, Pinned, PinnedPool};
 use crate::profile::Category;
@@ -283,12 +283,12 @@ fn upload<T: Pod>(
                 // `offset` (within it: the lengths were checked); both trackers order the copy and keep both
                 // buffers alive until it has run.
                 unsafe {
-                    driver_call!(cuMemcpyHtoDAsync_v2(
+                    calls::memcpy_htod_async(
                         base + offset as u64,
                         buffer.host_ptr(),
                         len,
-                        stream.as_raw()
-                    ))
+                        stream.as_raw(),
+                    )
                 }
             },
         )
@@ -416,14 +416,7 @@ fn download<T: Pod>(
             || {
                 // SAFETY: `len` bytes of the source from `offset` (within it: lengths checked) and of the staging
                 // buffer; both trackers order the copy, and the buffer is read only through `as_slice`, which waits.
-                unsafe {
-                    driver_call!(cuMemcpyDtoHAsync_v2(
-                        dst,
-                        base + offset as u64,
-                        len,
-                        stream.as_raw()
-                    ))
-                }
+                unsafe { calls::memcpy_dtoh_async(dst, base + offset as u64, len, stream.as_raw()) }
             },
         )
     };

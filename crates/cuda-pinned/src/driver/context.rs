@@ -5,11 +5,11 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, Weak};
 
+use super::calls;
 use super::device::Device;
 use super::stream::Stream;
-use crate::driver_call;
 use crate::error::{Error, Result};
-use crate::sys::{CUcontext, CUevent, CUevent_flags, CUresult, CUstream, CUstream_flags};
+use crate::sys::{CUcontext, CUevent, CUevent_flags, CUstream, CUstream_flags};
 
 /// The primary context of a device, retained while any clone (or any stream, event or buffer made in it) lives.
 ///
@@ -69,29 +69,25 @@ fn enter_gate(gate: &'static RwLock<()>) -> Gate<'static> {
 /// [`Context::device_is_idle`] sees the work still queued on it. Call it under the device's gate. The errors of
 /// the query and of a failed retain (then the stream is destroyed at once, its work unseen) go to `report`.
 fn retire(device: Device, stream: CUstream, report: impl Fn(Error)) {
-    // SAFETY: a live stream.
-    let queried = unsafe { driver_call!(cuStreamQuery(stream)) };
-    let busy = match queried {
-        Ok(()) => false,
-        Err(e) if e.driver_code() == Some(CUresult::CUDA_ERROR_NOT_READY) => true,
+    let busy = match calls::stream_query(stream) {
+        Ok(idle) => !idle,
         Err(e) => {
             report(e.context("querying a stream as it is destroyed"));
             true
         }
     };
     if busy {
-        let mut retained = std::ptr::null_mut();
-        // SAFETY: an out-pointer to a local; balanced by the release when the stream is destroyed in `sweep`.
-        match unsafe { driver_call!(cuDevicePrimaryCtxRetain(&mut retained, device.as_raw())) } {
-            Ok(()) => {
+        // Balanced by the release when the stream is destroyed in `sweep`.
+        match calls::primary_ctx_retain(device.as_raw()) {
+            Ok(_) => {
                 let mut devices = lock(&DEVICES);
                 if let Some(known) = devices.iter_mut().find(|d| d.device == device) {
                     known.draining.push(Draining(stream));
                     return;
                 }
                 drop(devices);
-                // SAFETY: balances the retain above.
-                let _ = unsafe { driver_call!(cuDevicePrimaryCtxRelease_v2(device.as_raw())) };
+                // SAFETY: balances the retain above, which nothing else relies on.
+                let _ = unsafe { calls::primary_ctx_release(device.as_raw()) };
             }
             Err(e) => report(e.context(
                 "keeping a stream with work queued until it is idle (its work is not waited for before unpinning)",
@@ -100,7 +96,7 @@ fn retire(device: Device, stream: CUstream, report: impl Fn(Error)) {
     }
     // SAFETY: a stream with no handle left. Work still pending on it completes first: the driver releases the
     // stream afterwards.
-    if let Err(e) = unsafe { driver_call!(cuStreamDestroy_v2(stream)) } {
+    if let Err(e) = unsafe { calls::stream_destroy(stream) } {
         report(e.context("destroying a stream"));
     }
 }
@@ -108,18 +104,15 @@ fn retire(device: Device, stream: CUstream, report: impl Fn(Error)) {
 /// Destroys the streams of `known.draining` (of `device`) that are idle now.
 fn sweep(known: &mut Known, device: Device) {
     known.draining.retain(|&Draining(stream)| {
-        // SAFETY: a stream of the device's primary context, which the entry keeps retained.
-        let busy = match unsafe { driver_call!(cuStreamQuery(stream)) } {
-            Err(e) => e.driver_code() == Some(CUresult::CUDA_ERROR_NOT_READY),
-            // Idle, or broken (then no more of its work runs either).
-            Ok(()) => false,
-        };
+        // A stream of the device's primary context, which the entry keeps retained. Busy only while the query
+        // says so: idle, or broken (then no more of its work runs either), it goes.
+        let busy = matches!(calls::stream_query(stream), Ok(false));
         if !busy {
-            // SAFETY: no handle of it is left; the release balances the entry's retain. Failures leak them:
-            // harmless.
+            // SAFETY: no handle of the stream is left; the release balances the entry's retain, which nothing
+            // else relies on. Failures leak them: harmless.
             unsafe {
-                let _ = driver_call!(cuStreamDestroy_v2(stream));
-                let _ = driver_call!(cuDevicePrimaryCtxRelease_v2(device.as_raw()));
+                let _ = calls::stream_destroy(stream);
+                let _ = calls::primary_ctx_release(device.as_raw());
             }
         }
         busy
@@ -177,16 +170,13 @@ impl Context {
     #[doc(alias = "cuDevicePrimaryCtxRetain")]
     pub fn new(device: Device) -> Result<Context> {
         let memory_pools = device.supports_memory_pools()?;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: an out-pointer to a local; the retain is balanced by the release in Inner's Drop.
-        unsafe { driver_call!(cuDevicePrimaryCtxRetain(&mut raw, device.as_raw())) }.map_err(
-            |e| {
-                e.context(format_args!(
-                    "retaining the primary context of device {}",
-                    device.ordinal()
-                ))
-            },
-        )?;
+        // Balanced by the release in Inner's Drop.
+        let raw = calls::primary_ctx_retain(device.as_raw()).map_err(|e| {
+            e.context(format_args!(
+                "retaining the primary context of device {}",
+                device.ordinal()
+            ))
+        })?;
         let mut devices = lock(&DEVICES);
         let position = match devices
             .iter()
@@ -262,9 +252,7 @@ impl Context {
         drop(streams);
         {
             let _current = self.enter()?;
-            // SAFETY: the context is current on this thread.
-            unsafe { driver_call!(cuCtxSynchronize()) }
-                .map_err(|e| e.context("synchronising the context"))?;
+            calls::ctx_synchronize().map_err(|e| e.context("synchronising the context"))?;
         }
         // Everything has completed: host memory dropped while in use can go now.
         crate::memory::flush_releases(self);
@@ -278,15 +266,12 @@ impl Context {
     #[doc(alias = "cuMemGetInfo")]
     pub fn memory_info(&self) -> Result<(usize, usize)> {
         let _current = self.enter()?;
-        let (mut free, mut total) = (0, 0);
-        // SAFETY: out-pointers to locals; the context is current.
-        unsafe { driver_call!(cuMemGetInfo_v2(&mut free, &mut total)) }.map_err(|e| {
+        calls::mem_get_info().map_err(|e| {
             e.context(format_args!(
                 "reading the free memory of device {}",
                 self.0.device.ordinal()
             ))
-        })?;
-        Ok((free, total))
+        })
     }
 
     /// The stream priorities the device supports as (least, greatest); greater priority is a *lower* number,
@@ -297,11 +282,8 @@ impl Context {
     #[doc(alias = "cuCtxGetStreamPriorityRange")]
     pub fn stream_priority_range(&self) -> Result<(i32, i32)> {
         let _current = self.enter()?;
-        let (mut least, mut greatest) = (0, 0);
-        // SAFETY: out-pointers to locals; the context is current.
-        unsafe { driver_call!(cuCtxGetStreamPriorityRange(&mut least, &mut greatest)) }
-            .map_err(|e| e.context("reading the stream priority range"))?;
-        Ok((least, greatest))
+        calls::ctx_stream_priority_range()
+            .map_err(|e| e.context("reading the stream priority range"))
     }
 
     /// Errors that destructors and the crate's release thread met since the last call (a failed wait before
@@ -411,13 +393,9 @@ impl Context {
     fn idle(&self) -> Result<bool> {
         let release = *lock(&self.0.release_stream);
         if !release.is_null() {
-            // SAFETY: the context's own stream, alive while its context is.
-            match unsafe { driver_call!(cuStreamQuery(release)) } {
-                Ok(()) => {}
-                Err(e) if e.driver_code() == Some(CUresult::CUDA_ERROR_NOT_READY) => {
-                    return Ok(false);
-                }
-                Err(e) => return Err(e),
+            // The context's own stream, alive while its context is.
+            if !calls::stream_query(release)? {
+                return Ok(false);
             }
         }
         // A copy of the list: a stream upgraded from it may lose its last other handle meanwhile, and its drop
@@ -435,16 +413,9 @@ impl Context {
             return Ok(event);
         }
         let _current = self.enter()?;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: an out-pointer to a local; the context is current. Destroyed by `give_event` or Inner's Drop.
-        unsafe {
-            driver_call!(cuEventCreate(
-                &mut raw,
-                CUevent_flags::CU_EVENT_DISABLE_TIMING.0
-            ))
-        }
-        .map_err(|e| e.context("creating an event"))?;
-        Ok(raw)
+        // The context is current. Destroyed by `give_event` or Inner's Drop.
+        calls::event_create(CUevent_flags::CU_EVENT_DISABLE_TIMING.0)
+            .map_err(|e| e.context("creating an event"))
     }
 
     /// The crate's own stream of this context for stream-ordered frees that wait for uses on several streams:
@@ -457,8 +428,8 @@ impl Context {
         if raw.is_null() {
             let _current = self.enter()?;
             let flags = CUstream_flags::CU_STREAM_NON_BLOCKING.0;
-            // SAFETY: an out-pointer to the lock's place; the context is current. Destroyed in Inner's Drop.
-            unsafe { driver_call!(cuStreamCreate(&mut *raw, flags)) }
+            // The context is current. Destroyed in Inner's Drop.
+            *raw = calls::stream_create(flags)
                 .map_err(|e| e.context("creating the stream for stream-ordered frees"))?;
         }
         Ok(Stream::borrowed(self, *raw))
@@ -480,7 +451,7 @@ impl Context {
         drop(events);
         // SAFETY: an event of this context that nothing uses any more. The driver defers releasing an event
         // whose recorded work is pending.
-        if let Err(e) = unsafe { driver_call!(cuEventDestroy_v2(event)) } {
+        if let Err(e) = unsafe { calls::event_destroy(event) } {
             self.defer_error(e.context("destroying an event"));
         }
     }
@@ -491,9 +462,7 @@ impl Context {
     /// # Errors
     /// The driver's.
     pub(crate) fn enter(&self) -> Result<Current<'_>> {
-        let mut current = std::ptr::null_mut();
-        // SAFETY: an out-pointer to a local.
-        unsafe { driver_call!(cuCtxGetCurrent(&mut current)) }?;
+        let current = calls::ctx_get_current()?;
         if current == self.0.raw {
             return Ok(Current {
                 context: self,
@@ -501,9 +470,8 @@ impl Context {
                 _not_send: PhantomData,
             });
         }
-        // SAFETY: a context retained by `self`, which outlives the guard; the guard pops it.
-        unsafe { driver_call!(cuCtxPushCurrent_v2(self.0.raw)) }
-            .map_err(|e| e.context("making the context current"))?;
+        // A context retained by `self`, which outlives the guard; the guard pops it.
+        calls::ctx_push_current(self.0.raw).map_err(|e| e.context("making the context current"))?;
         Ok(Current {
             context: self,
             pushed: true,
@@ -547,11 +515,11 @@ impl Drop for Inner {
             .drain(..)
         {
             // SAFETY: an idle event of the pool; nothing else holds it. A failure leaks it: harmless.
-            let _ = unsafe { driver_call!(cuEventDestroy_v2(event)) };
+            let _ = unsafe { calls::event_destroy(event) };
         }
         // SAFETY: balances the retain in Context::new. Everything made in the context holds a clone of it, so
         // nothing of the crate's uses the context after this. A failure leaves it retained: harmless.
-        let _ = unsafe { driver_call!(cuDevicePrimaryCtxRelease_v2(self.device.as_raw())) };
+        let _ = unsafe { calls::primary_ctx_release(self.device.as_raw()) };
     }
 }
 
@@ -573,9 +541,8 @@ pub(crate) struct Current<'a> {
 impl Drop for Current<'_> {
     fn drop(&mut self) {
         if self.pushed {
-            let mut popped = std::ptr::null_mut();
-            // SAFETY: pops the context `enter` pushed on this thread (the guard is not Send, so this is that thread).
-            if let Err(e) = unsafe { driver_call!(cuCtxPopCurrent_v2(&mut popped)) } {
+            // Pops the context `enter` pushed on this thread (the guard is not Send, so this is that thread).
+            if let Err(e) = calls::ctx_pop_current() {
                 self.context
                     .defer_error(e.context("putting back the thread's previous context"));
             }

@@ -3,8 +3,8 @@
 use std::ffi::{CStr, c_char};
 use std::fmt;
 
+use super::calls;
 use super::context::Context;
-use crate::driver_call;
 use crate::error::Result;
 use crate::sys::{CUdevice, CUdevice_attribute};
 
@@ -22,10 +22,7 @@ impl Device {
     /// The loader's error where no driver can be loaded, or the driver's.
     #[doc(alias = "cuDeviceGetCount")]
     pub fn count() -> Result<usize> {
-        let mut count = 0;
-        // SAFETY: an out-pointer to a local.
-        unsafe { driver_call!(cuDeviceGetCount(&mut count)) }
-            .map_err(|e| e.context("counting CUDA devices"))?;
+        let count = calls::device_count().map_err(|e| e.context("counting CUDA devices"))?;
         Ok(usize::try_from(count).unwrap_or(0))
     }
 
@@ -35,10 +32,8 @@ impl Device {
     /// `CUDA_ERROR_INVALID_DEVICE` where there is no such device; the message says how many there are.
     #[doc(alias = "cuDeviceGet")]
     pub fn get(ordinal: usize) -> Result<Device> {
-        let mut raw = 0;
         let ordinal = i32::try_from(ordinal).unwrap_or(i32::MAX);
-        // SAFETY: an out-pointer to a local; the driver checks the ordinal.
-        unsafe { driver_call!(cuDeviceGet(&mut raw, ordinal)) }.map_err(|e| {
+        let raw = calls::device_get(ordinal).map_err(|e| {
             let count =
                 Device::count().map_or_else(|_| "an unknown number".to_string(), |n| n.to_string());
             e.context(format_args!(
@@ -75,15 +70,8 @@ impl Device {
     #[doc(alias = "cuDeviceGetName")]
     pub fn name(&self) -> Result<String> {
         let mut buf = [0 as c_char; 256];
-        // SAFETY: the buffer's length is passed with it; the driver NUL-terminates within it.
-        unsafe {
-            driver_call!(cuDeviceGetName(
-                buf.as_mut_ptr(),
-                buf.len() as i32,
-                self.raw
-            ))
-        }
-        .map_err(|e| e.context(format_args!("reading the name of device {}", self.ordinal)))?;
+        calls::device_name(&mut buf, self.raw)
+            .map_err(|e| e.context(format_args!("reading the name of device {}", self.ordinal)))?;
         Ok(text(&buf))
     }
 
@@ -93,9 +81,7 @@ impl Device {
     /// The driver's.
     #[doc(alias = "cuDeviceGetUuid")]
     pub fn uuid(&self) -> Result<[u8; 16]> {
-        let mut uuid = crate::sys::CUuuid::default();
-        // SAFETY: an out-pointer to a local of the type the driver writes.
-        unsafe { driver_call!(cuDeviceGetUuid_v2(&mut uuid, self.raw)) }
+        let uuid = calls::device_uuid(self.raw)
             .map_err(|e| e.context(format_args!("reading the UUID of device {}", self.ordinal)))?;
         Ok(uuid.bytes.map(|b| b as u8))
     }
@@ -117,9 +103,7 @@ impl Device {
     /// The driver's.
     #[doc(alias = "cuDeviceTotalMem")]
     pub fn total_memory(&self) -> Result<usize> {
-        let mut bytes = 0;
-        // SAFETY: an out-pointer to a local.
-        unsafe { driver_call!(cuDeviceTotalMem_v2(&mut bytes, self.raw)) }.map_err(|e| {
+        let bytes = calls::device_total_mem(self.raw).map_err(|e| {
             e.context(format_args!(
                 "reading the memory size of device {}",
                 self.ordinal
@@ -150,15 +134,7 @@ impl Device {
     #[doc(alias = "cuDeviceGetPCIBusId")]
     pub fn pci_bus_id(&self) -> Result<String> {
         let mut buf = [0 as c_char; 32];
-        // SAFETY: the buffer's length is passed with it; the driver NUL-terminates within it.
-        unsafe {
-            driver_call!(cuDeviceGetPCIBusId(
-                buf.as_mut_ptr(),
-                buf.len() as i32,
-                self.raw
-            ))
-        }
-        .map_err(|e| {
+        calls::device_pci_bus_id(&mut buf, self.raw).map_err(|e| {
             e.context(format_args!(
                 "reading the PCI address of device {}",
                 self.ordinal
@@ -198,16 +174,12 @@ impl Device {
     /// The driver's, such as `CUDA_ERROR_INVALID_VALUE` for an attribute this driver does not know.
     #[doc(alias = "cuDeviceGetAttribute")]
     pub fn attribute(&self, attribute: CUdevice_attribute) -> Result<u32> {
-        let mut value = 0;
-        // SAFETY: an out-pointer to a local; the driver checks the attribute.
-        unsafe { driver_call!(cuDeviceGetAttribute(&mut value, attribute, self.raw)) }.map_err(
-            |e| {
-                e.context(format_args!(
-                    "reading attribute {} of device {}",
-                    attribute.0, self.ordinal
-                ))
-            },
-        )?;
+        let value = calls::device_attribute(attribute, self.raw).map_err(|e| {
+            e.context(format_args!(
+                "reading attribute {} of device {}",
+                attribute.0, self.ordinal
+            ))
+        })?;
         Ok(u32::try_from(value).unwrap_or(0))
     }
 }

@@ -3,11 +3,11 @@
 use std::fmt;
 use std::time::Duration;
 
+use super::calls;
 use super::context::Context;
 use super::stream::Stream;
-use crate::driver_call;
 use crate::error::Result;
-use crate::sys::{CUevent, CUevent_flags, CUresult};
+use crate::sys::{CUevent, CUevent_flags};
 
 /// A CUDA event of a context. Record it on a stream; it completes once the work enqueued on the stream before
 /// it has run.
@@ -42,10 +42,8 @@ impl Event {
 
     fn create(context: &Context, flags: CUevent_flags, timing: bool) -> Result<Event> {
         let _current = context.enter()?;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: an out-pointer to a local; the context is current; destroyed in Drop.
-        unsafe { driver_call!(cuEventCreate(&mut raw, flags.0)) }
-            .map_err(|e| e.context("creating an event"))?;
+        // The context is current; destroyed in Drop.
+        let raw = calls::event_create(flags.0).map_err(|e| e.context("creating an event"))?;
         Ok(Event {
             raw,
             timing,
@@ -59,9 +57,7 @@ impl Event {
     /// The driver's, such as `CUDA_ERROR_INVALID_HANDLE` for a stream of another context.
     #[doc(alias = "cuEventRecord")]
     pub fn record(&self, stream: &Stream) -> Result<()> {
-        // SAFETY: both handles are alive (owned by `self` and `stream`).
-        unsafe { driver_call!(cuEventRecord(self.raw, stream.as_raw())) }
-            .map_err(|e| e.context("recording an event"))
+        calls::event_record(self.raw, stream.as_raw()).map_err(|e| e.context("recording an event"))
     }
 
     /// Blocks until the event has completed (returns at once if it was never recorded).
@@ -70,9 +66,7 @@ impl Event {
     /// The driver's, including errors of the work before the event.
     #[doc(alias = "cuEventSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
-        // SAFETY: a live event.
-        unsafe { driver_call!(cuEventSynchronize(self.raw)) }
-            .map_err(|e| e.context("waiting for an event"))
+        calls::event_synchronize(self.raw).map_err(|e| e.context("waiting for an event"))
     }
 
     /// Whether the event has completed, without blocking.
@@ -81,12 +75,7 @@ impl Event {
     /// The driver's, other than `CUDA_ERROR_NOT_READY` (which is `Ok(false)`).
     #[doc(alias = "cuEventQuery")]
     pub fn query(&self) -> Result<bool> {
-        // SAFETY: a live event.
-        match unsafe { driver_call!(cuEventQuery(self.raw)) } {
-            Ok(()) => Ok(true),
-            Err(e) if e.driver_code() == Some(CUresult::CUDA_ERROR_NOT_READY) => Ok(false),
-            Err(e) => Err(e.context("querying an event")),
-        }
+        calls::event_query(self.raw).map_err(|e| e.context("querying an event"))
     }
 
     /// The device time from `start` to this event, both recorded and complete (resolution about 0.5 us).
@@ -96,9 +85,7 @@ impl Event {
     /// [`Event::without_timing`].
     #[doc(alias = "cuEventElapsedTime")]
     pub fn elapsed_since(&self, start: &Event) -> Result<Duration> {
-        let mut ms = 0f32;
-        // SAFETY: an out-pointer to a local and two live events.
-        unsafe { driver_call!(cuEventElapsedTime_v2(&mut ms, start.raw, self.raw)) }
+        let ms = calls::event_elapsed_time(start.raw, self.raw)
             .map_err(|e| e.context("timing between two events"))?;
         Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
     }
@@ -127,8 +114,9 @@ impl fmt::Debug for Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
-        // SAFETY: created in `create`. The driver defers releasing an event whose recorded work is pending.
-        if let Err(e) = unsafe { driver_call!(cuEventDestroy_v2(self.raw)) } {
+        // SAFETY: created in `create`; its handle is valid only while this value lives (`as_raw`), which ends
+        // here. The driver defers releasing an event whose recorded work is pending.
+        if let Err(e) = unsafe { calls::event_destroy(self.raw) } {
             self.context.defer_error(e.context("destroying an event"));
         }
     }

@@ -1,5 +1,6 @@
 //! The driver's objects as the safe layer holds them: [`Device`], [`Context`], [`Stream`] and [`Event`].
 
+pub(crate) mod calls;
 pub(crate) mod context;
 mod device;
 mod event;

@@ -3,13 +3,13 @@
 use std::fmt;
 use std::sync::Arc;
 
+use super::calls;
 use super::context::Context;
 use super::event::Event;
-use crate::driver_call;
 use crate::error::{Error, Result};
 use crate::memory::SegmentLock;
 use crate::profile::Ledger;
-use crate::sys::{CUresult, CUstream, CUstream_flags};
+use crate::sys::{CUstream, CUstream_flags};
 
 /// A stream of a context: cheap to clone, and every clone is the same stream.
 ///
@@ -66,17 +66,13 @@ impl Stream {
 
     fn create(context: &Context, priority: Option<i32>, ledger: Option<Ledger>) -> Result<Stream> {
         let _current = context.enter()?;
-        let mut raw = std::ptr::null_mut();
         let flags = CUstream_flags::CU_STREAM_NON_BLOCKING.0;
+        // The context is current; destroyed in Inner's Drop.
         let created = match priority {
-            // SAFETY: an out-pointer to a local; the context is current; destroyed in Inner's Drop.
-            Some(priority) => unsafe {
-                driver_call!(cuStreamCreateWithPriority(&mut raw, flags, priority))
-            },
-            // SAFETY: as above.
-            None => unsafe { driver_call!(cuStreamCreate(&mut raw, flags)) },
+            Some(priority) => calls::stream_create_with_priority(flags, priority),
+            None => calls::stream_create(flags),
         };
-        created.map_err(|e| e.context("creating a stream"))?;
+        let raw = created.map_err(|e| e.context("creating a stream"))?;
         Ok(Stream::wrap(Inner {
             raw,
             owned: true,
@@ -171,9 +167,7 @@ impl Stream {
         // Work other code enqueues later must not delay what the crate's buffers wait for on this stream. A
         // failure to close only makes later waits less precise: the synchronization still happens.
         let closed = self.close_segment();
-        // SAFETY: a live stream.
-        unsafe { driver_call!(cuStreamSynchronize(self.0.raw)) }
-            .map_err(|e| e.context("synchronising a stream"))?;
+        calls::stream_synchronize(self.0.raw).map_err(|e| e.context("synchronising a stream"))?;
         closed
     }
 
@@ -183,12 +177,7 @@ impl Stream {
     /// The driver's, other than `CUDA_ERROR_NOT_READY` (which is `Ok(false)`).
     #[doc(alias = "cuStreamQuery")]
     pub fn query(&self) -> Result<bool> {
-        // SAFETY: a live stream.
-        match unsafe { driver_call!(cuStreamQuery(self.0.raw)) } {
-            Ok(()) => Ok(true),
-            Err(e) if e.driver_code() == Some(CUresult::CUDA_ERROR_NOT_READY) => Ok(false),
-            Err(e) => Err(e.context("querying a stream")),
-        }
+        calls::stream_query(self.0.raw).map_err(|e| e.context("querying a stream"))
     }
 
     /// Makes work enqueued on this stream from now on wait, on the device, until `event` has completed. Returns
@@ -201,8 +190,7 @@ impl Stream {
         // The wait delays everything after it: kept out of the segments of the crate's work, so that no wait
         // for a buffer includes it.
         self.untracked(|| {
-            // SAFETY: a live stream and a live event (the driver copies the event's state at this call).
-            unsafe { driver_call!(cuStreamWaitEvent(self.0.raw, event.as_raw(), 0)) }
+            calls::stream_wait_event(self.0.raw, event.as_raw())
                 .map_err(|e| e.context("making a stream wait for an event"))
         })
     }
@@ -221,11 +209,7 @@ impl Stream {
     /// The driver's.
     #[doc(alias = "cuStreamGetPriority")]
     pub fn priority(&self) -> Result<i32> {
-        let mut priority = 0;
-        // SAFETY: a live stream and an out-pointer to a local.
-        unsafe { driver_call!(cuStreamGetPriority(self.0.raw, &mut priority)) }
-            .map_err(|e| e.context("reading a stream's priority"))?;
-        Ok(priority)
+        calls::stream_priority(self.0.raw).map_err(|e| e.context("reading a stream's priority"))
     }
 }
 

@@ -10,7 +10,7 @@ use super::release::release_host;
 use super::{Bytes, Gpu, Track, byte_len, lock};
 use crate::driver::Context;
 use crate::driver::Stream;
-use crate::driver_call;
+use crate::driver::calls;
 use crate::error::Result;
 use crate::sys::CUdeviceptr;
 
@@ -61,25 +61,26 @@ impl<T: Pod> DeviceBuffer<T> {
             return Ok(buffer);
         }
         let _current = context.enter()?;
-        let mut ptr = 0;
+        // The context is current. Freed in Drop.
         let allocated = if buffer.ordered {
             // The allocation is work on `stream`: another stream must wait for it like for a write.
-            stream.tracked(None, Some(&buffer.track), || {
-                // SAFETY: an out-pointer to a local and a live stream; the context is current. Freed in Drop.
-                unsafe { driver_call!(cuMemAllocAsync(&mut ptr, bytes, stream.as_raw())) }
-            })
+            let mut ptr = 0;
+            stream
+                .tracked(None, Some(&buffer.track), || {
+                    ptr = calls::mem_alloc_async(bytes, stream.as_raw())?;
+                    Ok(())
+                })
+                .map(|()| ptr)
         } else {
-            // SAFETY: an out-pointer to a local; the context is current. Freed in Drop.
-            unsafe { driver_call!(cuMemAlloc_v2(&mut ptr, bytes)) }
+            calls::mem_alloc(bytes)
         };
-        allocated.map_err(|e| {
+        buffer.ptr = allocated.map_err(|e| {
             e.context(format_args!(
                 "allocating {} on device {}",
                 Bytes(bytes),
                 device.ordinal()
             ))
         })?;
-        buffer.ptr = ptr;
         Ok(buffer)
     }
 
@@ -97,8 +98,9 @@ impl<T: Pod> DeviceBuffer<T> {
             // enqueued.
             stream
                 .tracked(None, Some(&buffer.track), || {
-                    // SAFETY: the range is this allocation; the tracker ordered the write after any pending use.
-                    unsafe { driver_call!(cuMemsetD8Async(ptr, 0, bytes, stream.as_raw())) }
+                    // SAFETY: the range is this allocation, which lives until its free is ordered after the memset;
+                    // the tracker ordered the write after any pending use.
+                    unsafe { calls::memset_d8_async(ptr, 0, bytes, stream.as_raw()) }
                 })
                 .map_err(|e| {
                     e.context(format_args!("zeroing {} of device memory", Bytes(bytes)))
@@ -154,7 +156,7 @@ impl<T> DeviceBuffer<T> {
             let track = std::mem::take(&mut *lock(&self.track));
             let free = move || {
                 // SAFETY: allocated by cuMemAlloc; run once, when every use has completed.
-                unsafe { driver_call!(cuMemFree_v2(ptr)) }
+                unsafe { calls::mem_free(ptr) }
             };
             release_host(context, track, Box::new(free), self.byte_len());
             return Ok(());
@@ -197,8 +199,9 @@ impl<T> DeviceBuffer<T> {
 
 /// Enqueues the stream-ordered free of `ptr` on `stream`.
 fn free_async(ptr: CUdeviceptr, stream: &Stream) -> Result<()> {
-    // SAFETY: allocated by cuMemAllocAsync; `stream` is ordered after every pending use of it.
-    unsafe { driver_call!(cuMemFreeAsync(ptr, stream.as_raw())) }
+    // SAFETY: allocated by cuMemAllocAsync, freed once (the buffer is dropping); `stream` is ordered after every
+    // pending use of it, and nothing uses it afterwards.
+    unsafe { calls::mem_free_async(ptr, stream.as_raw()) }
 }
 
 impl<T> Drop for DeviceBuffer<T> {

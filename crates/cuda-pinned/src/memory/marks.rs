@@ -33,7 +33,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 
 use crate::driver::Context;
 use crate::driver::Stream;
-use crate::driver_call;
+use crate::driver::calls;
 use crate::error::Result;
 use crate::sys::CUevent;
 use crate::track::Timeline;
@@ -189,9 +189,9 @@ impl PooledEvent {
             raw: context.take_event()?,
             context: context.clone(),
         };
-        // SAFETY: a live event of the stream's context and a live stream. On failure the event goes back to
-        // the pool unrecorded, which is harmless: recording again replaces whatever it held.
-        unsafe { driver_call!(cuEventRecord(event.raw, stream.as_raw())) }
+        // On failure the event goes back to the pool unrecorded, which is harmless: recording again replaces
+        // whatever it held.
+        calls::event_record(event.raw, stream.as_raw())
             .map_err(|e| e.context("recording an event to order work after"))?;
         Ok(event)
     }
@@ -201,20 +201,11 @@ impl PooledEvent {
     }
 
     fn query(&self) -> Result<bool> {
-        // SAFETY: a live event.
-        match unsafe { driver_call!(cuEventQuery(self.raw)) } {
-            Ok(()) => Ok(true),
-            Err(e) if e.driver_code() == Some(crate::sys::CUresult::CUDA_ERROR_NOT_READY) => {
-                Ok(false)
-            }
-            Err(e) => Err(e.context("querying whether work has completed")),
-        }
+        calls::event_query(self.raw).map_err(|e| e.context("querying whether work has completed"))
     }
 
     fn synchronize(&self) -> Result<()> {
-        // SAFETY: a live event.
-        unsafe { driver_call!(cuEventSynchronize(self.raw)) }
-            .map_err(|e| e.context("waiting for work to complete"))
+        calls::event_synchronize(self.raw).map_err(|e| e.context("waiting for work to complete"))
     }
 }
 
@@ -346,8 +337,7 @@ impl Timeline for Gpu {
         let Some(event) = on.event_of(mark, false)? else {
             return Ok(());
         };
-        // SAFETY: a live stream and a live event (the driver copies the event's state at this call).
-        unsafe { driver_call!(cuStreamWaitEvent(stream.as_raw(), event.as_raw(), 0)) }
+        calls::stream_wait_event(stream.as_raw(), event.as_raw())
             .map_err(|e| e.context("making a stream wait for another stream's work"))
     }
 

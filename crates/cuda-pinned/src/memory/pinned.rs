@@ -11,7 +11,7 @@ use super::pool::Loan;
 use super::release::release_host;
 use super::{Bytes, Track, byte_len};
 use crate::driver::Context;
-use crate::driver_call;
+use crate::driver::calls;
 use crate::error::Result;
 use crate::sys::{
     CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_WRITECOMBINED,
@@ -105,9 +105,8 @@ impl PinnedBuilder {
             NonNull::dangling()
         } else {
             let _current = self.context.enter()?;
-            let mut ptr = std::ptr::null_mut();
-            // SAFETY: an out-pointer to a local; the context is current. Freed in Drop (deferred while in use).
-            unsafe { driver_call!(cuMemHostAlloc(&mut ptr, bytes, self.flags)) }.map_err(|e| {
+            // The context is current. Freed in Drop (deferred while in use).
+            let ptr = calls::mem_host_alloc(bytes, self.flags).map_err(|e| {
                 e.context(format_args!(
                     "allocating {} of pinned host memory",
                     Bytes(bytes)
@@ -122,7 +121,7 @@ impl PinnedBuilder {
                 .filter(|p| p.as_ptr().is_aligned())
                 .ok_or_else(|| {
                     // SAFETY: allocated just above by cuMemHostAlloc; nothing uses it.
-                    let _ = unsafe { driver_call!(cuMemFreeHost(ptr)) };
+                    let _ = unsafe { calls::mem_free_host(ptr) };
                     crate::error::Error::invalid(format_args!(
                         "cuMemHostAlloc returned {ptr:p}, not aligned for {}",
                         std::any::type_name::<T>()
@@ -271,8 +270,9 @@ impl<T> Drop for Pinned<T> {
         }
         let ptr = self.host.ptr() as usize;
         let release = move || {
-            // SAFETY: allocated by cuMemHostAlloc in `zeroed`; called once, when no device work uses it.
-            unsafe { driver_call!(cuMemFreeHost(ptr as *mut c_void)) }
+            // SAFETY: allocated by cuMemHostAlloc in `zeroed`; called once, when no device work uses it, and the
+            // buffer (the host's only way to it) is gone.
+            unsafe { calls::mem_free_host(ptr as *mut c_void) }
         };
         release_host(
             &self.context,

@@ -10,7 +10,7 @@ use super::host::HostRegion;
 use super::release::release_host;
 use super::{Bytes, Gpu, Track, lock};
 use crate::driver::Context;
-use crate::driver_call;
+use crate::driver::calls;
 use crate::error::Result;
 
 /// A `Vec<T>` page-locked in place, so it can be the host side of asynchronous copies like [`crate::Pinned`].
@@ -42,14 +42,12 @@ impl<T: Pod> Registered<T> {
             let _current = context.enter()?;
             // SAFETY: `bytes` bytes of a live allocation, which the returned value owns and never grows, moves
             // out or frees while it is registered.
-            unsafe { driver_call!(cuMemHostRegister_v2(ptr.as_ptr().cast(), bytes, 0)) }.map_err(
-                |e| {
-                    e.context(format_args!(
-                        "pinning {} of host memory in place",
-                        Bytes(bytes)
-                    ))
-                },
-            )?;
+            unsafe { calls::mem_host_register(ptr.as_ptr().cast(), bytes, 0) }.map_err(|e| {
+                e.context(format_args!(
+                    "pinning {} of host memory in place",
+                    Bytes(bytes)
+                ))
+            })?;
         }
         // SAFETY: the Vec's initialised elements, aligned for `T` (a Vec's pointer always is, dangling or not),
         // now page-locked (or zero bytes), owned by the new value, whose Vec is never touched again until
@@ -129,7 +127,7 @@ impl<T: Pod> Registered<T> {
             self.context.synchronize()?;
             let _current = self.context.enter()?;
             // SAFETY: registered in `new`; no device work uses it any more.
-            unsafe { driver_call!(cuMemHostUnregister(self.host_ptr())) }
+            unsafe { calls::mem_host_unregister(self.host_ptr()) }
                 .map_err(|e| e.context("unpinning host memory"))?;
         }
         Ok(self.vec.take().unwrap_or_default())
@@ -154,7 +152,7 @@ impl<T: Pod> Drop for Registered<T> {
         let owned = SendVec { _vec: vec };
         let release = move || {
             // SAFETY: registered in `new`; called once, when no device work uses it.
-            let unpinned = unsafe { driver_call!(cuMemHostUnregister(ptr as *mut c_void)) };
+            let unpinned = unsafe { calls::mem_host_unregister(ptr as *mut c_void) };
             match unpinned {
                 Ok(()) => drop(owned),
                 // Still registered, as far as anyone can tell: freeing it would hand page-locked memory back

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::{PAGE, Pinning};
 use crate::driver::Context;
-use crate::driver_call;
+use crate::driver::calls;
 use crate::error::{Error, Result};
 use crate::memory::release::release_host;
 use crate::memory::{Bytes, GpuTracker};
@@ -30,9 +30,8 @@ impl Block {
         match how {
             Pinning::Auto => Block::pin(context, bytes, fastest_pinning(context)),
             Pinning::HostAlloc => {
-                let mut ptr = std::ptr::null_mut();
-                // SAFETY: an out-pointer to a local; the caller's context is current. Freed in `release`.
-                unsafe { driver_call!(cuMemHostAlloc(&mut ptr, bytes, 0)) }.map_err(|e| {
+                // The caller's context is current. Freed in `release`.
+                let ptr = calls::mem_host_alloc(bytes, 0).map_err(|e| {
                     e.context(format_args!("pinning {} for the pool", Bytes(bytes)))
                 })?;
                 let ptr = NonNull::new(ptr.cast::<u8>())
@@ -59,8 +58,7 @@ impl Block {
                 // fast, and initialises them.
                 zero(ptr, bytes);
                 // SAFETY: `bytes` bytes of a live allocation owned by the block, unregistered in `release`.
-                let registered =
-                    unsafe { driver_call!(cuMemHostRegister_v2(ptr.as_ptr().cast(), bytes, 0)) };
+                let registered = unsafe { calls::mem_host_register(ptr.as_ptr().cast(), bytes, 0) };
                 if let Err(e) = registered {
                     // SAFETY: allocated above with `layout`, never registered.
                     unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
@@ -92,7 +90,7 @@ impl Block {
         let ptr = self.ptr.as_ptr();
         if self.registered {
             // SAFETY: registered in `pin`; no device work uses it.
-            unsafe { driver_call!(cuMemHostUnregister(ptr.cast())) }?;
+            unsafe { calls::mem_host_unregister(ptr.cast()) }?;
             // SAFETY: allocated in `pin` with this size and `registered_align` of it (a valid layout then), and no
             // longer registered.
             unsafe {
@@ -107,7 +105,7 @@ impl Block {
             Ok(())
         } else {
             // SAFETY: allocated by cuMemHostAlloc in `pin`; no device work uses it.
-            unsafe { driver_call!(cuMemFreeHost(ptr.cast())) }
+            unsafe { calls::mem_free_host(ptr.cast()) }
         }
     }
 }

@@ -1,0 +1,400 @@
+//! Thin typed wrappers of the driver calls the safe layer makes: one function per call, named after it (the
+//! first line of each function's docs names the exported function it calls, versioned as in
+//! [`crate::sys::DriverApi`]).
+//!
+//! Out-pointers become return values, a query's `CUDA_ERROR_NOT_READY` becomes `Ok(false)`, and a buffer the
+//! driver fills is a slice whose length goes with it. Every error is the driver's (or the loader's), unchanged:
+//! the callers add what they were doing with [`Error::context`](crate::Error::context).
+//!
+//! Handles (devices, contexts, streams, events) are passed as the driver's values, and the safe functions here
+//! need them live: the crate's types pass only handles they own, or were given by a caller who promised they
+//! stay valid ([`crate::Stream::from_raw`]), and only while they hold them. The functions that end a handle's
+//! life and those given memory addresses (copies, memsets, frees, registration) are `unsafe`: their `# Safety`
+//! sections say what the caller guarantees.
+
+use std::ffi::{c_char, c_int, c_void};
+
+use crate::driver_call;
+use crate::error::Result;
+use crate::sys::{
+    CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUresult, CUstream, CUuuid,
+};
+
+/// `Ok(true)` for success, `Ok(false)` for `CUDA_ERROR_NOT_READY`, else the error: a query's answer.
+fn ready(queried: Result<()>) -> Result<bool> {
+    match queried {
+        Ok(()) => Ok(true),
+        Err(e) if e.driver_code() == Some(CUresult::CUDA_ERROR_NOT_READY) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The length of a buffer the driver fills, as the `int` it takes: a longer buffer is offered only in part.
+fn c_len(buf: &[c_char]) -> c_int {
+    c_int::try_from(buf.len()).unwrap_or(c_int::MAX)
+}
+
+// ---- devices
+
+/// `cuDeviceGetCount`: how many devices the driver sees.
+pub(crate) fn device_count() -> Result<c_int> {
+    let mut count = 0;
+    // SAFETY: an out-pointer to a local.
+    unsafe { driver_call!(cuDeviceGetCount(&mut count)) }?;
+    Ok(count)
+}
+
+/// `cuDeviceGet`: the device with this ordinal (the driver checks it).
+pub(crate) fn device_get(ordinal: c_int) -> Result<CUdevice> {
+    let mut device = 0;
+    // SAFETY: an out-pointer to a local.
+    unsafe { driver_call!(cuDeviceGet(&mut device, ordinal)) }?;
+    Ok(device)
+}
+
+/// `cuDeviceGetName`: the device's name, NUL-terminated within `name`.
+pub(crate) fn device_name(name: &mut [c_char], device: CUdevice) -> Result<()> {
+    // SAFETY: the buffer's pointer with (at most) its length; the driver writes within it.
+    unsafe { driver_call!(cuDeviceGetName(name.as_mut_ptr(), c_len(name), device)) }
+}
+
+/// `cuDeviceGetUuid_v2`: the device's UUID.
+pub(crate) fn device_uuid(device: CUdevice) -> Result<CUuuid> {
+    let mut uuid = CUuuid::default();
+    // SAFETY: an out-pointer to a local of the type the driver writes.
+    unsafe { driver_call!(cuDeviceGetUuid_v2(&mut uuid, device)) }?;
+    Ok(uuid)
+}
+
+/// `cuDeviceTotalMem_v2`: the device's memory in bytes.
+pub(crate) fn device_total_mem(device: CUdevice) -> Result<usize> {
+    let mut bytes = 0;
+    // SAFETY: an out-pointer to a local.
+    unsafe { driver_call!(cuDeviceTotalMem_v2(&mut bytes, device)) }?;
+    Ok(bytes)
+}
+
+/// `cuDeviceGetPCIBusId`: the device's PCI address, NUL-terminated within `id`.
+pub(crate) fn device_pci_bus_id(id: &mut [c_char], device: CUdevice) -> Result<()> {
+    // SAFETY: the buffer's pointer with (at most) its length; the driver writes within it.
+    unsafe { driver_call!(cuDeviceGetPCIBusId(id.as_mut_ptr(), c_len(id), device)) }
+}
+
+/// `cuDeviceGetAttribute`: an integer attribute of the device (the driver checks the attribute).
+pub(crate) fn device_attribute(attribute: CUdevice_attribute, device: CUdevice) -> Result<c_int> {
+    let mut value = 0;
+    // SAFETY: an out-pointer to a local.
+    unsafe { driver_call!(cuDeviceGetAttribute(&mut value, attribute, device)) }?;
+    Ok(value)
+}
+
+// ---- contexts
+
+/// `cuDevicePrimaryCtxRetain`: the device's primary context, retained (created if no one holds it); balance it
+/// with [`primary_ctx_release`].
+pub(crate) fn primary_ctx_retain(device: CUdevice) -> Result<CUcontext> {
+    let mut context = std::ptr::null_mut();
+    // SAFETY: an out-pointer to a local.
+    unsafe { driver_call!(cuDevicePrimaryCtxRetain(&mut context, device)) }?;
+    Ok(context)
+}
+
+/// `cuDevicePrimaryCtxRelease_v2`: releases a retain of the device's primary context; the last release
+/// destroys the context, with its memory, streams and events.
+///
+/// # Safety
+/// It must balance a [`primary_ctx_retain`] of the caller's, and nothing the caller still uses may depend on
+/// that retain (other retains may keep the context alive).
+pub(crate) unsafe fn primary_ctx_release(device: CUdevice) -> Result<()> {
+    // SAFETY: the caller's retain is the one given back (see above).
+    unsafe { driver_call!(cuDevicePrimaryCtxRelease_v2(device)) }
+}
+
+/// `cuCtxGetCurrent`: the calling thread's current context (null for none).
+pub(crate) fn ctx_get_current() -> Result<CUcontext> {
+    let mut context = std::ptr::null_mut();
+    // SAFETY: an out-pointer to a local.
+    unsafe { driver_call!(cuCtxGetCurrent(&mut context)) }?;
+    Ok(context)
+}
+
+/// `cuCtxPushCurrent_v2`: makes `context` current on the calling thread, above the one it had.
+pub(crate) fn ctx_push_current(context: CUcontext) -> Result<()> {
+    // SAFETY: a live context (see the module docs).
+    unsafe { driver_call!(cuCtxPushCurrent_v2(context)) }
+}
+
+/// `cuCtxPopCurrent_v2`: takes the calling thread's current context off its stack; returns it.
+pub(crate) fn ctx_pop_current() -> Result<CUcontext> {
+    let mut popped = std::ptr::null_mut();
+    // SAFETY: an out-pointer to a local.
+    unsafe { driver_call!(cuCtxPopCurrent_v2(&mut popped)) }?;
+    Ok(popped)
+}
+
+/// `cuCtxSynchronize`: blocks until all work in the current context has completed.
+pub(crate) fn ctx_synchronize() -> Result<()> {
+    // SAFETY: no arguments.
+    unsafe { driver_call!(cuCtxSynchronize()) }
+}
+
+/// `cuCtxGetStreamPriorityRange`: the (least, greatest) stream priorities of the current context's device.
+pub(crate) fn ctx_stream_priority_range() -> Result<(c_int, c_int)> {
+    let (mut least, mut greatest) = (0, 0);
+    // SAFETY: out-pointers to locals.
+    unsafe { driver_call!(cuCtxGetStreamPriorityRange(&mut least, &mut greatest)) }?;
+    Ok((least, greatest))
+}
+
+/// `cuMemGetInfo_v2`: the (free, total) device memory of the current context's device, in bytes.
+pub(crate) fn mem_get_info() -> Result<(usize, usize)> {
+    let (mut free, mut total) = (0, 0);
+    // SAFETY: out-pointers to locals.
+    unsafe { driver_call!(cuMemGetInfo_v2(&mut free, &mut total)) }?;
+    Ok((free, total))
+}
+
+// ---- streams
+
+/// `cuStreamCreate`: a new stream of the current context.
+pub(crate) fn stream_create(flags: u32) -> Result<CUstream> {
+    let mut stream = std::ptr::null_mut();
+    // SAFETY: an out-pointer to a local.
+    unsafe { driver_call!(cuStreamCreate(&mut stream, flags)) }?;
+    Ok(stream)
+}
+
+/// `cuStreamCreateWithPriority`: a new stream of the current context with a priority (the driver clamps it).
+pub(crate) fn stream_create_with_priority(flags: u32, priority: c_int) -> Result<CUstream> {
+    let mut stream = std::ptr::null_mut();
+    // SAFETY: an out-pointer to a local.
+    unsafe { driver_call!(cuStreamCreateWithPriority(&mut stream, flags, priority)) }?;
+    Ok(stream)
+}
+
+/// `cuStreamDestroy_v2`: destroys a stream; work still queued on it completes first (the driver releases the
+/// stream afterwards).
+///
+/// # Safety
+/// Nothing may use `stream` after this call: no handle of it may be left.
+pub(crate) unsafe fn stream_destroy(stream: CUstream) -> Result<()> {
+    // SAFETY: a live stream that no one uses afterwards (see above).
+    unsafe { driver_call!(cuStreamDestroy_v2(stream)) }
+}
+
+/// `cuStreamQuery`: whether all work queued on the stream has completed, without blocking.
+pub(crate) fn stream_query(stream: CUstream) -> Result<bool> {
+    // SAFETY: a live stream (see the module docs).
+    ready(unsafe { driver_call!(cuStreamQuery(stream)) })
+}
+
+/// `cuStreamSynchronize`: blocks until all work queued on the stream has completed.
+pub(crate) fn stream_synchronize(stream: CUstream) -> Result<()> {
+    // SAFETY: a live stream (see the module docs).
+    unsafe { driver_call!(cuStreamSynchronize(stream)) }
+}
+
+/// `cuStreamWaitEvent` (flags `CU_EVENT_WAIT_DEFAULT`): makes work queued on `stream` from now on wait, on the
+/// device, for `event` as last recorded (the driver copies the event's state now). Never blocks the host.
+pub(crate) fn stream_wait_event(stream: CUstream, event: CUevent) -> Result<()> {
+    // SAFETY: a live stream and a live event (see the module docs).
+    unsafe { driver_call!(cuStreamWaitEvent(stream, event, 0)) }
+}
+
+/// `cuStreamGetPriority`: the stream's priority.
+pub(crate) fn stream_priority(stream: CUstream) -> Result<c_int> {
+    let mut priority = 0;
+    // SAFETY: a live stream (see the module docs) and an out-pointer to a local.
+    unsafe { driver_call!(cuStreamGetPriority(stream, &mut priority)) }?;
+    Ok(priority)
+}
+
+// ---- events
+
+/// `cuEventCreate`: a new event of the current context.
+pub(crate) fn event_create(flags: u32) -> Result<CUevent> {
+    let mut event = std::ptr::null_mut();
+    // SAFETY: an out-pointer to a local.
+    unsafe { driver_call!(cuEventCreate(&mut event, flags)) }?;
+    Ok(event)
+}
+
+/// `cuEventDestroy_v2`: destroys an event; the driver defers releasing one whose recorded work is pending.
+///
+/// # Safety
+/// Nothing may use `event` after this call: no handle of it may be left.
+pub(crate) unsafe fn event_destroy(event: CUevent) -> Result<()> {
+    // SAFETY: a live event that no one uses afterwards (see above).
+    unsafe { driver_call!(cuEventDestroy_v2(event)) }
+}
+
+/// `cuEventRecord`: records `event` at the current end of `stream`'s work. Never blocks the host.
+pub(crate) fn event_record(event: CUevent, stream: CUstream) -> Result<()> {
+    // SAFETY: a live event and a live stream (see the module docs).
+    unsafe { driver_call!(cuEventRecord(event, stream)) }
+}
+
+/// `cuEventQuery`: whether the event has completed, without blocking.
+pub(crate) fn event_query(event: CUevent) -> Result<bool> {
+    // SAFETY: a live event (see the module docs).
+    ready(unsafe { driver_call!(cuEventQuery(event)) })
+}
+
+/// `cuEventSynchronize`: blocks until the event has completed.
+pub(crate) fn event_synchronize(event: CUevent) -> Result<()> {
+    // SAFETY: a live event (see the module docs).
+    unsafe { driver_call!(cuEventSynchronize(event)) }
+}
+
+/// `cuEventElapsedTime_v2`: the device time from `start` to `end`, in milliseconds.
+pub(crate) fn event_elapsed_time(start: CUevent, end: CUevent) -> Result<f32> {
+    let mut ms = 0f32;
+    // SAFETY: an out-pointer to a local and two live events (see the module docs).
+    unsafe { driver_call!(cuEventElapsedTime_v2(&mut ms, start, end)) }?;
+    Ok(ms)
+}
+
+// ---- memory
+
+/// `cuMemAlloc_v2`: `bytes` of device memory in the current context; free it with [`mem_free`].
+pub(crate) fn mem_alloc(bytes: usize) -> Result<CUdeviceptr> {
+    let mut ptr = 0;
+    // SAFETY: an out-pointer to a local.
+    unsafe { driver_call!(cuMemAlloc_v2(&mut ptr, bytes)) }?;
+    Ok(ptr)
+}
+
+/// `cuMemAllocAsync`: `bytes` of device memory, allocated in stream order on `stream` (usable there at once,
+/// and by work on other streams ordered after it); free it with [`mem_free_async`].
+pub(crate) fn mem_alloc_async(bytes: usize, stream: CUstream) -> Result<CUdeviceptr> {
+    let mut ptr = 0;
+    // SAFETY: an out-pointer to a local and a live stream (see the module docs).
+    unsafe { driver_call!(cuMemAllocAsync(&mut ptr, bytes, stream)) }?;
+    Ok(ptr)
+}
+
+/// `cuMemFree_v2`: frees device memory of [`mem_alloc`]. Waits for all work on the device first.
+///
+/// # Safety
+/// `ptr` must come from [`mem_alloc`], not be freed already, and no device work or other use of it may follow.
+pub(crate) unsafe fn mem_free(ptr: CUdeviceptr) -> Result<()> {
+    // SAFETY: memory of cuMemAlloc that nothing uses any more (see above).
+    unsafe { driver_call!(cuMemFree_v2(ptr)) }
+}
+
+/// `cuMemFreeAsync`: frees device memory in stream order on `stream`: once the work queued there before it has
+/// run.
+///
+/// # Safety
+/// `ptr` must come from [`mem_alloc_async`] (or [`mem_alloc`]) and not be freed already; every use of it must be
+/// ordered before the free on `stream` (queued there before, or waited for by it), and none may follow.
+pub(crate) unsafe fn mem_free_async(ptr: CUdeviceptr, stream: CUstream) -> Result<()> {
+    // SAFETY: an allocation whose uses are all ordered before the free (see above), and a live stream.
+    unsafe { driver_call!(cuMemFreeAsync(ptr, stream)) }
+}
+
+/// `cuMemHostAlloc`: `bytes` of page-locked host memory (not initialised); free it with [`mem_free_host`].
+pub(crate) fn mem_host_alloc(bytes: usize, flags: u32) -> Result<*mut c_void> {
+    let mut ptr = std::ptr::null_mut();
+    // SAFETY: an out-pointer to a local.
+    unsafe { driver_call!(cuMemHostAlloc(&mut ptr, bytes, flags)) }?;
+    Ok(ptr)
+}
+
+/// `cuMemFreeHost`: frees page-locked memory of [`mem_host_alloc`]. Waits for all work on the device first.
+///
+/// # Safety
+/// `ptr` must come from [`mem_host_alloc`], not be freed already, and nothing (device work, the host) may use
+/// the memory any more.
+pub(crate) unsafe fn mem_free_host(ptr: *mut c_void) -> Result<()> {
+    // SAFETY: memory of cuMemHostAlloc that nothing uses any more (see above).
+    unsafe { driver_call!(cuMemFreeHost(ptr)) }
+}
+
+/// `cuMemHostRegister_v2`: page-locks `bytes` of host memory at `ptr` in place; undo it with
+/// [`mem_host_unregister`].
+///
+/// # Safety
+/// `ptr` must point to `bytes` bytes of a live allocation that stays allocated, and is not moved or freed,
+/// until it is unregistered.
+pub(crate) unsafe fn mem_host_register(ptr: *mut c_void, bytes: usize, flags: u32) -> Result<()> {
+    // SAFETY: a live range that outlives its registration (see above).
+    unsafe { driver_call!(cuMemHostRegister_v2(ptr, bytes, flags)) }
+}
+
+/// `cuMemHostUnregister`: unpins host memory of [`mem_host_register`]. Waits for all work on the device first.
+///
+/// # Safety
+/// `ptr` must be the start of a range registered with [`mem_host_register`] and not unregistered already, and
+/// no device work may use the range any more.
+pub(crate) unsafe fn mem_host_unregister(ptr: *mut c_void) -> Result<()> {
+    // SAFETY: a registered range that no device work uses any more (see above).
+    unsafe { driver_call!(cuMemHostUnregister(ptr)) }
+}
+
+/// `cuMemcpyHtoDAsync_v2`: enqueues on `stream` a copy of `bytes` from host memory at `src` to device memory at
+/// `dst`. Returns at once, unless `src` is pageable memory (the driver then stages it, and may block).
+///
+/// # Safety
+/// `src` must be `bytes` readable bytes and `dst` `bytes` bytes of device memory of `stream`'s context, both
+/// staying allocated, and `src` unwritten and `dst` unused by anything else, until the copy has completed; the
+/// copy must be ordered after conflicting work on either range.
+pub(crate) unsafe fn memcpy_htod_async(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    bytes: usize,
+    stream: CUstream,
+) -> Result<()> {
+    // SAFETY: two ranges valid until the copy completes, and a live stream (see above).
+    unsafe { driver_call!(cuMemcpyHtoDAsync_v2(dst, src, bytes, stream)) }
+}
+
+/// `cuMemcpyDtoHAsync_v2`: enqueues on `stream` a copy of `bytes` from device memory at `src` to host memory at
+/// `dst`. Returns at once, unless `dst` is pageable memory (the driver then stages it, and may block).
+///
+/// # Safety
+/// `dst` must be `bytes` writable bytes, and any bytes a valid value of what the caller reads there, and `src`
+/// `bytes` bytes of device memory of `stream`'s context, both staying allocated, and `dst` untouched by anything
+/// else and `src` unwritten, until the copy has completed; the copy must be ordered after conflicting work on
+/// either range.
+pub(crate) unsafe fn memcpy_dtoh_async(
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    bytes: usize,
+    stream: CUstream,
+) -> Result<()> {
+    // SAFETY: two ranges valid until the copy completes, and a live stream (see above).
+    unsafe { driver_call!(cuMemcpyDtoHAsync_v2(dst, src, bytes, stream)) }
+}
+
+/// `cuMemcpyDtoDAsync_v2`: enqueues on `stream` a copy of `bytes` between two ranges of device memory. Returns at
+/// once.
+///
+/// # Safety
+/// `src` and `dst` must be `bytes` bytes each of device memory of `stream`'s context, staying allocated until
+/// the copy has completed, and the copy ordered after conflicting work on either range.
+pub(crate) unsafe fn memcpy_dtod_async(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    bytes: usize,
+    stream: CUstream,
+) -> Result<()> {
+    // SAFETY: two ranges valid until the copy completes, and a live stream (see above).
+    unsafe { driver_call!(cuMemcpyDtoDAsync_v2(dst, src, bytes, stream)) }
+}
+
+/// `cuMemsetD8Async`: enqueues on `stream` the setting of `bytes` bytes of device memory at `dst` to `value`.
+/// Returns at once.
+///
+/// # Safety
+/// `dst` must be `bytes` bytes of device memory of `stream`'s context, staying allocated until the memset has
+/// completed, and the memset ordered after conflicting work on the range.
+pub(crate) unsafe fn memset_d8_async(
+    dst: CUdeviceptr,
+    value: u8,
+    bytes: usize,
+    stream: CUstream,
+) -> Result<()> {
+    // SAFETY: a range valid until the memset completes, and a live stream (see above).
+    unsafe { driver_call!(cuMemsetD8Async(dst, value, bytes, stream)) }
+}
