@@ -1,0 +1,18 @@
+//! Twin of compile_fail/buffer_assigned_under_view.rs: the buffer is overwritten after the view's last use.
+use cuda_pinned::{Context, DeviceBuffer, Pinned, Stream};
+
+fn run() -> cuda_pinned::Result<()> {
+    let context = Context::on(0)?;
+    let stream = Stream::new(&context)?;
+    let mut host = Pinned::<f32>::zeroed(&context, 4)?;
+    let mut device = DeviceBuffer::<f32>::zeroed(&stream, 4)?;
+    let view = device.slice(..)?;
+    stream.download(&view, &mut host)?;
+    device = DeviceBuffer::zeroed(&stream, 4)?;
+    drop(device);
+    Ok(())
+}
+
+fn main() {
+    let _ = run;
+}
