@@ -40,12 +40,13 @@ use crate::driver::Stream;
 use crate::driver::calls;
 use crate::error::{Error, Result};
 use crate::memory::{
-    Bytes, DeviceBuffer, DeviceView, DeviceViewMut, Gpu, Pinned, PinnedView, PinnedViewMut,
-    Registered, Track, lock,
+    DeviceBuffer, DeviceView, DeviceViewMut, Gpu, Pinned, PinnedView, PinnedViewMut, Registered,
+    Track, lock,
 };
 use crate::profile::Category;
 use crate::sys::CUdeviceptr;
 use crate::track::Access;
+use crate::units::Bytes;
 
 /// What a tracked operation is, for the stream's ledger.
 #[derive(Clone, Copy, Debug)]

@@ -7,6 +7,7 @@
 use std::fmt;
 
 use crate::sys::{self, CUresult, cudaError_t};
+use crate::units::Bytes;
 
 /// `Result<T, cuda_pinned::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -176,9 +177,9 @@ impl fmt::Display for Error {
                 write!(
                     f,
                     "the pinned pool cannot serve {} within its budget of {} ({} held now)",
-                    crate::memory::Bytes(*requested),
-                    crate::memory::Bytes(*budget),
-                    crate::memory::Bytes(*reserved)
+                    Bytes(*requested),
+                    Bytes(*budget),
+                    Bytes(*reserved)
                 )?;
                 if waited.is_zero() {
                     f.write_str(

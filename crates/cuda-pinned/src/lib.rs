@@ -86,6 +86,7 @@ pub mod prefetch;
 pub mod profile;
 pub mod staging;
 mod track;
+mod units;
 
 pub use copy::{DeviceDestination, DeviceSource, PinnedDestination, PinnedSource};
 pub use driver::{Context, Device, Event, Stream};

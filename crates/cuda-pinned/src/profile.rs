@@ -15,7 +15,7 @@ use std::time::Duration;
 use crate::driver::Event;
 use crate::driver::Stream;
 use crate::error::Result;
-use crate::memory::Bytes;
+use crate::units::Bytes;
 
 /// What a ledger entry timed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]

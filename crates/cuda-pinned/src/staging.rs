@@ -48,8 +48,9 @@ use crate::copy::{DeviceDestination, DeviceSource, Work};
 use crate::driver::Stream;
 use crate::driver::calls;
 use crate::error::{Error, Result};
-use crate::memory::{Bytes, Pinned, PinnedPool};
+use crate::memory::{Pinned, PinnedPool};
 use crate::profile::Category;
+use crate::units::Bytes;
 
 /// The most worker threads one staged transfer starts, whatever [`StagingOptions::threads`] asks. One thread
 /// copies about 8 GB/s into pinned memory, so a handful already match a PCIe link (on a 16-core H100 host, 16

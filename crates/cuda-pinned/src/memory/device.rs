@@ -7,12 +7,13 @@ use bytemuck::Pod;
 
 use super::host::check_alignment;
 use super::release::release_host;
-use super::{Bytes, Gpu, Track, byte_len, lock};
+use super::{Gpu, Track, byte_len, lock};
 use crate::driver::Context;
 use crate::driver::Stream;
 use crate::driver::calls;
 use crate::error::Result;
 use crate::sys::CUdeviceptr;
+use crate::units::Bytes;
 
 /// The alignment the driver guarantees for device allocations (`cuMemAlloc`, `cuMemAllocAsync`).
 const ALIGNMENT: usize = 256;

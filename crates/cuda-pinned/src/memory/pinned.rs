@@ -9,13 +9,14 @@ use bytemuck::Pod;
 use super::host::{HostRegion, check_alignment};
 use super::pool::Loan;
 use super::release::release_host;
-use super::{Bytes, Track, byte_len};
+use super::{Track, byte_len};
 use crate::driver::Context;
 use crate::driver::calls;
 use crate::error::Result;
 use crate::sys::{
     CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_WRITECOMBINED,
 };
+use crate::units::Bytes;
 
 /// The alignment the driver guarantees for `cuMemHostAlloc`: a page.
 const PAGE: usize = 4096;

@@ -8,10 +8,11 @@ use bytemuck::Pod;
 
 use super::host::HostRegion;
 use super::release::release_host;
-use super::{Bytes, Gpu, Track, lock};
+use super::{Gpu, Track, lock};
 use crate::driver::Context;
 use crate::driver::calls;
 use crate::error::Result;
+use crate::units::Bytes;
 
 /// A `Vec<T>` page-locked in place, so it can be the host side of asynchronous copies like [`crate::Pinned`].
 /// (A `Vec<T>` is always aligned for `T`, so any element type is accepted.)

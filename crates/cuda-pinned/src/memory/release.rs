@@ -23,9 +23,10 @@
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
-use super::{Bytes, Gpu, GpuTracker};
+use super::{Gpu, GpuTracker};
 use crate::driver::Context;
 use crate::error::{Error, Result};
+use crate::units::Bytes;
 
 /// Unpins and frees a block of host memory (or frees device memory); run once, when no device work uses it,
 /// with the block's context current.

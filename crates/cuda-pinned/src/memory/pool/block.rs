@@ -9,8 +9,9 @@ use super::{PAGE, Pinning};
 use crate::driver::Context;
 use crate::driver::calls;
 use crate::error::{Error, Result};
+use crate::memory::GpuTracker;
 use crate::memory::release::release_host;
-use crate::memory::{Bytes, GpuTracker};
+use crate::units::Bytes;
 
 /// A block of pinned memory, owned by the pool.
 pub(crate) struct Block {
