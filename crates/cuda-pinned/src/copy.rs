@@ -36,19 +36,18 @@ use std::ffi::c_void;
 use bytemuck::Pod;
 
 use crate::driver::Context;
-use crate::driver::Stream;
 use crate::driver::calls;
+use crate::driver::{Category, Stream};
 use crate::error::{Error, Result};
 use crate::memory::{
     DeviceBuffer, DeviceView, DeviceViewMut, Gpu, Pinned, PinnedView, PinnedViewMut, Registered,
     Track, lock,
 };
-use crate::profile::Category;
 use crate::sys::CUdeviceptr;
 use crate::track::Access;
 use crate::units::Bytes;
 
-/// What a tracked operation is, for the stream's ledger.
+/// What a tracked operation is, for the stream's observer (its ledger).
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Work {
     /// Timed as `category`, named (empty for none), moving `bytes`.
@@ -399,7 +398,7 @@ impl Stream {
         self.tracked_as(Work::Untimed, read, write, enqueue)
     }
 
-    /// [`Stream::tracked`] for work that the stream's ledger, if it has one, times as `work`.
+    /// [`Stream::tracked`] for work that the stream's observer (its ledger), if it has one, is told of as `work`.
     pub(crate) fn tracked_as(
         &self,
         work: Work,
@@ -437,7 +436,7 @@ impl Stream {
         // Recorded even if the enqueue failed: it may have enqueued part of its work (the checksum launcher
         // enqueues a memset, then the kernel), and recording a use that did not happen is only conservative.
         let enqueued = match work {
-            Work::Timed(category, name, bytes) => self.profiled(category, name, bytes, enqueue),
+            Work::Timed(category, name, bytes) => self.timed(category, name, bytes, enqueue),
             Work::Untimed => enqueue(),
         };
         let mark = segment.mark();

@@ -76,10 +76,9 @@ mod launch {
 
     use crate::copy::{DeviceDestination, DeviceSource, Work};
     use crate::driver::Context;
-    use crate::driver::Stream;
+    use crate::driver::{Category, Stream};
     use crate::error::{Error, Result};
     use crate::kernels_ffi as raw;
-    use crate::profile::Category;
 
     /// The loading of the kernels into one device's primary context: `None` while it runs.
     #[derive(Default)]

@@ -7,45 +7,17 @@
 //! hidden under kernels running at the same time. On a stream without a ledger nothing is recorded: the cost is
 //! one branch per operation.
 
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::driver::Event;
-use crate::driver::Stream;
+pub use crate::driver::Category;
+use crate::driver::stream::WorkObserver;
+use crate::driver::{Context, Event, Stream};
 use crate::error::Result;
 use crate::units::Bytes;
-
-/// What a ledger entry timed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[non_exhaustive]
-pub enum Category {
-    /// Host to device.
-    Upload,
-    /// Device to host.
-    Download,
-    /// Device to device.
-    DeviceCopy,
-    /// A kernel (or other device work wrapped in [`Stream::profile`]).
-    #[default]
-    Kernel,
-}
-
-impl Category {
-    fn label(self) -> &'static str {
-        match self {
-            Category::Upload => "upload",
-            Category::Download => "download",
-            Category::DeviceCopy => "device copy",
-            Category::Kernel => "kernel",
-        }
-    }
-
-    fn is_transfer(self) -> bool {
-        !matches!(self, Category::Kernel)
-    }
-}
 
 /// One timed piece of work.
 struct Entry {
@@ -147,6 +119,36 @@ impl Ledger {
 
     fn push(&self, entry: Entry) {
         self.lock().push(entry);
+    }
+}
+
+/// A stream made [`Stream::with_ledger`] brackets each piece of the crate's work with two timing events, and the
+/// ledger keeps them.
+impl WorkObserver for Ledger {
+    fn begin(&self, stream: &Stream) -> Result<Event> {
+        let start = Event::new(stream.context())?;
+        start.record(stream)?;
+        Ok(start)
+    }
+
+    fn end(
+        &self,
+        stream: &Stream,
+        start: Event,
+        category: Category,
+        name: &'static str,
+        bytes: usize,
+    ) -> Result<()> {
+        let end = Event::new(stream.context())?;
+        end.record(stream)?;
+        self.push(Entry {
+            category,
+            name,
+            bytes,
+            start,
+            end,
+        });
+        Ok(())
     }
 }
 
@@ -282,6 +284,22 @@ impl fmt::Display for LedgerReport {
 }
 
 impl Stream {
+    /// A new non-blocking stream of default priority whose copies and kernels are timed in `ledger` (see
+    /// [`crate::profile`]).
+    ///
+    /// # Errors
+    /// The driver's.
+    pub fn with_ledger(context: &Context, ledger: &Ledger) -> Result<Stream> {
+        Stream::with_observer(context, Box::new(ledger.clone()))
+    }
+
+    /// The ledger this stream's work is timed in, if any.
+    #[must_use]
+    pub fn ledger(&self) -> Option<&Ledger> {
+        let observer: &dyn Any = self.observer()?;
+        observer.downcast_ref()
+    }
+
     /// Runs `work`, which enqueues device work on this stream, between two timing events recorded in the
     /// stream's ledger as a kernel named `name` (with `bytes` as its size). Without a ledger, just runs `work`.
     /// Use it for your own kernels, so that the report counts them. The crate's own launchers inside `work` are
@@ -299,33 +317,7 @@ impl Stream {
         bytes: usize,
         work: impl FnOnce() -> Result<R>,
     ) -> Result<R> {
-        self.untracked(|| self.profiled(Category::Kernel, name, bytes, work))
-    }
-
-    /// Runs `work` between two timing events recorded in the stream's ledger, if it has one.
-    pub(crate) fn profiled<R>(
-        &self,
-        category: Category,
-        name: &'static str,
-        bytes: usize,
-        work: impl FnOnce() -> Result<R>,
-    ) -> Result<R> {
-        let Some(ledger) = self.ledger() else {
-            return work();
-        };
-        let start = Event::new(self.context())?;
-        start.record(self)?;
-        let result = work()?;
-        let end = Event::new(self.context())?;
-        end.record(self)?;
-        ledger.push(Entry {
-            category,
-            name,
-            bytes,
-            start,
-            end,
-        });
-        Ok(result)
+        self.untracked(|| self.timed(Category::Kernel, name, bytes, work))
     }
 }
 

@@ -45,11 +45,10 @@ use std::thread::{Scope, ScopedJoinHandle};
 use bytemuck::Pod;
 
 use crate::copy::{DeviceDestination, DeviceSource, Work};
-use crate::driver::Stream;
 use crate::driver::calls;
+use crate::driver::{Category, Stream};
 use crate::error::{Error, Result};
 use crate::memory::{Pinned, PinnedPool};
-use crate::profile::Category;
 use crate::units::Bytes;
 
 /// The most worker threads one staged transfer starts, whatever [`StagingOptions::threads`] asks. One thread

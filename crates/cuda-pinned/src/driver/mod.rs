@@ -9,4 +9,4 @@ pub(crate) mod stream;
 pub use context::Context;
 pub use device::Device;
 pub use event::Event;
-pub use stream::Stream;
+pub use stream::{Category, Stream};

@@ -1,5 +1,6 @@
 //! CUDA streams: queues of device work that run in order, concurrently with other streams.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -8,7 +9,6 @@ use super::context::Context;
 use super::event::Event;
 use crate::error::{Error, Result};
 use crate::memory::SegmentLock;
-use crate::profile::Ledger;
 use crate::sys::{CUstream, CUstream_flags};
 
 /// A stream of a context: cheap to clone, and every clone is the same stream.
@@ -24,10 +24,67 @@ pub(crate) struct Inner {
     /// Whether the crate created the stream (and destroys it), or borrowed it through `from_raw`.
     owned: bool,
     context: Context,
-    /// Where the stream's copies and kernels are timed, if anywhere (opt-in: `with_ledger`).
-    ledger: Option<Ledger>,
+    /// What the stream's copies and kernels are told to, if anything (opt-in: `with_ledger`).
+    observer: Option<Box<dyn WorkObserver>>,
     /// The segment of the stream's work that the crate's next operation joins (see `memory/marks.rs`).
     segment: SegmentLock,
+}
+
+/// What a ledger entry timed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum Category {
+    /// Host to device.
+    Upload,
+    /// Device to host.
+    Download,
+    /// Device to device.
+    DeviceCopy,
+    /// A kernel (or other device work wrapped in [`Stream::profile`]).
+    #[default]
+    Kernel,
+}
+
+impl Category {
+    /// The category's name in a report.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Category::Upload => "upload",
+            Category::Download => "download",
+            Category::DeviceCopy => "device copy",
+            Category::Kernel => "kernel",
+        }
+    }
+
+    /// Whether it is a copy.
+    pub(crate) fn is_transfer(self) -> bool {
+        !matches!(self, Category::Kernel)
+    }
+}
+
+/// What a stream tells of the work the crate enqueues on it, where it was made with one: the hook that the time
+/// ledger implements ([`Stream::with_ledger`]), so that the stream knows nothing of what is done with it.
+pub(crate) trait WorkObserver: Any + Send + Sync {
+    /// Called on `stream` right before a piece of work is enqueued there; returns what [`WorkObserver::end`]
+    /// needs to time it: an event recorded now.
+    ///
+    /// # Errors
+    /// The driver's; the work is not enqueued then.
+    fn begin(&self, stream: &Stream) -> Result<Event>;
+
+    /// Called on `stream` right after the work (of `category`, named `name` or `""`, on `bytes`) was enqueued
+    /// without error, with what [`WorkObserver::begin`] returned for it.
+    ///
+    /// # Errors
+    /// The driver's.
+    fn end(
+        &self,
+        stream: &Stream,
+        start: Event,
+        category: Category,
+        name: &'static str,
+        bytes: usize,
+    ) -> Result<()>;
 }
 
 // SAFETY: a CUstream is a driver handle usable from any thread; the driver orders and synchronises its use.
@@ -55,16 +112,22 @@ impl Stream {
         Stream::create(context, Some(priority), None)
     }
 
-    /// A new non-blocking stream of default priority whose copies and kernels are timed in `ledger` (see
-    /// [`crate::profile`]).
+    /// A new non-blocking stream of default priority whose copies and kernels are told to `observer`.
     ///
     /// # Errors
     /// The driver's.
-    pub fn with_ledger(context: &Context, ledger: &Ledger) -> Result<Stream> {
-        Stream::create(context, None, Some(ledger.clone()))
+    pub(crate) fn with_observer(
+        context: &Context,
+        observer: Box<dyn WorkObserver>,
+    ) -> Result<Stream> {
+        Stream::create(context, None, Some(observer))
     }
 
-    fn create(context: &Context, priority: Option<i32>, ledger: Option<Ledger>) -> Result<Stream> {
+    fn create(
+        context: &Context,
+        priority: Option<i32>,
+        observer: Option<Box<dyn WorkObserver>>,
+    ) -> Result<Stream> {
         let _current = context.enter()?;
         let flags = CUstream_flags::CU_STREAM_NON_BLOCKING.0;
         // The context is current; destroyed in Inner's Drop.
@@ -77,7 +140,7 @@ impl Stream {
             raw,
             owned: true,
             context: context.clone(),
-            ledger,
+            observer,
             segment: SegmentLock::default(),
         }))
     }
@@ -96,7 +159,7 @@ impl Stream {
             raw,
             owned: false,
             context: context.clone(),
-            ledger: None,
+            observer: None,
             segment: SegmentLock::default(),
         }))
     }
@@ -106,10 +169,30 @@ impl Stream {
         &self.0.segment
     }
 
-    /// The ledger this stream's work is timed in, if any.
-    #[must_use]
-    pub fn ledger(&self) -> Option<&Ledger> {
-        self.0.ledger.as_ref()
+    /// What this stream's work is told to, if anything.
+    pub(crate) fn observer(&self) -> Option<&dyn WorkObserver> {
+        self.0.observer.as_deref()
+    }
+
+    /// Runs `work`, which enqueues work of `category` (named `name`, on `bytes`) on this stream, between the
+    /// hooks of the stream's observer, if it has one.
+    ///
+    /// # Errors
+    /// `work`'s, or the observer's.
+    pub(crate) fn timed<R>(
+        &self,
+        category: Category,
+        name: &'static str,
+        bytes: usize,
+        work: impl FnOnce() -> Result<R>,
+    ) -> Result<R> {
+        let Some(observer) = self.observer() else {
+            return work();
+        };
+        let start = observer.begin(self)?;
+        let result = work()?;
+        observer.end(self, start, category, name, bytes)?;
+        Ok(result)
     }
 
     /// Wraps a stream made elsewhere (another library, the CUDA runtime). The crate never destroys it.
@@ -141,7 +224,7 @@ impl Stream {
             raw,
             owned: false,
             context: context.clone(),
-            ledger: None,
+            observer: None,
             segment: SegmentLock::default(),
         }))
     }
