@@ -40,21 +40,11 @@ use crate::driver::calls;
 use crate::driver::{Category, Stream};
 use crate::error::{Error, Result};
 use crate::memory::{
-    DeviceBuffer, DeviceView, DeviceViewMut, Gpu, Pinned, PinnedView, PinnedViewMut, Registered,
-    Track, lock,
+    DeviceBuffer, DeviceView, DeviceViewMut, Pinned, PinnedView, PinnedViewMut, Registered, Track,
+    Work,
 };
 use crate::sys::CUdeviceptr;
-use crate::track::Access;
 use crate::units::Bytes;
-
-/// What a tracked operation is, for the stream's observer (its ledger).
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Work {
-    /// Timed as `category`, named (empty for none), moving `bytes`.
-    Timed(Category, &'static str, usize),
-    /// Not timed: bookkeeping that enqueues no work of its own.
-    Untimed,
-}
 
 pub(crate) mod sealed {
     use super::{CUdeviceptr, Context, Track, c_void};
@@ -385,68 +375,6 @@ impl Stream {
                 self.context().device().ordinal()
             )))
         }
-    }
-
-    /// Runs `enqueue` between the trackers' `prepare` and `record_use`: the work waits for every conflicting
-    /// use on other streams, and is recorded (even if the enqueue failed partway).
-    pub(crate) fn tracked(
-        &self,
-        read: Option<&Track>,
-        write: Option<&Track>,
-        enqueue: impl FnOnce() -> Result<()>,
-    ) -> Result<()> {
-        self.tracked_as(Work::Untimed, read, write, enqueue)
-    }
-
-    /// [`Stream::tracked`] for work that the stream's observer (its ledger), if it has one, is told of as `work`.
-    pub(crate) fn tracked_as(
-        &self,
-        work: Work,
-        read: Option<&Track>,
-        write: Option<&Track>,
-        enqueue: impl FnOnce() -> Result<()>,
-    ) -> Result<()> {
-        // No `Context::enter` here: stream-ordered copies and waits take their context from the stream (a raw
-        // copy from a thread with no current context was measured to work, driver 580), and skipping the
-        // get/push/pop saves about 0.1 us per copy. What needs a current context enters it itself (creating an
-        // event, a kernel launch through the runtime).
-        // While this work is being queued, the release thread cannot find the device idle (memory/release.rs).
-        let _gate = self.context().enqueue_gate();
-        // One allocation read and written (two views of it) is a write: lock it once.
-        let read = read.filter(|r| !write.is_some_and(|w| std::ptr::eq(*r, w)));
-        // The written buffer is borrowed exclusively, so no other thread locks it: taking it first cannot
-        // deadlock with a thread that holds the read one.
-        let mut write = write.map(lock);
-        let mut read = read.map(lock);
-        if let Some(r) = read.as_mut() {
-            r.prepare(&Gpu, self, Access::Read)?;
-        }
-        if let Some(w) = write.as_mut() {
-            w.prepare(&Gpu, self, Access::Write)?;
-        }
-        // The stream's segment, locked until the uses are recorded; closed first unless this work replaces
-        // every entry that holds it (see `memory/marks.rs`).
-        let segment = self.begin(|current| {
-            read.as_ref()
-                .map_or(0, |r| r.replaced_at(self, current, Access::Read))
-                + write
-                    .as_ref()
-                    .map_or(0, |w| w.replaced_at(self, current, Access::Write))
-        })?;
-        // Recorded even if the enqueue failed: it may have enqueued part of its work (the checksum launcher
-        // enqueues a memset, then the kernel), and recording a use that did not happen is only conservative.
-        let enqueued = match work {
-            Work::Timed(category, name, bytes) => self.timed(category, name, bytes, enqueue),
-            Work::Untimed => enqueue(),
-        };
-        let mark = segment.mark();
-        if let Some(r) = read.as_mut() {
-            r.record_use(self, &mark, Access::Read);
-        }
-        if let Some(w) = write.as_mut() {
-            w.record_use(self, &mark, Access::Write);
-        }
-        enqueued
     }
 
     /// Blocks until the work enqueued on this stream has completed, for the pageable copies, which must not

@@ -74,11 +74,12 @@ mod launch {
 
     use bytemuck::Pod;
 
-    use crate::copy::{DeviceDestination, DeviceSource, Work};
+    use crate::copy::{DeviceDestination, DeviceSource};
     use crate::driver::Context;
     use crate::driver::{Category, Stream};
     use crate::error::{Error, Result};
     use crate::kernels_ffi as raw;
+    use crate::memory::Work;
 
     /// The loading of the kernels into one device's primary context: `None` while it runs.
     #[derive(Default)]
@@ -284,7 +285,7 @@ mod launch {
         let ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
         loaded(stream)?;
         let _current = stream.context().enter()?;
-        // Tracked with no buffers: the crate's marks on this stream are kept before it (memory/marks.rs).
+        // Tracked with no buffers: the crate's marks on this stream are kept before it (driver/marks.rs).
         let work = Work::Timed(Category::Kernel, "spin", 0);
         stream.tracked_as(work, None, None, || {
             // SAFETY: a live stream; the kernel touches no memory.

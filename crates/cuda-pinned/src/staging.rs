@@ -44,11 +44,11 @@ use std::thread::{Scope, ScopedJoinHandle};
 
 use bytemuck::Pod;
 
-use crate::copy::{DeviceDestination, DeviceSource, Work};
+use crate::copy::{DeviceDestination, DeviceSource};
 use crate::driver::calls;
 use crate::driver::{Category, Stream};
 use crate::error::{Error, Result};
-use crate::memory::{Pinned, PinnedPool};
+use crate::memory::{Pinned, PinnedPool, Work};
 use crate::units::Bytes;
 
 /// The most worker threads one staged transfer starts, whatever [`StagingOptions::threads`] asks. One thread

@@ -27,7 +27,7 @@ struct Inner {
     /// Errors that a destructor met and could not return (a failed wait before a release, say): kept for
     /// [`Context::check_deferred_errors`] rather than lost or turned into a panic.
     deferred: Mutex<Vec<Error>>,
-    /// Events for ordering, recorded without timing, ready for reuse (see `memory/marks.rs`).
+    /// Events for ordering, recorded without timing, ready for reuse (see `marks.rs`).
     events: Mutex<Vec<CUevent>>,
     /// The streams made in the context, so that `synchronize` can close their segments.
     streams: Mutex<Vec<Weak<super::stream::Inner>>>,
@@ -246,7 +246,7 @@ impl Context {
     #[doc(alias = "cuCtxSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
         // Work other code enqueues afterwards must not delay what the crate's buffers wait for (see
-        // `memory/marks.rs`). A failure to close only makes later waits less precise.
+        // `marks.rs`). A failure to close only makes later waits less precise.
         let streams = lock(&self.0.streams).clone();
         let closed = super::stream::close_segments(&streams);
         drop(streams);

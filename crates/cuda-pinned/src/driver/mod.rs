@@ -4,6 +4,7 @@ pub(crate) mod calls;
 pub(crate) mod context;
 mod device;
 mod event;
+pub(crate) mod marks;
 pub(crate) mod stream;
 
 pub use context::Context;

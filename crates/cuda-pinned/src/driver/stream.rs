@@ -7,8 +7,8 @@ use std::sync::Arc;
 use super::calls;
 use super::context::Context;
 use super::event::Event;
+use super::marks::{Mark, PooledEvent, SegmentGuard, SegmentLock};
 use crate::error::{Error, Result};
-use crate::memory::SegmentLock;
 use crate::sys::{CUstream, CUstream_flags};
 
 /// A stream of a context: cheap to clone, and every clone is the same stream.
@@ -26,7 +26,7 @@ pub(crate) struct Inner {
     context: Context,
     /// What the stream's copies and kernels are told to, if anything (opt-in: `with_ledger`).
     observer: Option<Box<dyn WorkObserver>>,
-    /// The segment of the stream's work that the crate's next operation joins (see `memory/marks.rs`).
+    /// The segment of the stream's work that the crate's next operation joins (see `marks.rs`).
     segment: SegmentLock,
 }
 
@@ -164,11 +164,6 @@ impl Stream {
         }))
     }
 
-    /// The lock of the stream's current segment (see `memory/marks.rs`).
-    pub(crate) fn segment_lock(&self) -> &SegmentLock {
-        &self.0.segment
-    }
-
     /// What this stream's work is told to, if anything.
     pub(crate) fn observer(&self) -> Option<&dyn WorkObserver> {
         self.0.observer.as_deref()
@@ -296,7 +291,119 @@ impl Stream {
     }
 }
 
-/// Closes the current segment of every stream still alive in `streams` (see `memory/marks.rs`), as the context
+/// The stream's side of marks (see `marks.rs`). Lock order: a buffer's tracker, then one stream's segment lock
+/// at a time (a thread may take a lock it holds again, see [`SegmentLock`]).
+impl Stream {
+    /// Locks the stream's current segment.
+    pub(crate) fn segment(&self) -> SegmentGuard<'_> {
+        self.0.segment.lock()
+    }
+
+    /// Closes the current segment if any entry holds it (records its event), so that what the caller enqueues
+    /// next does not delay that event.
+    ///
+    /// # Errors
+    /// The driver's, from recording the event; nothing is closed then, and the caller must not enqueue.
+    pub(crate) fn close_segment(&self) -> Result<()> {
+        let guard = self.segment();
+        let mut current = guard.current();
+        if current.holders() > 0 {
+            self.close(&mut current)?;
+        }
+        Ok(())
+    }
+
+    /// Runs `enqueue`, which enqueues on this stream work the crate does not track (another library's, a
+    /// user's kernel, a wait for a user's event), keeping the crate's marks precise around it: the current
+    /// segment is closed first, and the segment stays locked while `enqueue` runs, so that no operation of the
+    /// crate from another thread lands among that work (`enqueue` may call the crate itself). The device's
+    /// gate is held throughout.
+    ///
+    /// # Errors
+    /// The driver's, from closing the segment; `enqueue`'s.
+    pub(crate) fn untracked<R>(&self, enqueue: impl FnOnce() -> Result<R>) -> Result<R> {
+        let _gate = self.context().enqueue_gate();
+        let _segment = self.segment();
+        self.close_segment()?;
+        enqueue()
+    }
+
+    /// Starts an operation of the crate on this stream: closes the current segment unless the only entries that
+    /// hold it are the `replaced` ones the operation will replace (count them with
+    /// `Tracker::replaced_at`), and returns the segment, locked, for the operation's entries to join
+    /// ([`SegmentGuard::mark`]). Hold the guard from before the enqueue until the entries are recorded.
+    ///
+    /// # Errors
+    /// The driver's, from recording the event; the caller must not enqueue then.
+    pub(crate) fn begin(&self, replaced: impl FnOnce(&Mark) -> usize) -> Result<SegmentGuard<'_>> {
+        let guard = self.segment();
+        {
+            let mut current = guard.current();
+            let replaced = replaced(&current);
+            if current.holders() > replaced {
+                self.close(&mut current)?;
+            }
+        }
+        Ok(guard)
+    }
+
+    /// Records the current segment's event now and starts a new segment.
+    fn close(&self, current: &mut Mark) -> Result<()> {
+        let event = PooledEvent::record(self.context(), self.as_raw())?;
+        // Only a closed segment has an event, and only `close` sets one, under the segment lock.
+        current.set_event(event);
+        *current = Mark::default();
+        Ok(())
+    }
+
+    /// The event to wait for to see the work before `mark` (a mark of this stream) complete: its segment's,
+    /// closing the segment now if it is still the current one; `None` when that work is known complete. With
+    /// `query`, an open segment on a stream found idle is complete and needs no event.
+    ///
+    /// # Errors
+    /// The driver's, from querying the stream or recording the event.
+    pub(crate) fn event_of<'m>(
+        &self,
+        mark: &'m Mark,
+        query: bool,
+    ) -> Result<Option<&'m PooledEvent>> {
+        if mark.is_complete() {
+            return Ok(None);
+        }
+        if let Some(event) = mark.event() {
+            return Ok(Some(event));
+        }
+        let guard = self.segment();
+        let mut current = guard.current();
+        // Closed, or found complete, by another thread since the checks above?
+        if mark.is_complete() {
+            return Ok(None);
+        }
+        if let Some(event) = mark.event() {
+            return Ok(Some(event));
+        }
+        if *current != *mark {
+            // Every segment but the current one was closed with an event (only `close` starts a new one, after
+            // setting it) or found complete, so this cannot happen. Were it to, an event recorded now is late
+            // but never early: the work before the mark precedes it.
+            debug_assert!(
+                false,
+                "a segment left open that is not its stream's current one"
+            );
+            mark.set_event(PooledEvent::record(self.context(), self.as_raw())?);
+            return Ok(mark.event());
+        }
+        if query && self.query()? {
+            mark.set_complete();
+            *current = Mark::default();
+            return Ok(None);
+        }
+        self.close(&mut current)?;
+        Ok(mark.event())
+    }
+}
+
+/// Closes the current segment of every stream still alive in `streams` (see `marks.rs`), as the context
 /// does before it synchronizes. Tries every stream; returns the first error.
 pub(crate) fn close_segments(streams: &[std::sync::Weak<Inner>]) -> Result<()> {
     let mut first = Ok(());

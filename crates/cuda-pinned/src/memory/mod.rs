@@ -6,43 +6,26 @@
 
 mod device;
 mod host;
-mod marks;
 mod pinned;
 mod pool;
 mod registered;
 mod release;
+mod tracked;
 mod view;
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
-
 pub use device::DeviceBuffer;
-pub(crate) use marks::{Gpu, Mark, SegmentLock};
 pub use pinned::{Pinned, PinnedBuilder};
 pub use pool::{PinnedPool, Pinning, PoolBuilder, PoolStats, WhenFull};
 pub use registered::Registered;
 pub(crate) use release::flush_releases;
+pub use tracked::Track;
+pub(crate) use tracked::{Gpu, GpuTracker, Work, lock};
 pub use view::{DeviceView, DeviceViewMut, PinnedView, PinnedViewMut};
 // The pure parts the fuzz targets reach through `crate::fuzzing`.
 #[cfg(any(test, fuzzing))]
 pub(crate) use {pool::state as pool_state, view::bounds as view_bounds};
 
-use crate::driver::Stream;
 use crate::error::{Error, Result};
-use crate::track::Tracker;
-
-/// The tracker of a buffer on the real device.
-pub(crate) type GpuTracker = Tracker<Stream, Mark>;
-
-/// A buffer's record of the work in flight on it, shared by the buffer and its views. (`pub` only so that the
-/// sealed copy traits can name it; the module is private, so users cannot.)
-#[derive(Default)]
-pub struct Track(Mutex<GpuTracker>);
-
-/// Locks a buffer's tracker. A panic while it was held (only possible from a bug in the tracker) leaves the
-/// state conservative, so the lock is taken over rather than propagated.
-pub(crate) fn lock(track: &Track) -> MutexGuard<'_, GpuTracker> {
-    track.0.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// The size in bytes of `len` elements of `T`, or an error naming `what` if it overflows.
 pub(crate) fn byte_len<T>(len: usize, what: &str) -> Result<usize> {

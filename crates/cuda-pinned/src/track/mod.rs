@@ -12,7 +12,7 @@
 //! on one stream, where stream order alone is enough. The [`Timeline`] turns a mark into something to wait for
 //! only when another stream or the host first has to, and it keeps marks precise: the event it records completes
 //! right after the marked work, never after unrelated work enqueued later on the same stream (how the real
-//! device does that is in `memory/marks.rs`). So a wait never waits for work it does not conflict with.
+//! device does that is in `driver/marks.rs`). So a wait never waits for work it does not conflict with.
 //!
 //! There is at most one read entry per stream. Reads on one stream complete in stream order, so the newest
 //! read's completion implies every older one's; replacing the older entry keeps the set bounded by the number
@@ -155,7 +155,7 @@ impl<S: Clone + Eq, M: Clone + Eq> Tracker<S, M> {
     }
 
     /// How many entries [`Tracker::record_use`] of `access` on `stream` would replace that are at `mark`: the
-    /// caller's way to know whether anything else still needs the work before `mark` (see `memory/marks.rs`).
+    /// caller's way to know whether anything else still needs the work before `mark` (see `driver/marks.rs`).
     pub(crate) fn replaced_at(&self, stream: &S, mark: &M, access: Access) -> usize {
         let at = |entry: &Entry<S, M>| entry.stream == *stream && entry.mark == *mark;
         let read = self.reads.iter().filter(|read| at(read)).count();

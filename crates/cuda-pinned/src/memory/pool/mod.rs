@@ -32,9 +32,10 @@ use self::block::Block;
 use self::state::{Config, Lease, PoolState, Reservation, Take};
 use super::host::{HostRegion, check_alignment};
 use super::release::release_host;
-use super::{Gpu, GpuTracker, Mark, Pinned, PinnedBuilder, byte_len};
+use super::{Gpu, GpuTracker, Pinned, PinnedBuilder, byte_len};
 use crate::driver::Context;
 use crate::driver::Stream;
+use crate::driver::marks::Mark;
 use crate::error::{Error, Result};
 use crate::track::Timeline;
 

@@ -1,5 +1,7 @@
 //! Marks: the points in a stream's work that buffers' trackers wait for, kept precise at the cost of one event
-//! record where it is needed, and the real device as the tracker sees it ([`Gpu`]).
+//! record where it is needed. This file holds the segments, their lock and the pooled events; the stream's side
+//! (closing segments, finding a mark's event) is in `stream.rs`, and the real device as the tracker sees it
+//! (`Gpu`, which waits for marks) in `memory/tracked.rs`.
 //!
 //! A stream's work is cut into *segments*. Work the crate enqueues joins the stream's current segment, and
 //! the tracker entries it leaves hold that segment as their mark. An event for a segment, when someone has to
@@ -31,12 +33,10 @@ use std::cell::{RefCell, RefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 
-use crate::driver::Context;
-use crate::driver::Stream;
-use crate::driver::calls;
+use super::calls;
+use super::context::Context;
 use crate::error::Result;
-use crate::sys::CUevent;
-use crate::track::Timeline;
+use crate::sys::{CUevent, CUstream};
 
 /// A segment of a stream's work (see the module docs). Cheap to clone; equal when it is the same segment.
 #[derive(Clone, Default)]
@@ -68,17 +68,30 @@ impl std::fmt::Debug for Mark {
 }
 
 impl Mark {
-    fn is_complete(&self) -> bool {
+    /// Whether the segment's work was seen complete: nothing to wait for.
+    pub(crate) fn is_complete(&self) -> bool {
         self.0.complete.load(Ordering::Acquire)
     }
 
-    fn set_complete(&self) {
+    /// Records that the segment's work was seen complete.
+    pub(crate) fn set_complete(&self) {
         self.0.complete.store(true, Ordering::Release);
     }
 
     /// How many tracker entries hold this segment, given that the stream holds it too.
-    fn holders(&self) -> usize {
+    pub(crate) fn holders(&self) -> usize {
         Arc::strong_count(&self.0) - 1
+    }
+
+    /// The segment's event, once it is closed.
+    pub(crate) fn event(&self) -> Option<&PooledEvent> {
+        self.0.event.get()
+    }
+
+    /// Closes the segment with `event`, recorded right after its last work; a segment closed already keeps the
+    /// event it has.
+    pub(crate) fn set_event(&self, event: PooledEvent) {
+        let _ = self.0.event.set(event);
     }
 }
 
@@ -107,7 +120,8 @@ struct Owner {
 unsafe impl Sync for SegmentLock {}
 
 impl SegmentLock {
-    fn lock(&self) -> SegmentGuard<'_> {
+    /// Takes the lock (again, if this thread holds it).
+    pub(crate) fn lock(&self) -> SegmentGuard<'_> {
         let me = this_thread();
         let mut owner = self.owner.lock().unwrap_or_else(PoisonError::into_inner);
         while owner.thread.is_some_and(|thread| thread != me) {
@@ -140,7 +154,7 @@ pub(crate) struct SegmentGuard<'a> {
 
 impl SegmentGuard<'_> {
     /// The current segment, for a short use that calls nothing that could take the lock again.
-    fn current(&self) -> RefMut<'_, Mark> {
+    pub(crate) fn current(&self) -> RefMut<'_, Mark> {
         self.lock.current.borrow_mut()
     }
 
@@ -182,16 +196,15 @@ unsafe impl Send for PooledEvent {}
 unsafe impl Sync for PooledEvent {}
 
 impl PooledEvent {
-    /// An event of `stream`'s context, recorded at the stream's end now.
-    fn record(stream: &Stream) -> Result<PooledEvent> {
-        let context = stream.context();
+    /// An event of `context`, recorded at the end of `stream` (a stream of it) now.
+    pub(crate) fn record(context: &Context, stream: CUstream) -> Result<PooledEvent> {
         let event = PooledEvent {
             raw: context.take_event()?,
             context: context.clone(),
         };
         // On failure the event goes back to the pool unrecorded, which is harmless: recording again replaces
         // whatever it held.
-        calls::event_record(event.raw, stream.as_raw())
+        calls::event_record(event.raw, stream)
             .map_err(|e| e.context("recording an event to order work after"))?;
         Ok(event)
     }
@@ -200,11 +213,13 @@ impl PooledEvent {
         self.raw
     }
 
-    fn query(&self) -> Result<bool> {
+    /// Whether the event has completed, without blocking.
+    pub(crate) fn query(&self) -> Result<bool> {
         calls::event_query(self.raw).map_err(|e| e.context("querying whether work has completed"))
     }
 
-    fn synchronize(&self) -> Result<()> {
+    /// Blocks until the event has completed.
+    pub(crate) fn synchronize(&self) -> Result<()> {
         calls::event_synchronize(self.raw).map_err(|e| e.context("waiting for work to complete"))
     }
 }
@@ -212,152 +227,5 @@ impl PooledEvent {
 impl Drop for PooledEvent {
     fn drop(&mut self) {
         self.context.give_event(self.raw);
-    }
-}
-
-/// The stream's side of marks. Lock order: a buffer's tracker, then one stream's segment lock at a time (a
-/// thread may take a lock it holds again, see [`SegmentLock`]).
-impl Stream {
-    /// Locks the stream's current segment.
-    pub(crate) fn segment(&self) -> SegmentGuard<'_> {
-        self.segment_lock().lock()
-    }
-
-    /// Closes the current segment if any entry holds it (records its event), so that what the caller enqueues
-    /// next does not delay that event.
-    ///
-    /// # Errors
-    /// The driver's, from recording the event; nothing is closed then, and the caller must not enqueue.
-    pub(crate) fn close_segment(&self) -> Result<()> {
-        let guard = self.segment();
-        let mut current = guard.current();
-        if current.holders() > 0 {
-            self.close(&mut current)?;
-        }
-        Ok(())
-    }
-
-    /// Runs `enqueue`, which enqueues on this stream work the crate does not track (another library's, a
-    /// user's kernel, a wait for a user's event), keeping the crate's marks precise around it: the current
-    /// segment is closed first, and the segment stays locked while `enqueue` runs, so that no operation of the
-    /// crate from another thread lands among that work (`enqueue` may call the crate itself). The device's
-    /// gate is held throughout.
-    ///
-    /// # Errors
-    /// The driver's, from closing the segment; `enqueue`'s.
-    pub(crate) fn untracked<R>(&self, enqueue: impl FnOnce() -> Result<R>) -> Result<R> {
-        let _gate = self.context().enqueue_gate();
-        let _segment = self.segment();
-        self.close_segment()?;
-        enqueue()
-    }
-
-    /// Starts an operation of the crate on this stream: closes the current segment unless the only entries that
-    /// hold it are the `replaced` ones the operation will replace (count them with
-    /// `Tracker::replaced_at`), and returns the segment, locked, for the operation's entries to join
-    /// ([`SegmentGuard::mark`]). Hold the guard from before the enqueue until the entries are recorded.
-    ///
-    /// # Errors
-    /// The driver's, from recording the event; the caller must not enqueue then.
-    pub(crate) fn begin(&self, replaced: impl FnOnce(&Mark) -> usize) -> Result<SegmentGuard<'_>> {
-        let guard = self.segment();
-        {
-            let mut current = guard.current();
-            let replaced = replaced(&current);
-            if current.holders() > replaced {
-                self.close(&mut current)?;
-            }
-        }
-        Ok(guard)
-    }
-
-    /// Records the current segment's event now and starts a new segment.
-    fn close(&self, current: &mut Mark) -> Result<()> {
-        let event = PooledEvent::record(self)?;
-        // Only a closed segment has an event, and only `close` sets one, under the segment lock.
-        let _ = current.0.event.set(event);
-        *current = Mark::default();
-        Ok(())
-    }
-
-    /// The event to wait for to see the work before `mark` (a mark of this stream) complete: its segment's,
-    /// closing the segment now if it is still the current one; `None` when that work is known complete. With
-    /// `query`, an open segment on a stream found idle is complete and needs no event.
-    ///
-    /// # Errors
-    /// The driver's, from querying the stream or recording the event.
-    fn event_of<'m>(&self, mark: &'m Mark, query: bool) -> Result<Option<&'m PooledEvent>> {
-        if mark.is_complete() {
-            return Ok(None);
-        }
-        if let Some(event) = mark.0.event.get() {
-            return Ok(Some(event));
-        }
-        let guard = self.segment();
-        let mut current = guard.current();
-        // Closed, or found complete, by another thread since the checks above?
-        if mark.is_complete() {
-            return Ok(None);
-        }
-        if let Some(event) = mark.0.event.get() {
-            return Ok(Some(event));
-        }
-        if *current != *mark {
-            // Every segment but the current one was closed with an event (only `close` starts a new one, after
-            // setting it) or found complete, so this cannot happen. Were it to, an event recorded now is late
-            // but never early: the work before the mark precedes it.
-            debug_assert!(
-                false,
-                "a segment left open that is not its stream's current one"
-            );
-            let _ = mark.0.event.set(PooledEvent::record(self)?);
-            return Ok(mark.0.event.get());
-        }
-        if query && self.query()? {
-            mark.set_complete();
-            *current = Mark::default();
-            return Ok(None);
-        }
-        self.close(&mut current)?;
-        Ok(mark.0.event.get())
-    }
-}
-
-/// The real device, as the tracker sees it: marks of [`Stream`]s, waits on the device through pooled events.
-pub(crate) struct Gpu;
-
-impl Timeline for Gpu {
-    type Stream = Stream;
-    type Mark = Mark;
-    type Error = crate::error::Error;
-
-    fn wait(&self, stream: &Stream, on: &Stream, mark: &Mark) -> Result<()> {
-        // No stream query first: a wait for an event that has completed costs the device nothing, and the
-        // query would cost the host as much as the record it might save.
-        let Some(event) = on.event_of(mark, false)? else {
-            return Ok(());
-        };
-        calls::stream_wait_event(stream.as_raw(), event.as_raw())
-            .map_err(|e| e.context("making a stream wait for another stream's work"))
-    }
-
-    fn is_complete(&self, on: &Stream, mark: &Mark) -> Result<bool> {
-        let Some(event) = on.event_of(mark, true)? else {
-            return Ok(true);
-        };
-        let complete = event.query()?;
-        if complete {
-            mark.set_complete();
-        }
-        Ok(complete)
-    }
-
-    fn synchronize(&self, on: &Stream, mark: &Mark) -> Result<()> {
-        let Some(event) = on.event_of(mark, true)? else {
-            return Ok(());
-        };
-        event.synchronize()?;
-        mark.set_complete();
-        Ok(())
     }
 }

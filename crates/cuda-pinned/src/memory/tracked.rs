@@ -1,0 +1,137 @@
+//! Tracked work on the real device: a buffer's record of the work in flight on it ([`Track`]), the device as
+//! its tracker sees it ([`Gpu`]: marks of streams, waits through pooled events; see `driver/marks.rs`), and how
+//! the crate's operations enqueue work between the tracker's waits and records ([`Stream::tracked`]).
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use crate::driver::calls;
+use crate::driver::marks::Mark;
+use crate::driver::{Category, Stream};
+use crate::error::Result;
+use crate::track::{Access, Timeline, Tracker};
+
+/// The tracker of a buffer on the real device.
+pub(crate) type GpuTracker = Tracker<Stream, Mark>;
+
+/// A buffer's record of the work in flight on it, shared by the buffer and its views. (`pub` only so that the
+/// sealed copy traits can name it; the module is private, so users cannot.)
+#[derive(Default)]
+pub struct Track(Mutex<GpuTracker>);
+
+/// Locks a buffer's tracker. A panic while it was held (only possible from a bug in the tracker) leaves the
+/// state conservative, so the lock is taken over rather than propagated.
+pub(crate) fn lock(track: &Track) -> MutexGuard<'_, GpuTracker> {
+    track.0.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What a tracked operation is, for the stream's observer (its ledger).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Work {
+    /// Timed as `category`, named (empty for none), moving `bytes`.
+    Timed(Category, &'static str, usize),
+    /// Not timed: bookkeeping that enqueues no work of its own.
+    Untimed,
+}
+
+/// The real device, as the tracker sees it: marks of [`Stream`]s, waits on the device through pooled events.
+pub(crate) struct Gpu;
+
+impl Timeline for Gpu {
+    type Stream = Stream;
+    type Mark = Mark;
+    type Error = crate::error::Error;
+
+    fn wait(&self, stream: &Stream, on: &Stream, mark: &Mark) -> Result<()> {
+        // No stream query first: a wait for an event that has completed costs the device nothing, and the
+        // query would cost the host as much as the record it might save.
+        let Some(event) = on.event_of(mark, false)? else {
+            return Ok(());
+        };
+        calls::stream_wait_event(stream.as_raw(), event.as_raw())
+            .map_err(|e| e.context("making a stream wait for another stream's work"))
+    }
+
+    fn is_complete(&self, on: &Stream, mark: &Mark) -> Result<bool> {
+        let Some(event) = on.event_of(mark, true)? else {
+            return Ok(true);
+        };
+        let complete = event.query()?;
+        if complete {
+            mark.set_complete();
+        }
+        Ok(complete)
+    }
+
+    fn synchronize(&self, on: &Stream, mark: &Mark) -> Result<()> {
+        let Some(event) = on.event_of(mark, true)? else {
+            return Ok(());
+        };
+        event.synchronize()?;
+        mark.set_complete();
+        Ok(())
+    }
+}
+
+impl Stream {
+    /// Runs `enqueue` between the trackers' `prepare` and `record_use`: the work waits for every conflicting
+    /// use on other streams, and is recorded (even if the enqueue failed partway).
+    pub(crate) fn tracked(
+        &self,
+        read: Option<&Track>,
+        write: Option<&Track>,
+        enqueue: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        self.tracked_as(Work::Untimed, read, write, enqueue)
+    }
+
+    /// [`Stream::tracked`] for work that the stream's observer (its ledger), if it has one, is told of as `work`.
+    pub(crate) fn tracked_as(
+        &self,
+        work: Work,
+        read: Option<&Track>,
+        write: Option<&Track>,
+        enqueue: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        // No `Context::enter` here: stream-ordered copies and waits take their context from the stream (a raw
+        // copy from a thread with no current context was measured to work, driver 580), and skipping the
+        // get/push/pop saves about 0.1 us per copy. What needs a current context enters it itself (creating an
+        // event, a kernel launch through the runtime).
+        // While this work is being queued, the release thread cannot find the device idle (memory/release.rs).
+        let _gate = self.context().enqueue_gate();
+        // One allocation read and written (two views of it) is a write: lock it once.
+        let read = read.filter(|r| !write.is_some_and(|w| std::ptr::eq(*r, w)));
+        // The written buffer is borrowed exclusively, so no other thread locks it: taking it first cannot
+        // deadlock with a thread that holds the read one.
+        let mut write = write.map(lock);
+        let mut read = read.map(lock);
+        if let Some(r) = read.as_mut() {
+            r.prepare(&Gpu, self, Access::Read)?;
+        }
+        if let Some(w) = write.as_mut() {
+            w.prepare(&Gpu, self, Access::Write)?;
+        }
+        // The stream's segment, locked until the uses are recorded; closed first unless this work replaces
+        // every entry that holds it (see `driver/marks.rs`).
+        let segment = self.begin(|current| {
+            read.as_ref()
+                .map_or(0, |r| r.replaced_at(self, current, Access::Read))
+                + write
+                    .as_ref()
+                    .map_or(0, |w| w.replaced_at(self, current, Access::Write))
+        })?;
+        // Recorded even if the enqueue failed: it may have enqueued part of its work (the checksum launcher
+        // enqueues a memset, then the kernel), and recording a use that did not happen is only conservative.
+        let enqueued = match work {
+            Work::Timed(category, name, bytes) => self.timed(category, name, bytes, enqueue),
+            Work::Untimed => enqueue(),
+        };
+        let mark = segment.mark();
+        if let Some(r) = read.as_mut() {
+            r.record_use(self, &mark, Access::Read);
+        }
+        if let Some(w) = write.as_mut() {
+            w.record_use(self, &mark, Access::Write);
+        }
+        enqueued
+    }
+}
