@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, We
 
 use super::calls;
 use super::device::Device;
-use super::stream::Stream;
 use crate::error::{Error, Result};
 use crate::sys::{CUcontext, CUevent, CUevent_flags, CUstream, CUstream_flags};
 
@@ -30,7 +29,7 @@ struct Inner {
     /// Events for ordering, recorded without timing, ready for reuse (see `marks.rs`).
     events: Mutex<Vec<CUevent>>,
     /// The streams made in the context, so that `synchronize` can close their segments.
-    streams: Mutex<Vec<Weak<super::stream::Inner>>>,
+    streams: Mutex<Vec<Weak<dyn Queue>>>,
     /// The crate's own stream for frees that must wait for several streams (null until first needed).
     release_stream: Mutex<CUstream>,
     /// The device's gate (shared by every context handle of the device): the crate's work holds it for
@@ -42,6 +41,24 @@ struct Inner {
 thread_local! {
     /// How many gates the thread holds (see [`Context::enqueue_gate`]).
     static GATES_HELD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A stream of the context as the context sees it: what [`Context::synchronize`] and the release thread need of
+/// the crate's streams, which implement it (`stream.rs`), so that the context does not depend on the stream.
+pub(crate) trait Queue: Send + Sync {
+    /// Closes the stream's current segment (see `marks.rs`), as `Stream::close_segment` does.
+    ///
+    /// # Errors
+    /// The driver's, from recording the segment's event.
+    fn close_segment(self: Arc<Self>) -> Result<()>;
+
+    /// Whether all work enqueued on the stream has completed, without blocking, as [`Stream::query`] says.
+    ///
+    /// # Errors
+    /// The driver's, other than `CUDA_ERROR_NOT_READY`.
+    ///
+    /// [`Stream::query`]: super::Stream::query
+    fn query(self: Arc<Self>) -> Result<bool>;
 }
 
 /// A device's gate held for reading by this thread (see [`Context::enqueue_gate`]).
@@ -238,25 +255,29 @@ impl Context {
         self.0.raw
     }
 
-    /// Blocks until all work in the context, on every stream, has completed, and then until the pinned memory
-    /// dropped while that work used it has been released.
+    // `Context::synchronize`, which waits for the release thread too, is in `memory/release.rs`.
+
+    /// Closes the current segment of every stream of the context still alive (see `marks.rs`), as
+    /// [`Context::synchronize`] does first. Tries every stream; returns the first error.
+    pub(crate) fn close_segments(&self) -> Result<()> {
+        let streams = lock(&self.0.streams).clone();
+        let mut first = Ok(());
+        for stream in streams.iter().filter_map(Weak::upgrade) {
+            let closed = stream.close_segment();
+            if first.is_ok() {
+                first = closed;
+            }
+        }
+        first
+    }
+
+    /// Blocks until all work in the context has completed: [`Context::synchronize`]'s wait for the device.
     ///
     /// # Errors
     /// The driver's, including errors of earlier asynchronous work.
-    #[doc(alias = "cuCtxSynchronize")]
-    pub fn synchronize(&self) -> Result<()> {
-        // Work other code enqueues afterwards must not delay what the crate's buffers wait for (see
-        // `marks.rs`). A failure to close only makes later waits less precise.
-        let streams = lock(&self.0.streams).clone();
-        let closed = super::stream::close_segments(&streams);
-        drop(streams);
-        {
-            let _current = self.enter()?;
-            calls::ctx_synchronize().map_err(|e| e.context("synchronising the context"))?;
-        }
-        // Everything has completed: host memory dropped while in use can go now.
-        crate::memory::flush_releases(self);
-        closed
+    pub(crate) fn synchronize_work(&self) -> Result<()> {
+        let _current = self.enter()?;
+        calls::ctx_synchronize().map_err(|e| e.context("synchronising the context"))
     }
 
     /// The device memory (free, total) in bytes, as the driver sees it now.
@@ -307,15 +328,15 @@ impl Context {
     }
 
     /// Remembers a stream made in this context, for `synchronize`; forgets streams that are gone.
-    pub(crate) fn register_stream(&self, stream: Weak<super::stream::Inner>) {
+    pub(crate) fn register_stream(&self, stream: Weak<dyn Queue>) {
         lock(&self.0.streams).push(stream);
     }
 
     /// Forgets a stream of [`Context::register_stream`] as its last handle goes. Until then, the entry of a
     /// stream whose last handle is gone counts as work not finished ([`Context::device_is_idle`]): its work is
     /// out of sight between the handle's going and its joining the device's list of streams to retire.
-    pub(crate) fn unregister_stream(&self, stream: *const super::stream::Inner) {
-        lock(&self.0.streams).retain(|s| s.as_ptr() != stream);
+    pub(crate) fn unregister_stream(&self, stream: *const ()) {
+        lock(&self.0.streams).retain(|s| s.as_ptr().cast::<()>() != stream);
     }
 
     /// Holds the device's gate for reading: taken by the crate's work while it enqueues, so that the release
@@ -401,7 +422,16 @@ impl Context {
         // A copy of the list: a stream upgraded from it may lose its last other handle meanwhile, and its drop
         // takes the list's lock to leave it.
         let streams = lock(&self.0.streams).clone();
-        super::stream::all_idle(&streams)
+        for stream in &streams {
+            // A stream whose last handle is going: its work is not in sight until it is retired.
+            let Some(stream) = stream.upgrade() else {
+                return Ok(false);
+            };
+            if !stream.query()? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// An event of this context for ordering (recorded without timing): an idle one of the pool, else a new one.
@@ -419,11 +449,12 @@ impl Context {
     }
 
     /// The crate's own stream of this context for stream-ordered frees that wait for uses on several streams:
-    /// only such frees go there, so its waits delay nobody's work. Created on first use.
+    /// only such frees go there, so its waits delay nobody's work. Created on first use; alive while the context
+    /// is (lend it for a use with `Stream::borrowed`).
     ///
     /// # Errors
     /// The driver's, from creating it.
-    pub(crate) fn release_stream(&self) -> Result<Stream> {
+    pub(crate) fn release_stream(&self) -> Result<CUstream> {
         let mut raw = lock(&self.0.release_stream);
         if raw.is_null() {
             let _current = self.enter()?;
@@ -432,7 +463,7 @@ impl Context {
             *raw = calls::stream_create(flags)
                 .map_err(|e| e.context("creating the stream for stream-ordered frees"))?;
         }
-        Ok(Stream::borrowed(self, *raw))
+        Ok(*raw)
     }
 
     /// Destroys `stream`, a stream of this context with no handle left, once its work has completed (see
@@ -477,6 +508,23 @@ impl Context {
             pushed: true,
             _not_send: PhantomData,
         })
+    }
+}
+
+impl Device {
+    /// The device memory free now, in bytes. This needs the device's primary context: it is retained for the
+    /// call, which initialises it if nothing else has (a fraction of a second, once per process).
+    ///
+    /// # Errors
+    /// The driver's.
+    #[doc(alias = "cuMemGetInfo")]
+    pub fn free_memory(&self) -> Result<usize> {
+        let context = Context::new(*self)?;
+        let (free, _total) = context.memory_info()?;
+        // The context goes with this call: what its guard could not do (put back the thread's previous
+        // context) is reported here or never.
+        context.check_deferred_errors()?;
+        Ok(free)
     }
 }
 

@@ -4,7 +4,6 @@ use std::ffi::{CStr, c_char};
 use std::fmt;
 
 use super::calls;
-use super::context::Context;
 use crate::error::Result;
 use crate::sys::{CUdevice, CUdevice_attribute};
 
@@ -110,21 +109,6 @@ impl Device {
             ))
         })?;
         Ok(bytes)
-    }
-
-    /// The device memory free now, in bytes. This needs the device's primary context: it is retained for the
-    /// call, which initialises it if nothing else has (a fraction of a second, once per process).
-    ///
-    /// # Errors
-    /// The driver's.
-    #[doc(alias = "cuMemGetInfo")]
-    pub fn free_memory(&self) -> Result<usize> {
-        let context = Context::new(*self)?;
-        let (free, _total) = context.memory_info()?;
-        // The context goes with this call: what its guard could not do (put back the thread's previous
-        // context) is reported here or never.
-        context.check_deferred_errors()?;
-        Ok(free)
     }
 
     /// The PCI address, such as `0000:65:00.0`, as `nvidia-smi` and `lspci` show it.

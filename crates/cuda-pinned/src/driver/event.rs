@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use super::calls;
 use super::context::Context;
-use super::stream::Stream;
 use crate::error::Result;
 use crate::sys::{CUevent, CUevent_flags};
 
@@ -49,15 +48,6 @@ impl Event {
             timing,
             context: context.clone(),
         })
-    }
-
-    /// Records the event at the current end of `stream`'s work. Returns at once.
-    ///
-    /// # Errors
-    /// The driver's, such as `CUDA_ERROR_INVALID_HANDLE` for a stream of another context.
-    #[doc(alias = "cuEventRecord")]
-    pub fn record(&self, stream: &Stream) -> Result<()> {
-        calls::event_record(self.raw, stream.as_raw()).map_err(|e| e.context("recording an event"))
     }
 
     /// Blocks until the event has completed (returns at once if it was never recorded).

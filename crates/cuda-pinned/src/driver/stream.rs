@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::calls;
-use super::context::Context;
+use super::context::{Context, Queue};
 use super::event::Event;
 use super::marks::{Mark, PooledEvent, SegmentGuard, SegmentLock};
 use crate::error::{Error, Result};
@@ -148,7 +148,10 @@ impl Stream {
     /// A stream of `inner`, known to its context (which closes its segments when it synchronizes).
     fn wrap(inner: Inner) -> Stream {
         let stream = Stream(Arc::new(inner));
-        stream.0.context.register_stream(Arc::downgrade(&stream.0));
+        stream
+            .0
+            .context
+            .register_stream(Arc::<Inner>::downgrade(&stream.0));
         stream
     }
 
@@ -403,35 +406,28 @@ impl Stream {
     }
 }
 
-/// Closes the current segment of every stream still alive in `streams` (see `marks.rs`), as the context
-/// does before it synchronizes. Tries every stream; returns the first error.
-pub(crate) fn close_segments(streams: &[std::sync::Weak<Inner>]) -> Result<()> {
-    let mut first = Ok(());
-    for inner in streams.iter().filter_map(std::sync::Weak::upgrade) {
-        let closed = Stream(inner).close_segment();
-        if first.is_ok() {
-            first = closed;
-        }
+/// The stream as its context sees it (one whose last handle is going is not idle: see
+/// [`Context::unregister_stream`]).
+impl Queue for Inner {
+    fn close_segment(self: Arc<Self>) -> Result<()> {
+        Stream(self).close_segment()
     }
-    first
+
+    fn query(self: Arc<Self>) -> Result<bool> {
+        Stream(self).query()
+    }
 }
 
-/// Whether every stream of `streams` has finished its work (one whose last handle is going has not: see
-/// [`Context::unregister_stream`]).
-///
-/// # Errors
-/// The first failed query's.
-pub(crate) fn all_idle(streams: &[std::sync::Weak<Inner>]) -> Result<bool> {
-    for stream in streams {
-        // A stream whose last handle is going: its work is not in sight until it is retired.
-        let Some(inner) = stream.upgrade() else {
-            return Ok(false);
-        };
-        if !Stream(inner).query()? {
-            return Ok(false);
-        }
+impl Event {
+    /// Records the event at the current end of `stream`'s work. Returns at once.
+    ///
+    /// # Errors
+    /// The driver's, such as `CUDA_ERROR_INVALID_HANDLE` for a stream of another context.
+    #[doc(alias = "cuEventRecord")]
+    pub fn record(&self, stream: &Stream) -> Result<()> {
+        calls::event_record(self.as_raw(), stream.as_raw())
+            .map_err(|e| e.context("recording an event"))
     }
-    Ok(true)
 }
 
 impl PartialEq for Stream {
@@ -458,6 +454,7 @@ impl Drop for Inner {
             // it has completed, so that the release thread sees that work meanwhile.
             self.context.retire_stream(self.raw);
         }
-        self.context.unregister_stream(self);
+        self.context
+            .unregister_stream(std::ptr::from_ref(self).cast());
     }
 }

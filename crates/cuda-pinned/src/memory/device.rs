@@ -187,7 +187,7 @@ impl<T> DeviceBuffer<T> {
                 freed
             }
             None => {
-                let release = context.release_stream()?;
+                let release = Stream::borrowed(context, context.release_stream()?);
                 // Nothing else enqueues on the release stream but other frees, each after waits of its own, and
                 // interleaving those only makes a free wait for more than its own uses.
                 let mut track = track;

@@ -17,7 +17,6 @@ pub use device::DeviceBuffer;
 pub use pinned::{Pinned, PinnedBuilder};
 pub use pool::{PinnedPool, Pinning, PoolBuilder, PoolStats, WhenFull};
 pub use registered::Registered;
-pub(crate) use release::flush_releases;
 pub use tracked::Track;
 pub(crate) use tracked::{Gpu, GpuTracker, Work, lock};
 pub use view::{DeviceView, DeviceViewMut, PinnedView, PinnedViewMut};

@@ -162,10 +162,28 @@ pub(crate) fn release_host(context: &Context, track: GpuTracker, release: Releas
     }
 }
 
+impl Context {
+    /// Blocks until all work in the context, on every stream, has completed, and then until the pinned memory
+    /// dropped while that work used it has been released.
+    ///
+    /// # Errors
+    /// The driver's, including errors of earlier asynchronous work.
+    #[doc(alias = "cuCtxSynchronize")]
+    pub fn synchronize(&self) -> Result<()> {
+        // Work other code enqueues afterwards must not delay what the crate's buffers wait for (see
+        // `driver/marks.rs`). A failure to close only makes later waits less precise.
+        let closed = self.close_segments();
+        self.synchronize_work()?;
+        // Everything has completed: host memory dropped while in use can go now.
+        flush_releases(self);
+        closed
+    }
+}
+
 /// Waits until the release thread has looked at every block handed over before this call and released those
 /// whose work has completed: after `context.synchronize()`, every block of that context. Returns at once if
 /// there is no release thread.
-pub(crate) fn flush_releases(_context: &Context) {
+fn flush_releases(_context: &Context) {
     let Some(service) = service() else { return };
     // The thread releases under the device's gate, which a caller holding it (inside `Stream::profile`) would
     // keep it from taking: no flush then, rather than a deadlock.
