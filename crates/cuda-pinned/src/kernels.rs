@@ -60,98 +60,26 @@ pub fn checksum(bytes: &[u8]) -> u64 {
     sum
 }
 
-#[cfg(feature = "gpu")]
-pub(crate) use launch::preload;
 #[cfg(any(feature = "gpu", docsrs))]
 #[cfg_attr(docsrs, doc(cfg(feature = "gpu")))]
 pub use launch::{axpy, device_checksum, fill, spin};
 
 #[cfg(any(feature = "gpu", docsrs))]
 mod launch {
-    use std::collections::BTreeMap;
-    use std::sync::{Arc, Condvar, Mutex, PoisonError};
     use std::time::Duration;
 
     use bytemuck::Pod;
 
     use crate::copy::{DeviceDestination, DeviceSource};
-    use crate::driver::Context;
     use crate::driver::{Category, Stream};
     use crate::error::{Error, Result};
     use crate::kernels_ffi as raw;
     use crate::memory::Work;
 
-    /// The loading of the kernels into one device's primary context: `None` while it runs.
-    #[derive(Default)]
-    struct Load {
-        outcome: Mutex<Option<Result<()>>>,
-        done: Condvar,
-    }
-
-    /// The loads started, by device ordinal.
-    static LOADS: Mutex<BTreeMap<usize, Arc<Load>>> = Mutex::new(BTreeMap::new());
-
-    /// Starts loading the kernels into `context` on a thread of their own, once per device and process.
-    ///
-    /// The CUDA runtime loads a module into a context at its first launch there, and loading a module waits
-    /// until all work on the device has finished (measured on an H100: the first launch took as long as a
-    /// 300 ms kernel running on another stream). Loading ahead, where no caller waits, keeps launches from
-    /// waiting for work they do not depend on. Should the primary context be destroyed and made again, the
-    /// runtime loads the module again at the first launch.
-    pub(crate) fn preload(context: &Context) {
-        let ordinal = context.device().ordinal();
-        let load = Arc::new(Load::default());
-        {
-            let mut loads = LOADS.lock().unwrap_or_else(PoisonError::into_inner);
-            if loads.contains_key(&ordinal) {
-                return;
-            }
-            loads.insert(ordinal, load.clone());
-        }
-        let context = context.clone();
-        let loading = load.clone();
-        let started = std::thread::Builder::new()
-            .name(format!("cuda-pinned-load-{ordinal}"))
-            .spawn(move || {
-                let outcome = context.enter().and_then(|_current| {
-                    // SAFETY: no arguments; the device's primary context is current on this thread.
-                    raw::check_launch(unsafe { raw::cuda_pinned_preload() }, "cuda_pinned_preload")
-                });
-                finish(&loading, outcome);
-            });
-        if started.is_err() {
-            // No thread: the first launch loads the module, as the runtime does by itself.
-            finish(&load, Ok(()));
-        }
-    }
-
-    fn finish(load: &Load, outcome: Result<()>) {
-        *load.outcome.lock().unwrap_or_else(PoisonError::into_inner) = Some(outcome);
-        load.done.notify_all();
-    }
-
     /// Waits until the kernels are loaded into `stream`'s context (at once, but just after the context was
     /// made); the error of the loading, if it failed.
     fn loaded(stream: &Stream) -> Result<()> {
-        let ordinal = stream.context().device().ordinal();
-        let Some(load) = LOADS
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&ordinal)
-            .cloned()
-        else {
-            return Ok(());
-        };
-        let mut outcome = load.outcome.lock().unwrap_or_else(PoisonError::into_inner);
-        loop {
-            if let Some(outcome) = outcome.as_ref() {
-                return outcome.clone();
-            }
-            outcome = load
-                .done
-                .wait(outcome)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
+        raw::loaded(stream.context().device().ordinal())
     }
 
     /// Sets every element of `dst` to `value`, on `stream`. Returns at once. Elements of 1, 2, 4 or 8 bytes.

@@ -1,11 +1,14 @@
 //! The `extern "C"` launchers of `cuda/kernels.cu` (declared in `cuda/kernels.h`), compiled by build.rs with
-//! nvcc under feature `gpu` and linked with the CUDA runtime statically.
+//! nvcc under feature `gpu` and linked with the CUDA runtime statically, and the loading of their module into
+//! each device's primary context ahead of the first launch (`preload`, `loaded`).
 //!
 //! Each launcher enqueues its kernel on `stream` and returns at once with the launch error, a `cudaError_t`
 //! as `int`; turn it into a `Result` with [`check_launch`]. Errors of the kernel's execution show at the next
 //! synchronisation, as with any CUDA launch.
 
+use std::collections::BTreeMap;
 use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use crate::error::Result;
 use crate::sys::{CUstream, Error, cudaError_t};
@@ -66,4 +69,85 @@ pub fn check_launch(code: c_int, launcher: &'static str) -> Result<()> {
         launcher,
     )
     .into())
+}
+
+/// Loads the kernels into the calling thread's current context (the device's primary context, for the crate)
+/// as their first launch would: waits for all work on the device.
+///
+/// # Errors
+/// The runtime's.
+#[cfg(feature = "gpu")]
+pub(crate) fn load_into_current() -> Result<()> {
+    // SAFETY: no arguments; the runtime loads the module into whatever context is current.
+    check_launch(unsafe { cuda_pinned_preload() }, "cuda_pinned_preload")
+}
+
+/// The loading of the kernels into one device's primary context: `None` while it runs.
+#[derive(Default)]
+struct Load {
+    outcome: Mutex<Option<Result<()>>>,
+    done: Condvar,
+}
+
+/// The loads started, by device ordinal.
+static LOADS: Mutex<BTreeMap<usize, Arc<Load>>> = Mutex::new(BTreeMap::new());
+
+/// Starts `load`, the loading of the kernels into the primary context of the device with this ordinal, on a
+/// thread of its own, once per device and process (a later call for the same device drops its `load`).
+///
+/// The CUDA runtime loads a module into a context at its first launch there, and loading a module waits
+/// until all work on the device has finished (measured on an H100: the first launch took as long as a
+/// 300 ms kernel running on another stream). Loading ahead, where no caller waits, keeps launches from
+/// waiting for work they do not depend on. Should the primary context be destroyed and made again, the
+/// runtime loads the module again at the first launch.
+#[cfg(feature = "gpu")]
+pub(crate) fn preload(ordinal: usize, load: impl FnOnce() -> Result<()> + Send + 'static) {
+    let entry = Arc::new(Load::default());
+    {
+        let mut loads = LOADS.lock().unwrap_or_else(PoisonError::into_inner);
+        if loads.contains_key(&ordinal) {
+            return;
+        }
+        loads.insert(ordinal, entry.clone());
+    }
+    let loading = entry.clone();
+    let started = std::thread::Builder::new()
+        .name(format!("cuda-pinned-load-{ordinal}"))
+        .spawn(move || {
+            let outcome = load();
+            finish(&loading, outcome);
+        });
+    if started.is_err() {
+        // No thread: the first launch loads the module, as the runtime does by itself.
+        finish(&entry, Ok(()));
+    }
+}
+
+#[cfg(feature = "gpu")]
+fn finish(load: &Load, outcome: Result<()>) {
+    *load.outcome.lock().unwrap_or_else(PoisonError::into_inner) = Some(outcome);
+    load.done.notify_all();
+}
+
+/// Waits until the kernels are loaded into the primary context of the device with this ordinal (at once, but
+/// just after the context was made); the error of the loading, if it failed.
+pub(crate) fn loaded(ordinal: usize) -> Result<()> {
+    let Some(load) = LOADS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&ordinal)
+        .cloned()
+    else {
+        return Ok(());
+    };
+    let mut outcome = load.outcome.lock().unwrap_or_else(PoisonError::into_inner);
+    loop {
+        if let Some(outcome) = outcome.as_ref() {
+            return outcome.clone();
+        }
+        outcome = load
+            .done
+            .wait(outcome)
+            .unwrap_or_else(PoisonError::into_inner);
+    }
 }

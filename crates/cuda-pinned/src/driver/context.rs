@@ -226,7 +226,14 @@ impl Context {
         drop(devices);
         // Loading the crate's kernels waits for all work on the device: done ahead, on a thread of its own.
         #[cfg(feature = "gpu")]
-        crate::kernels::preload(&context);
+        {
+            let loading = context.clone();
+            crate::kernels_ffi::preload(device.ordinal(), move || {
+                loading
+                    .enter()
+                    .and_then(|_current| crate::kernels_ffi::load_into_current())
+            });
+        }
         Ok(context)
     }
 
