@@ -28,6 +28,9 @@
 //!
 //! The events come from a per-context pool: creating and destroying a CUDA event costs more than recording
 //! one, and a stream crossing costs one record and one wait.
+//!
+//! [`Stream::wait`]: crate::Stream::wait
+//! [`Stream::profile`]: crate::Stream::profile
 
 use std::cell::{RefCell, RefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -96,7 +99,7 @@ impl Mark {
 }
 
 /// A stream's current segment (what the crate's next operation on it joins), behind a lock that the thread
-/// holding it may take again: [`Stream::untracked`] holds it while other code enqueues work the crate does not
+/// holding it may take again: [`Stream::untracked`](super::stream::Stream::untracked) holds it while other code enqueues work the crate does not
 /// track, and that code may call the crate on the same stream. Operations of other threads wait meanwhile, so
 /// none of theirs can land between untracked work and the crate's bookkeeping of its own.
 #[derive(Default)]

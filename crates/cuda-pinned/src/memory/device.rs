@@ -5,9 +5,9 @@ use std::marker::PhantomData;
 
 use bytemuck::Pod;
 
-use super::host::check_alignment;
+use super::layout::{byte_len, check_alignment};
 use super::release::release_host;
-use super::{Gpu, Track, byte_len, lock};
+use super::tracked::{Gpu, Track, lock};
 use crate::driver::Context;
 use crate::driver::Stream;
 use crate::driver::calls;

@@ -4,8 +4,8 @@
 
 use std::ptr::NonNull;
 
-use super::{Gpu, GpuTracker, Track, lock};
-use crate::error::{Error, Result};
+use super::tracked::{Gpu, GpuTracker, Track, lock};
+use crate::error::Result;
 use crate::track::Access;
 
 /// `len` elements at `ptr` that device work may use, with the tracker of that work.
@@ -85,21 +85,4 @@ impl<T> HostRegion<T> {
         // SAFETY: as in `write`, once the query says all uses are done.
         Ok(ready.then(|| unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }))
     }
-}
-
-/// Checks that memory aligned to `align` bytes (a page, say) can hold elements of `T`: an element type aligned
-/// more strictly than the memory the crate gets from the driver would give misaligned slices.
-///
-/// # Errors
-/// An invalid-argument error naming the type's alignment, the memory's and `what` was being made.
-pub(crate) fn check_alignment<T>(align: usize, what: &str) -> Result<()> {
-    if align_of::<T>() <= align {
-        return Ok(());
-    }
-    Err(Error::invalid(format_args!(
-        "{what}: {} is aligned to {} bytes, more than the {align} bytes this memory is guaranteed to be; \
-         nothing was allocated",
-        std::any::type_name::<T>(),
-        align_of::<T>()
-    )))
 }

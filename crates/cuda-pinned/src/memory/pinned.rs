@@ -6,10 +6,11 @@ use std::ptr::NonNull;
 
 use bytemuck::Pod;
 
-use super::host::{HostRegion, check_alignment};
+use super::host::HostRegion;
+use super::layout::{byte_len, check_alignment};
 use super::pool::Loan;
 use super::release::release_host;
-use super::{Track, byte_len};
+use super::tracked::Track;
 use crate::driver::Context;
 use crate::driver::calls;
 use crate::error::Result;

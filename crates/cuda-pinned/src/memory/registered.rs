@@ -8,7 +8,7 @@ use bytemuck::Pod;
 
 use super::host::HostRegion;
 use super::release::release_host;
-use super::{Gpu, Track, lock};
+use super::tracked::{Gpu, Track, lock};
 use crate::driver::Context;
 use crate::driver::calls;
 use crate::error::Result;

@@ -23,7 +23,7 @@
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
-use super::{Gpu, GpuTracker};
+use super::tracked::{Gpu, GpuTracker};
 use crate::driver::Context;
 use crate::error::{Error, Result};
 use crate::units::Bytes;

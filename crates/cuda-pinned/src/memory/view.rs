@@ -6,7 +6,9 @@ use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 
-use super::{DeviceBuffer, Pinned, Track};
+use super::device::DeviceBuffer;
+use super::pinned::Pinned;
+use super::tracked::Track;
 use crate::driver::Context;
 use crate::error::{Error, Result};
 use crate::sys::CUdeviceptr;

@@ -5,13 +5,27 @@ use std::ptr::NonNull;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use super::{PAGE, Pinning};
 use crate::driver::Context;
 use crate::driver::calls;
 use crate::error::{Error, Result};
-use crate::memory::GpuTracker;
 use crate::memory::release::release_host;
+use crate::memory::tracked::GpuTracker;
 use crate::units::Bytes;
+
+/// The page size the pool's classes are multiples of, and the alignment every block has at least.
+pub(super) const PAGE: usize = 4096;
+
+/// How the pool pins a new block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Pinning {
+    /// Whichever of the two below is faster on this machine, measured once per process on first use.
+    Auto,
+    /// `cuMemHostAlloc`, then the memory zeroed on several threads.
+    HostAlloc,
+    /// Ordinary page-aligned memory, its pages touched (zeroed) on several threads, then `cuMemHostRegister`.
+    Register,
+}
 
 /// A block of pinned memory, owned by the pool.
 pub(crate) struct Block {

@@ -28,19 +28,19 @@ use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
 
-use self::block::Block;
+pub use self::block::Pinning;
+use self::block::{Block, PAGE};
 use self::state::{Config, Lease, PoolState, Reservation, Take};
-use super::host::{HostRegion, check_alignment};
+use super::host::HostRegion;
+use super::layout::{byte_len, check_alignment};
+use super::pinned::{Pinned, PinnedBuilder};
 use super::release::release_host;
-use super::{Gpu, GpuTracker, Pinned, PinnedBuilder, byte_len};
+use super::tracked::{Gpu, GpuTracker};
 use crate::driver::Context;
 use crate::driver::Stream;
 use crate::driver::marks::Mark;
 use crate::error::{Error, Result};
 use crate::track::Timeline;
-
-/// The page size the pool's classes are multiples of, and the alignment every block has at least.
-const PAGE: usize = 4096;
 
 /// What a request names in its errors.
 const ALLOCATING: &str = "allocating from the pinned pool";
@@ -62,18 +62,6 @@ pub enum WhenFull {
     /// waited. A buffer that never comes back (one the waiting thread holds itself, or one forgotten with
     /// `mem::forget`) can only end the wait at that deadline.
     Wait,
-}
-
-/// How the pool pins a new block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Pinning {
-    /// Whichever of the two below is faster on this machine, measured once per process on first use.
-    Auto,
-    /// `cuMemHostAlloc`, then the memory zeroed on several threads.
-    HostAlloc,
-    /// Ordinary page-aligned memory, its pages touched (zeroed) on several threads, then `cuMemHostRegister`.
-    Register,
 }
 
 /// A caching allocator of pinned memory with a hard byte budget. Cheap to clone (clones share the pool);
