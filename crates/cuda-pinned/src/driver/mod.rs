@@ -1,4 +1,8 @@
 //! The driver's objects as the safe layer holds them: [`Device`], [`Context`], [`Stream`] and [`Event`].
+//!
+//! In layers: `calls.rs` (the typed driver calls, on the error type only), then `device.rs`, `context.rs`,
+//! `event.rs`, `marks.rs` (the segments of streams' work and their pooled events) and `stream.rs`, each using
+//! only the files before it.
 
 pub(crate) mod calls;
 pub(crate) mod context;
