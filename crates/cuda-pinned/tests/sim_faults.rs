@@ -441,3 +441,30 @@ fn a_hung_call_aborts_the_process_naming_it() {
         "{stderr}"
     );
 }
+
+/// Dropping a stream (or a context's last handle, with its stream for frees) while work is still queued on it
+/// keeps that work in the release thread's sight with no driver call that could fail then: the retain it is
+/// kept with is taken when the stream is made. A retain taken at the drop could fail, and unpinning would then
+/// wait for that work unseen (a hidden wait).
+#[test]
+fn dropping_a_busy_stream_makes_no_call_that_could_lose_its_work() {
+    let _serial = serial();
+    let sim = sim().expect("these tests run on the simulator");
+    let context = Context::on(0).unwrap();
+    let stream = Stream::new(&context).unwrap();
+    common::spin(&stream, 50);
+    sim.trace_start();
+    drop(stream);
+    let calls = sim.trace_stop();
+    assert!(
+        calls.iter().any(|c| c == "cuStreamQuery"),
+        "the drop looked at the stream's work: {calls:?}"
+    );
+    assert!(
+        !calls
+            .iter()
+            .any(|c| c.starts_with("cuDevicePrimaryCtxRetain")),
+        "a retain at the drop, which could fail: {calls:?}"
+    );
+    context.synchronize().unwrap();
+}

@@ -81,10 +81,11 @@ fn enter_gate(gate: &'static RwLock<()>) -> Gate<'static> {
     }
 }
 
-/// Destroys `stream`, a stream of `device`'s primary context with no handle left, at once if it is idle, else
-/// once it is: kept until then in the device's list, with a retain of the context, so that
-/// [`Context::device_is_idle`] sees the work still queued on it. Call it under the device's gate. The errors of
-/// the query and of a failed retain (then the stream is destroyed at once, its work unseen) go to `report`.
+/// Destroys `stream`, a stream of `device`'s primary context made by [`Context::create_stream`] with no handle
+/// left, at once if it is idle, else once it is: kept until then in the device's list, with the retain of the
+/// context it was made with, so that [`Context::device_is_idle`] sees the work still queued on it. Nothing here
+/// can fail to keep it (a retain taken now could: the release thread would then not see its work). Call it under
+/// the device's gate. The errors of the query and of the destruction go to `report`.
 fn retire(device: Device, stream: CUstream, report: impl Fn(Error)) {
     let busy = match calls::stream_query(stream) {
         Ok(idle) => !idle,
@@ -94,34 +95,27 @@ fn retire(device: Device, stream: CUstream, report: impl Fn(Error)) {
         }
     };
     if busy {
-        // Balanced by the release when the stream is destroyed in `sweep`.
-        match calls::primary_ctx_retain(device.as_raw()) {
-            Ok(_) => {
-                let mut devices = lock(&DEVICES);
-                if let Some(known) = devices.iter_mut().find(|d| d.device == device) {
-                    known.draining.push(Draining(stream));
-                    return;
-                }
-                drop(devices);
-                // SAFETY: balances the retain above, which nothing else relies on.
-                let _ = unsafe { calls::primary_ctx_release(device.as_raw()) };
-            }
-            Err(e) => report(e.context(
-                "keeping a stream with work queued until it is idle (its work is not waited for before unpinning)",
-            )),
+        let mut devices = lock(&DEVICES);
+        if let Some(known) = devices.iter_mut().find(|d| d.device == device) {
+            known.draining.push(Draining(stream));
+            return;
         }
     }
     // SAFETY: a stream with no handle left. Work still pending on it completes first: the driver releases the
-    // stream afterwards.
-    if let Err(e) = unsafe { calls::stream_destroy(stream) } {
-        report(e.context("destroying a stream"));
+    // stream afterwards. The release balances the retain the stream was made with, which nothing else relies on.
+    unsafe {
+        if let Err(e) = calls::stream_destroy(stream) {
+            report(e.context("destroying a stream"));
+        }
+        let _ = calls::primary_ctx_release(device.as_raw());
     }
 }
 
-/// Destroys the streams of `known.draining` (of `device`) that are idle now.
+/// Destroys the streams of `known.draining` (of `device`) that are idle now, releasing the retain each was made
+/// with.
 fn sweep(known: &mut Known, device: Device) {
     known.draining.retain(|&Draining(stream)| {
-        // A stream of the device's primary context, which the entry keeps retained. Busy only while the query
+        // A stream of the device's primary context, which it keeps retained. Busy only while the query
         // says so: idle, or broken (then no more of its work runs either), it goes.
         let busy = matches!(calls::stream_query(stream), Ok(false));
         if !busy {
@@ -221,7 +215,7 @@ impl Context {
             release_stream: Mutex::new(std::ptr::null_mut()),
             gate: known.gate,
         }));
-        known.contexts.retain(|c| c.strong_count() > 0);
+        // Each entry is removed by its context's drop, once that has retired the context's own stream.
         known.contexts.push(Arc::downgrade(&context.0));
         drop(devices);
         // Loading the crate's kernels waits for all work on the device: done ahead, on a thread of its own.
@@ -388,6 +382,11 @@ impl Context {
                 return true;
             };
             sweep(known, device);
+            // A context whose last handle is gone but whose drop has not yet handed its stream for frees over to
+            // `draining` has work the release thread cannot see: not idle until it has.
+            if known.contexts.iter().any(|c| c.strong_count() == 0) {
+                return false;
+            }
             let contexts: Vec<Context> = known
                 .contexts
                 .iter()
@@ -466,15 +465,34 @@ impl Context {
         if raw.is_null() {
             let _current = self.enter()?;
             let flags = CUstream_flags::CU_STREAM_NON_BLOCKING.0;
-            // The context is current. Destroyed in Inner's Drop.
-            *raw = calls::stream_create(flags)
+            // The context is current. Retired in Inner's Drop.
+            *raw = self
+                .create_stream(|| calls::stream_create(flags))
                 .map_err(|e| e.context("creating the stream for stream-ordered frees"))?;
         }
         Ok(*raw)
     }
 
-    /// Destroys `stream`, a stream of this context with no handle left, once its work has completed (see
-    /// [`retire`]); call it under the device's gate. Errors go to the context's deferred errors.
+    /// Makes a stream with `create` (on this context, current) that holds a retain of the device's primary
+    /// context for its life: [`Context::retire_stream`] hands it over to the device's list of streams to retire
+    /// with that retain, so that keeping a stream's work in sight never needs a call that could fail.
+    ///
+    /// # Errors
+    /// The driver's, from the retain or from `create`.
+    pub(crate) fn create_stream(
+        &self,
+        create: impl FnOnce() -> Result<CUstream>,
+    ) -> Result<CUstream> {
+        let device = self.0.device.as_raw();
+        calls::primary_ctx_retain(device)?;
+        create().inspect_err(|_| {
+            // SAFETY: balances the retain above, which nothing else relies on.
+            let _ = unsafe { calls::primary_ctx_release(device) };
+        })
+    }
+
+    /// Destroys `stream`, made by [`Context::create_stream`] with no handle left, once its work has completed
+    /// (see [`retire`]); call it under the device's gate. Errors go to the context's deferred errors.
     pub(crate) fn retire_stream(&self, stream: CUstream) {
         retire(self.0.device, stream, |e| self.defer_error(e));
     }
@@ -562,6 +580,11 @@ impl Drop for Inner {
             // to: the errors go.
             let _gate = enter_gate(self.gate);
             retire(self.device, release_stream, drop);
+        }
+        // Only now may the release thread stop counting this context as busy (see `device_is_idle`).
+        let this: *const Inner = self;
+        for known in lock(&DEVICES).iter_mut() {
+            known.contexts.retain(|c| !std::ptr::eq(c.as_ptr(), this));
         }
         for event in self
             .events

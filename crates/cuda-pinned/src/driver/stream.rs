@@ -130,12 +130,13 @@ impl Stream {
     ) -> Result<Stream> {
         let _current = context.enter()?;
         let flags = CUstream_flags::CU_STREAM_NON_BLOCKING.0;
-        // The context is current; destroyed in Inner's Drop.
-        let created = match priority {
-            Some(priority) => calls::stream_create_with_priority(flags, priority),
-            None => calls::stream_create(flags),
-        };
-        let raw = created.map_err(|e| e.context("creating a stream"))?;
+        // The context is current; retired in Inner's Drop.
+        let raw = context
+            .create_stream(|| match priority {
+                Some(priority) => calls::stream_create_with_priority(flags, priority),
+                None => calls::stream_create(flags),
+            })
+            .map_err(|e| e.context("creating a stream"))?;
         Ok(Stream::wrap(Inner {
             raw,
             owned: true,
