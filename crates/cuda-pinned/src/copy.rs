@@ -4,25 +4,26 @@
 //! [`Stream::download`] take [`PinnedSource`] / [`PinnedDestination`], sealed traits implemented only for
 //! [`Pinned`], [`Registered`] and their views. A slice or `Vec` does not compile there:
 //!
-//! ```compile_fail
+//! ```ignore
 //! # fn f(stream: &cuda_pinned::Stream, device: &mut cuda_pinned::DeviceBuffer<u8>) -> cuda_pinned::Result<()> {
 //! let pageable = vec![0u8; 1024];
 //! stream.upload(&pageable, device)?; // error: Vec<u8> is not PinnedSource
 //! # Ok(()) }
 //! ```
-//! ```compile_fail
+//! ```ignore
 //! # fn f(stream: &cuda_pinned::Stream, device: &cuda_pinned::DeviceBuffer<u8>) -> cuda_pinned::Result<()> {
 //! let mut pageable = [0u8; 1024];
 //! stream.download(device, &mut pageable[..])?; // error: [u8] is not PinnedDestination
 //! # Ok(()) }
 //! ```
-//! Pageable memory has its own copies, [`Stream::upload_pageable`] and [`Stream::download_pageable`], which
+//! (Each claim here, and the others the types make, is a compile-fail test with its expected error in
+//! `tests/compile_fail/`.) Pageable memory has its own copies, [`Stream::upload_pageable`] and [`Stream::download_pageable`], which
 //! return only once the copy has completed.
 //!
 //! A host slice borrowed from pinned memory cannot be held across a copy into that memory, since the copy needs
 //! the buffer exclusively:
 //!
-//! ```compile_fail
+//! ```ignore
 //! # fn f(stream: &cuda_pinned::Stream, device: &cuda_pinned::DeviceBuffer<u8>,
 //! #      host: &mut cuda_pinned::Pinned<u8>) -> cuda_pinned::Result<()> {
 //! let seen = host.as_slice()?;

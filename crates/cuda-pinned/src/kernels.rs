@@ -64,6 +64,18 @@ pub fn checksum(bytes: &[u8]) -> u64 {
 #[cfg_attr(docsrs, doc(cfg(feature = "gpu")))]
 pub use launch::{axpy, device_checksum, fill, spin};
 
+/// The launchers of `cuda/kernels.cu` as they are exported, for device memory and streams the crate does not
+/// own (raw pointers and handles): each enqueues its kernel and returns the launch error as a `cudaError_t`
+/// (turn it into a `Result` with [`raw::check_launch`]). Nothing here is tracked: the caller orders the work.
+#[cfg(any(feature = "gpu", docsrs))]
+#[cfg_attr(docsrs, doc(cfg(feature = "gpu")))]
+pub mod raw {
+    pub use crate::kernels_ffi::{
+        check_launch, cuda_pinned_axpy_f32, cuda_pinned_checksum, cuda_pinned_fill_u8,
+        cuda_pinned_fill_u16, cuda_pinned_fill_u32, cuda_pinned_fill_u64, cuda_pinned_spin,
+    };
+}
+
 #[cfg(any(feature = "gpu", docsrs))]
 mod launch {
     use std::time::Duration;

@@ -7,7 +7,14 @@
 //! ```no_run
 //! use cuda_pinned::{Context, DeviceBuffer, Pinned, Stream};
 //!
-//! fn main() -> cuda_pinned::Result<()> {
+//! fn main() {
+//!     if let Err(e) = run() {
+//!         eprintln!("error: {e}"); // says what failed, in CUDA's words, and what the crate was doing
+//!         std::process::exit(1);
+//!     }
+//! }
+//!
+//! fn run() -> cuda_pinned::Result<()> {
 //!     let context = Context::on(0)?; // device 0's primary context, shared with other CUDA libraries
 //!     let (upload, compute) = (Stream::new(&context)?, Stream::new(&context)?);
 //!     let mut host = Pinned::<f32>::zeroed(&context, 1 << 20)?;

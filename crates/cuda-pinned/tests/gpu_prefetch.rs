@@ -17,10 +17,10 @@ use common::kernels::{device_checksum, spin};
 use common::{data, hold, serial};
 use cuda_pinned::kernels::checksum;
 #[cfg(feature = "gpu")]
+use cuda_pinned::kernels::raw;
+#[cfg(feature = "gpu")]
 use cuda_pinned::kernels::{device_checksum, spin};
 use cuda_pinned::prefetch::{Batch, DeviceParts};
-#[cfg(feature = "gpu")]
-use cuda_pinned::sys::kernels as raw;
 use cuda_pinned::{Context, DeviceBuffer, Error, Pinned, PinnedPool, Prefetcher, Stream};
 
 fn context() -> Context {

@@ -12,9 +12,8 @@ use common::serial;
 use std::sync::OnceLock;
 
 use cuda_pinned::driver_call;
-use cuda_pinned::sys::{
-    self, CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUstream, kernels,
-};
+use cuda_pinned::kernels::raw as kernels;
+use cuda_pinned::sys::{self, CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUstream};
 
 /// Device 0's primary context, made current on the calling thread (each test runs on a thread of its own).
 fn context() {

@@ -213,7 +213,7 @@ impl<T> Drop for DeviceBuffer<T> {
         if let Err(e) = self.release() {
             // The memory stays allocated: freeing it without knowing that its uses are done could let the
             // driver hand it to other work while ours still runs.
-            let leaked = format_args!(
+            let leaked = format!(
                 "freeing {} of device memory (it was leaked)",
                 Bytes(self.byte_len())
             );

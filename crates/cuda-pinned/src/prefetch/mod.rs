@@ -39,7 +39,7 @@
 //! ```no_run
 //! use cuda_pinned::{Context, DeviceBuffer, Pinned, PinnedPool, Prefetcher, Stream};
 //!
-//! fn main() -> cuda_pinned::Result<()> {
+//! fn train() -> cuda_pinned::Result<()> {
 //!     let context = Context::on(0)?;
 //!     let pool = PinnedPool::new(&context, 512 << 20); // the pinned memory the batches may take
 //!     let compute = Stream::new(&context)?; // where the batches are used
@@ -63,6 +63,7 @@
 //!     } // each batch dropped here goes back to be refilled once the work above has run
 //!     compute.synchronize()
 //! }
+//! # if let Err(e) = train() { eprintln!("error: {e}"); }
 //! ```
 //!
 //! A batch of several buffers is a tuple (`(Pinned<f32>, Pinned<u32>)` for inputs and targets), an array, or

@@ -216,9 +216,7 @@ fn use_simulator() {
     #[cfg(not(feature = "gpu"))]
     ONCE.call_once(|| {
         if std::env::var_os("CUDA_PINNED_LIBCUDA").is_none() {
-            if let Err(e) = cuda_pinned_sim::install() {
-                panic!("{e}");
-            }
+            cuda_pinned_sim::install().unwrap_or_else(|e| panic!("{e}"));
         }
     });
 }
@@ -277,7 +275,7 @@ fn enqueue_spin(stream: &Stream, duration: Duration) -> cuda_pinned::Result<()> 
     let ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
     #[cfg(feature = "gpu")]
     {
-        use cuda_pinned::sys::kernels;
+        use cuda_pinned::kernels::raw as kernels;
         // SAFETY: a live stream; the kernel touches no memory.
         let code = unsafe { kernels::cuda_pinned_spin(ns, stream.as_raw()) };
         kernels::check_launch(code, "cuda_pinned_spin")
