@@ -64,13 +64,23 @@ fuzz_target!(|data: &[u8]| {
 
     let (mut error, expected_name, expected_description) = if runtime {
         (
-            Error::from(sys::Error::from_runtime_parts(cudaError_t(code), name, description, function)),
+            Error::from(sys::Error::from_runtime_parts(
+                cudaError_t(code),
+                name,
+                description,
+                function,
+            )),
             expected_text(name, "cudaErrorUnrecognized"),
             expected_text(description, "a result code the runtime does not describe"),
         )
     } else {
         (
-            Error::from(sys::Error::from_driver_parts(CUresult(code), name, description, function)),
+            Error::from(sys::Error::from_driver_parts(
+                CUresult(code),
+                name,
+                description,
+                function,
+            )),
             expected_text(name, "CUDA_ERROR_UNRECOGNIZED"),
             expected_text(description, "a result code the driver does not describe"),
         )

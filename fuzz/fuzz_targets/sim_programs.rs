@@ -72,7 +72,11 @@ const LENGTHS: u8 = 4;
 fn simulator() -> String {
     match option_env!("CARGO_TARGET_DIR") {
         Some(dir) => format!("{dir}/release/libcuda_pinned_sim.so"),
-        None => concat!(env!("CARGO_MANIFEST_DIR"), "/../target/release/libcuda_pinned_sim.so").to_string(),
+        None => concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../target/release/libcuda_pinned_sim.so"
+        )
+        .to_string(),
     }
 }
 
