@@ -498,11 +498,11 @@ mod tests {
 
     /// As `std::backtrace::Backtrace` prints a call from a crate function through `driver_call!`.
     const THROUGH_THE_CRATE: &str = "   0: cuda_pinned_sim::detect::caller
-             at ./tests/sim-driver/src/detect.rs:10:5
+             at ./crates/cuda-pinned-sim/src/detect.rs:10:5
    1: cuda_pinned_sim::api::free_now
-             at ./tests/sim-driver/src/api.rs:200:9
+             at ./crates/cuda-pinned-sim/src/api.rs:200:9
    2: cuMemFreeHost
-             at ./tests/sim-driver/src/api.rs:700:5
+             at ./crates/cuda-pinned-sim/src/api.rs:700:5
    3: cuda_pinned::memory::pinned::Pinned<T>::drop::{{closure}}::{{closure}}
              at /home/dev/cuda-pinned/src/memory/pinned.rs:262:22
    4: core::result::Result<T,E>::and_then
@@ -537,10 +537,10 @@ mod tests {
     #[test]
     fn a_raw_call_names_its_caller() {
         let text = "   0: cuda_pinned_sim::detect::caller
-             at ./tests/sim-driver/src/detect.rs:10:5
+             at ./crates/cuda-pinned-sim/src/detect.rs:10:5
    1: cuMemFreeHost
    2: sim_detectors::hidden_wait::{{closure}}
-             at ./src/sys/mod.rs:85:13
+             at ./crates/cuda-pinned/src/lib.rs:122:13
    3: core::result::Result<T,E>::and_then
    4: sim_detectors::hidden_wait
              at ./tests/sim_detectors.rs:50:9
