@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Packages the publishable crates (cuda-pinned-sys, cuda-pinned-sim, cuda-pinned), unpacks them into
-# <target>/packaged and runs their tests there, as a user who downloaded them would: each unpacked crate
-# depends on the other unpacked packages (a [patch.crates-io] stands in for the registry), not on the sources.
+# Packages the publishable crates (cuda-pinned-sys, cuda-pinned-sim, cuda-pinned), unpacks them and runs each
+# one's tests as a user who downloaded it would: from the unpacked files, depending on the other crates through
+# a git source (a repository of the unpacked packages) as it would through a registry, so that cargo treats them
+# as it treats downloaded crates (a dependency's shared library, such as the simulator's, gets a hashed name).
 # Arguments are passed to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,21 +17,27 @@ cargo package "${args[@]}" --no-verify --allow-dirty
 
 packaged=$target/packaged
 rm -rf "$packaged"
-mkdir -p "$packaged"
-members=()
+mkdir -p "$packaged/repository"
 for crate in "${crates[@]}"; do
-  tar xzf "$target/package/$crate-$(version "$crate").crate" -C "$packaged"
-  members+=("\"$crate-$(version "$crate")\"")
+  tar xzf "$target/package/$crate-$(version "$crate").crate" -C "$packaged/repository"
 done
-{
-  echo "[workspace]"
-  echo "members = [$(IFS=,; echo "${members[*]}")]"
-  echo 'resolver = "3"'
-  echo
-  echo "[patch.crates-io]"
-  for crate in cuda-pinned-sys cuda-pinned-sim; do
-    echo "$crate = { path = \"$crate-$(version "$crate")\" }"
-  done
-} > "$packaged/Cargo.toml"
-cd "$packaged"
-CARGO_TARGET_DIR="$packaged/target" cargo test --workspace "$@"
+git -C "$packaged/repository" init -q
+git -C "$packaged/repository" add -A
+git -C "$packaged/repository" -c user.name=packages -c user.email=packages@localhost commit -qm "the packages"
+
+for crate in "${crates[@]}"; do
+  echo "=== the tests of the $crate package"
+  copy=$packaged/$crate
+  cp -r "$packaged/repository/$crate-$(version "$crate")" "$copy"
+  {
+    echo
+    echo "[workspace]"
+    echo
+    echo "[patch.crates-io]"
+    for other in "${crates[@]}"; do
+      [ "$other" = "$crate" ] || echo "$other = { git = \"file://$packaged/repository\" }"
+    done
+  } >> "$copy/Cargo.toml"
+  # A target folder per package, so that each finds only the libraries its own build made.
+  (cd "$copy" && CARGO_TARGET_DIR="$packaged/target-$crate" cargo test "$@")
+done

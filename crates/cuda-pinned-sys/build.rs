@@ -15,8 +15,9 @@ fn main() {
         let Some(toolkit) = find_headers() else {
             eprintln!(
                 "error: feature `bindgen` needs the CUDA headers (include/cuda.h of a toolkit), and none was \
-                 found in $CUDA_PATH, $CUDA_HOME, ./.cuda/nvidia/cu13 (of the workspace) or /usr/local/cuda. \
-                 Install a toolkit with scripts/install-cuda-toolkit.sh, or set CUDA_PATH."
+                 found in $CUDA_PATH, $CUDA_HOME, a .cuda/nvidia/cu13 above this crate or /usr/local/cuda. Set \
+                 CUDA_PATH to a toolkit's root (in the cuda-pinned repository, scripts/install-cuda-toolkit.sh \
+                 installs one into ./.cuda)."
             );
             std::process::exit(1);
         };

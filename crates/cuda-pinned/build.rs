@@ -18,9 +18,8 @@ fn main() {
         Err(tried) => {
             eprintln!(
                 "error: cuda-pinned's feature `gpu` needs a CUDA toolkit (nvcc and cuda.h), and none was \
-                 found.\nLooked in:\n{tried}\nInstall one into ./.cuda with \
-                 `scripts/install-cuda-toolkit.sh` (CUDA 13.0 from PyPI, no root needed), or set CUDA_PATH \
-                 to a toolkit's root."
+                 found.\nLooked in:\n{tried}\nSet CUDA_PATH to a toolkit's root (in the cuda-pinned repository, \
+                 `scripts/install-cuda-toolkit.sh` installs CUDA 13.0 from PyPI into ./.cuda, no root needed)."
             );
             std::process::exit(1);
         }

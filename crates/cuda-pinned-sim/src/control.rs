@@ -79,6 +79,13 @@ pub extern "C" fn cuda_sim_clear_faults() {
     SIM.lock().faults.clear();
 }
 
+/// The version of this crate the library was built from, NUL-terminated: [`Control::open`] talks only to the
+/// simulator of its own version, whose `cuda_sim_*` functions have the types it calls them with.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuda_sim_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
 /// Driver calls made so far (all but those that describe errors).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuda_sim_calls() -> u64 {
@@ -212,28 +219,36 @@ pub struct Control {
 }
 
 impl Control {
-    /// Opens the simulator at `path`.
-    pub fn open(path: &Path) -> Result<Control, String> {
-        // SAFETY: the simulator's initialisers only set up Rust statics lazily; loading it runs no code
-        // that could break this process.
+    /// Opens the simulator at `path`: `Err` if it does not load, or is not the simulator of this crate's
+    /// version (a real driver, say, or another version's build), whose functions it could not call safely.
+    ///
+    /// # Safety
+    /// Loading a library runs its initialisers: `path` must name a library for which that is sound (the
+    /// simulator, whose initialisers only set up Rust statics, or the driver).
+    pub unsafe fn open(path: &Path) -> Result<Control, String> {
+        // SAFETY: as the caller promises.
         let library = unsafe { libloading::Library::new(path) }.map_err(|e| {
             format!(
                 "cannot open the simulated driver at {}: {e}",
                 path.display()
             )
         })?;
-        Ok(Control { library })
-    }
-
-    /// Whether the library opened is the simulator (it could be a real driver named by
-    /// `CUDA_PINNED_LIBCUDA`).
-    pub fn is_simulator(&self) -> bool {
-        // SAFETY: only looked up, not called.
-        unsafe {
-            self.library
-                .get::<extern "C" fn() -> u64>(b"cuda_sim_calls")
+        // SAFETY: looked up with the type the simulator defines it with; called only if it is there, and a
+        // library that exports it under this name is the simulator (the `cuda_sim_` prefix is its own).
+        let version = unsafe {
+            library
+                .get::<extern "C" fn() -> *const c_char>(b"cuda_sim_version")
+                .map(|f| CStr::from_ptr(f()).to_string_lossy().into_owned())
         }
-        .is_ok()
+        .map_err(|_| format!("{} is not the simulated driver", path.display()))?;
+        if version != env!("CARGO_PKG_VERSION") {
+            return Err(format!(
+                "{} is the simulated driver of cuda-pinned-sim {version}, not {}",
+                path.display(),
+                env!("CARGO_PKG_VERSION")
+            ));
+        }
+        Ok(Control { library })
     }
 
     fn function<T: Copy>(&self, name: &str) -> T {
@@ -257,7 +272,7 @@ impl Control {
 
     /// Chooses setting `name` (`CUDA_SIM_SEED`, ... : see [`crate::Settings`]) to be `value` before the
     /// simulator starts; `Err` with the reason for an unknown name or once it has started.
-    pub fn configure(&self, name: &str, value: &str) -> Result<(), String> {
+    pub(crate) fn configure(&self, name: &str, value: &str) -> Result<(), String> {
         let to_c = |s: &str| std::ffi::CString::new(s).map_err(|e| e.to_string());
         let (c_name, c_value) = (to_c(name)?, to_c(value)?);
         let f: unsafe extern "C" fn(*const c_char, *const c_char) -> CUresult =
@@ -270,6 +285,23 @@ impl Control {
                  CUDA call of the process)"
             )),
             _ => Err(format!("{name} is not a setting of the simulator")),
+        }
+    }
+
+    /// Holds the simulator for the calling test until the guard is dropped: faults, violations and what is
+    /// alive belong to the whole process, and the test harness runs a binary's tests on several threads, so a
+    /// test that injects faults, reads violations or counts what is alive takes this first (every such test of
+    /// the binary, or none). Dropping the guard removes the faults not yet triggered.
+    pub fn exclusive(&self) -> Exclusive<'_> {
+        static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        // A test that panicked while holding it leaves nothing half done that the next one relies on.
+        let lock = ONE_AT_A_TIME
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Exclusive {
+            control: self,
+            violations_before: self.violations().len(),
+            _lock: lock,
         }
     }
 
@@ -337,6 +369,36 @@ impl Control {
     }
 }
 
+/// The simulator held by one test: see [`Control::exclusive`]. Derefs to the [`Control`].
+pub struct Exclusive<'a> {
+    control: &'a Control,
+    violations_before: usize,
+    _lock: std::sync::MutexGuard<'static, ()>,
+}
+
+impl Exclusive<'_> {
+    /// The violations found since the guard was taken: those of this test.
+    pub fn new_violations(&self) -> Vec<String> {
+        let mut all = self.control.violations();
+        all.drain(..self.violations_before.min(all.len()));
+        all
+    }
+}
+
+impl std::ops::Deref for Exclusive<'_> {
+    type Target = Control;
+
+    fn deref(&self) -> &Control {
+        self.control
+    }
+}
+
+impl Drop for Exclusive<'_> {
+    fn drop(&mut self) {
+        self.control.clear_faults();
+    }
+}
+
 /// The string a `cuda_sim_*` function copies out through `copy(buffer, len)`.
 fn read_string(copy: impl Fn(*mut c_char, usize) -> i64) -> String {
     let mut buffer = vec![0u8; 4096];
@@ -345,15 +407,55 @@ fn read_string(copy: impl Fn(*mut c_char, usize) -> i64) -> String {
     String::from_utf8_lossy(&buffer).into_owned()
 }
 
-/// Where the simulator was built, for a test binary of a crate that has it as a dependency:
-/// `libcuda_pinned_sim.so` in the directory of the running executable (cargo puts a dependency's cdylib in
-/// `deps/`, beside the tests), or its parent.
+/// Where the simulator of this version was built, for a program of a crate that has it as a dependency: the
+/// newest `libcuda_pinned_sim*.so` that is the simulator of this version (see [`Control::open`]), looked for
+/// where cargo puts a dependency's shared library: `deps/` beside a test binary, or the `deps/` above an
+/// example's folder (its file name carries a hash when the crate comes from a registry or git). A program
+/// elsewhere (a doctest, a copied binary) finds it where `CUDA_PINNED_LIBCUDA` names it.
 pub fn library_path() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let name = crate::testkit::library_name();
-    exe.ancestors()
-        .skip(1)
-        .take(2)
-        .map(|dir| dir.join(&name))
-        .find(|p| p.is_file())
+    candidates().into_iter().find(|path| {
+        // SAFETY: a file named as the simulator's build in cargo's output folders, or named by the user as the
+        // driver to load: its initialisers are the simulator's or the driver's.
+        unsafe { Control::open(path) }.is_ok()
+    })
+}
+
+/// The files that may be the simulator: the one `CUDA_PINNED_LIBCUDA` names, then those of cargo's output
+/// folders near the running program, newest first.
+fn candidates() -> Vec<PathBuf> {
+    let mut found: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
+    if let Ok(exe) = std::env::current_exe() {
+        let (prefix, suffix) = (std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX);
+        let stem = format!("{prefix}cuda_pinned_sim");
+        let dirs = exe
+            .ancestors()
+            .skip(1)
+            .take(2)
+            .flat_map(|dir| [dir.to_path_buf(), dir.join("deps")]);
+        for dir in dirs {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                let Some(rest) = name
+                    .strip_prefix(&stem)
+                    .and_then(|r| r.strip_suffix(suffix))
+                else {
+                    continue;
+                };
+                if rest.is_empty() || rest.starts_with('-') {
+                    let modified = entry.metadata().and_then(|m| m.modified());
+                    found.push((modified.unwrap_or(std::time::UNIX_EPOCH), entry.path()));
+                }
+            }
+        }
+    }
+    found.sort_by_key(|(modified, _)| std::cmp::Reverse(*modified));
+    let named = std::env::var_os("CUDA_PINNED_LIBCUDA").map(PathBuf::from);
+    named
+        .into_iter()
+        .chain(found.into_iter().map(|(_, path)| path))
+        .collect()
 }

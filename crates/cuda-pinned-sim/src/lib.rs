@@ -8,12 +8,12 @@
 //! cuda-pinned-sim = "0.1"
 //! ```
 //! ```ignore
-//! // (A test of a crate that depends on cuda-pinned: examples/downstream in the repository runs this.)
+//! // (A test of a crate that depends on cuda-pinned; the repository's examples/downstream runs one like it.)
 //! use cuda_pinned::{Context, DeviceBuffer, Pinned, Stream};
 //!
 //! #[test]
 //! fn a_round_trip_keeps_every_element() -> Result<(), Box<dyn std::error::Error>> {
-//!     let sim = cuda_pinned_sim::install_with(cuda_pinned_sim::Settings::new().seed(7))?;
+//!     let sim = cuda_pinned_sim::install_with(cuda_pinned_sim::Settings::new().seed(7))?.exclusive();
 //!     let context = Context::on(0)?;
 //!     let (a, b) = (Stream::new(&context)?, Stream::new(&context)?);
 //!     let mut host = Pinned::from_slice(&context, &[1u32, 2, 3])?;
@@ -21,7 +21,7 @@
 //!     a.upload(&host, &mut device)?;
 //!     b.download(&device, &mut host)?;
 //!     assert_eq!(host.as_slice()?, [1, 2, 3]);
-//!     assert!(sim.violations().is_empty(), "{:?}", sim.violations());
+//!     assert!(sim.new_violations().is_empty(), "{:?}", sim.new_violations());
 //!     Ok(())
 //! }
 //! ```
@@ -29,7 +29,9 @@
 //! It is built as a shared library that exports, with the C ABI and the signatures of `cuda.h`, the driver
 //! functions `cuda-pinned` calls (and the runtime's host-memory functions); cargo builds it beside the test
 //! binaries of any crate that depends on it, and [`install`] makes `cuda-pinned-sys` load it. (Setting
-//! `CUDA_PINNED_LIBCUDA` and `CUDA_PINNED_LIBCUDART` to [`library_path`] does the same from outside.) Device
+//! `CUDA_PINNED_LIBCUDA` and `CUDA_PINNED_LIBCUDART` to [`library_path`] does the same from outside.) Faults,
+//! violations and what is alive belong to the whole process: a test that uses them holds the simulator with
+//! [`Control::exclusive`]. Device
 //! memory is host memory the simulator tracks; each stream is a thread that runs its queue in order, every
 //! operation after a random delay (seeded: [`Settings::seed`]), so work that was not ordered runs in the wrong
 //! order and shows as wrong data.
@@ -70,7 +72,7 @@ mod sim;
 mod stream;
 mod testkit;
 
-pub use control::{Control, Live, library_path};
+pub use control::{Control, Exclusive, Live, library_path};
 pub use testkit::{Error, Settings, install, install_with};
 
 /// The types and constants of cuda.h.

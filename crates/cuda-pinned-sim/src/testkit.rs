@@ -10,8 +10,9 @@ use cuda_pinned_sys::Library;
 
 use crate::control::{Control, library_path};
 
-/// Settings of the simulated driver, chosen in code before its first use; each one not chosen is taken from
-/// its environment variable, else its default.
+/// Settings of the simulated driver, chosen in code before its first use (the first CUDA call of the process, or
+/// the first query through [`Control`]); each one not chosen is taken from its environment variable, else its
+/// default. They hold for the whole process: give every test of a binary the same ones.
 ///
 /// | setting              | variable                 | default |
 /// |----------------------|--------------------------|---------|
@@ -91,17 +92,18 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-/// Makes `cuda-pinned` use the simulated driver, with the settings of the environment: the same as
-/// [`install_with`]`(Settings::new())`. Call it at the start of every test that needs it (it is cheap once
-/// done, and tests run in any order); add `cuda-pinned-sim` as a dev-dependency, which makes `cargo test`
-/// build the simulator beside the test binaries.
+/// Makes `cuda-pinned` use the simulated driver, with the settings of the environment (or those an earlier
+/// [`install_with`] chose): the same as [`install_with`]`(Settings::new())`. Call it at the start of every test
+/// that needs it (it is cheap once done); add `cuda-pinned-sim` as a dev-dependency, which makes `cargo test`
+/// build the simulator beside the test binaries. A test that injects faults, reads violations or counts what
+/// is alive holds the simulator for itself with [`Control::exclusive`]: that state is the whole process's.
 ///
 /// ```no_run
 /// #[test]
 /// fn uploads_arrive() -> Result<(), Box<dyn std::error::Error>> {
-///     let sim = cuda_pinned_sim::install()?;
+///     let sim = cuda_pinned_sim::install()?.exclusive();
 ///     // ... use cuda-pinned as on a GPU ...
-///     assert!(sim.violations().is_empty());
+///     assert!(sim.new_violations().is_empty());
 ///     Ok(())
 /// }
 /// ```
@@ -117,12 +119,17 @@ pub fn install() -> Result<&'static Control, Error> {
 /// inject, the calls made, the violations found and what is still alive.
 ///
 /// It must come before the first CUDA call of the process (the first `Context::on`, say); calling it again
-/// later is `Ok` where it chooses nothing new (the same settings, or none).
+/// later is `Ok` where it chooses nothing new (the same settings, or none), and an error where it would
+/// change a setting of the simulator once started.
 ///
 /// # Errors
-/// Where the simulator's library is not beside the test binary (it is built as a dependency's shared
-/// library: add `cuda-pinned-sim` to `[dev-dependencies]`); where another driver was loaded first; where a
-/// setting is chosen after the simulator has started.
+/// Where no build of the simulator of this version is found (see [`crate::library_path`]); where another
+/// driver was loaded first; where a setting is changed after the simulator has started.
+///
+/// A crate whose tests link the CUDA runtime statically (as `cuda-pinned`'s feature `gpu` does) cannot have
+/// this crate in the same test binary: its library also exports the runtime's host-memory functions
+/// (`cudaHostAlloc`, ...), and the link fails with duplicate symbols. Test such a crate on the simulator
+/// without its GPU feature.
 pub fn install_with(settings: Settings) -> Result<&'static Control, Error> {
     static CONTROL: OnceLock<Result<(Control, PathBuf), Error>> = OnceLock::new();
     let (control, path) = CONTROL.get_or_init(open).as_ref().map_err(Clone::clone)?;
@@ -147,29 +154,16 @@ pub fn install_with(settings: Settings) -> Result<&'static Control, Error> {
 fn open() -> Result<(Control, PathBuf), Error> {
     let path = library_path().ok_or_else(|| {
         Error(format!(
-            "the simulated driver ({}) is not beside the test binary {}: add cuda-pinned-sim to \
-             [dev-dependencies], so that cargo builds it with the tests",
-            library_name(),
+            "no build of the simulated driver of cuda-pinned-sim {} was found for {}: cargo builds it beside the \
+             test binaries of a crate that has cuda-pinned-sim in [dev-dependencies]; for a program run from \
+             elsewhere (a doctest, a copied binary), set CUDA_PINNED_LIBCUDA to it",
+            env!("CARGO_PKG_VERSION"),
             std::env::current_exe()
                 .map(|p| p.display().to_string())
                 .unwrap_or_default()
         ))
     })?;
-    let control = Control::open(&path).map_err(Error)?;
-    if !control.is_simulator() {
-        return Err(Error(format!(
-            "{} is not the simulated driver",
-            path.display()
-        )));
-    }
+    // SAFETY: a library that `library_path` has opened already and found to be the simulator.
+    let control = unsafe { Control::open(&path) }.map_err(Error)?;
     Ok((control, path))
-}
-
-/// The simulator's file name: `libcuda_pinned_sim.so` on Linux.
-pub(crate) fn library_name() -> String {
-    format!(
-        "{}cuda_pinned_sim{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    )
 }

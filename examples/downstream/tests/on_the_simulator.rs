@@ -1,11 +1,12 @@
 //! The crate's tests on the simulated driver, through the testkit's API: no GPU, no CUDA toolkit.
 
-use cuda_pinned_sim::{Settings, install_with};
+use cuda_pinned_sim::{Exclusive, Settings, install_with};
 
-/// Every test installs the simulator first (the first one to run does the work) with the same settings.
-fn simulator() -> &'static cuda_pinned_sim::Control {
+/// Every test installs the simulator first (the first one to run does the work), with the same settings, and
+/// holds it for itself: faults, violations and what is alive are the whole process's.
+fn simulator() -> Exclusive<'static> {
     match install_with(Settings::new().seed(42).devices(1)) {
-        Ok(control) => control,
+        Ok(control) => control.exclusive(),
         Err(e) => panic!("{e}"),
     }
 }
@@ -16,7 +17,11 @@ fn a_round_trip_across_two_streams_keeps_every_value() {
     let values: Vec<u32> = (0..100_000).map(|i| i * 7 + 1).collect();
     let back = downstream::round_trip(&values).expect("a round trip on the simulator");
     assert_eq!(back, values);
-    assert!(sim.violations().is_empty(), "{:?}", sim.violations());
+    assert!(
+        sim.new_violations().is_empty(),
+        "{:?}",
+        sim.new_violations()
+    );
 }
 
 #[test]
@@ -27,12 +32,15 @@ fn a_failing_driver_call_is_an_error_of_the_crate_not_a_panic() {
         .and_then(|()| sim.fail("cuMemAllocAsync:1:CUDA_ERROR_OUT_OF_MEMORY"))
         .expect("a valid fault list");
     let error = downstream::round_trip(&[1, 2, 3]).expect_err("the allocation was made to fail");
-    sim.clear_faults();
     assert!(
         error.to_string().contains("CUDA_ERROR_OUT_OF_MEMORY"),
         "{error}"
     );
-    assert!(sim.violations().is_empty(), "{:?}", sim.violations());
+    assert!(
+        sim.new_violations().is_empty(),
+        "{:?}",
+        sim.new_violations()
+    );
 }
 
 #[test]

@@ -230,10 +230,10 @@ pub fn sim() -> Option<&'static cuda_pinned_sim::Control> {
     *CONTROL.get_or_init(|| match std::env::var_os("CUDA_PINNED_LIBCUDA") {
         None => cuda_pinned_sim::install().ok(),
         Some(path) => {
-            let control = cuda_pinned_sim::Control::open(path.as_ref()).ok()?;
-            // A real driver opened here has no cuda_sim_* functions.
-            let control: &'static _ = Box::leak(Box::new(control));
-            control.is_simulator().then_some(control)
+            // SAFETY: the library the crate loads as its driver: the simulator or a driver. A real driver is
+            // refused (it has no cuda_sim_* functions).
+            let control = unsafe { cuda_pinned_sim::Control::open(path.as_ref()) }.ok()?;
+            Some(&*Box::leak(Box::new(control)))
         }
     })
 }
