@@ -163,9 +163,6 @@ impl Error {
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(raw) = self.as_sys() {
-            return raw.fmt(f);
-        }
         match self {
             Error::InvalidArgument { message } => f.write_str(message),
             Error::PoolExhausted {
@@ -221,7 +218,11 @@ impl fmt::Display for Error {
             | Error::Runtime { .. }
             | Error::Load { .. }
             | Error::MissingFunction { .. }
-            | Error::DriverTooOld { .. } => unreachable!("described by cuda-pinned-sys"),
+            // Described as cuda-pinned-sys describes them, which `as_sys` turns each into.
+            | Error::DriverTooOld { .. } => match self.as_sys() {
+                Some(raw) => raw.fmt(f),
+                None => Ok(()),
+            },
         }
     }
 }
