@@ -140,6 +140,56 @@ mod bindings {
         // pointer attributes
         "cuPointerGetAttribute",
         "cuPointerGetAttributes",
+        // modules and libraries: loading PTX, cubin and fatbin images, their kernels and attributes
+        "cuModuleLoadData",
+        "cuModuleLoadDataEx",
+        "cuModuleUnload",
+        "cuModuleGetFunction",
+        "cuModuleGetFunctionCount",
+        "cuModuleEnumerateFunctions",
+        "cuModuleGetGlobal_v2",
+        "cuLibraryLoadData",
+        "cuLibraryUnload",
+        "cuLibraryGetKernel",
+        "cuKernelGetFunction",
+        "cuKernelGetParamInfo",
+        "cuFuncGetAttribute",
+        "cuFuncSetAttribute",
+        "cuFuncGetParamInfo",
+        "cuFuncGetName",
+        "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+        // kernel launch
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
+        // contexts other than the primary one, for interop
+        "cuCtxCreate_v4",
+        "cuCtxDestroy_v2",
+        "cuCtxGetFlags",
+        "cuCtxGetId",
+        "cuStreamGetCtx",
+        "cuStreamGetId",
+        // peer access and peer copies
+        "cuDeviceCanAccessPeer",
+        "cuDeviceGetP2PAttribute",
+        "cuCtxEnablePeerAccess",
+        "cuCtxDisablePeerAccess",
+        "cuMemcpyPeerAsync",
+        // batched copies
+        "cuMemcpyBatchAsync_v2",
+        // stream memory operations
+        "cuStreamWriteValue32_v2",
+        "cuStreamWriteValue64_v2",
+        "cuStreamWaitValue32_v2",
+        "cuStreamWaitValue64_v2",
+        "cuStreamBatchMemOp_v2",
+        // graphs captured from streams
+        "cuStreamBeginCapture_v2",
+        "cuStreamEndCapture",
+        "cuStreamIsCapturing",
+        "cuGraphInstantiateWithFlags",
+        "cuGraphLaunch",
+        "cuGraphDestroy",
+        "cuGraphExecDestroy",
     ];
 
     /// The runtime's host-memory entry points (libcudart), loaded separately because the runtime is optional.
@@ -171,6 +221,14 @@ mod bindings {
         "CUevent_record_flags",
         "CUevent_wait_flags",
         "CUmemorytype",
+        "CUfunction_attribute",
+        "CUjit_option",
+        "CUlaunchAttributeID",
+        "CUstreamCaptureMode",
+        "CUstreamWaitValue_flags",
+        "CUstreamWriteValue_flags",
+        "CUmemcpySrcAccessOrder",
+        "CUmemcpyFlags",
         // the runtime functions' own types, which the runtime pass does not emit
         "cudaError_t",
         "cudaError",

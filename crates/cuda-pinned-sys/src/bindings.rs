@@ -21,6 +21,7 @@ pub const cudaHostRegisterPortable: u32 = 1;
 pub const cudaHostRegisterMapped: u32 = 2;
 pub const cudaHostRegisterIoMemory: u32 = 4;
 pub const cudaHostRegisterReadOnly: u32 = 8;
+pub type cuuint32_t = u32;
 pub type cuuint64_t = u64;
 pub type CUdeviceptr_v2 = ::std::os::raw::c_ulonglong;
 pub type CUdeviceptr = CUdeviceptr_v2;
@@ -32,6 +33,30 @@ pub struct CUctx_st {
     _unused: [u8; 0],
 }
 pub type CUcontext = *mut CUctx_st;
+#[repr(C)]
+#[derive(Debug)]
+pub struct CUmod_st {
+    _unused: [u8; 0],
+}
+pub type CUmodule = *mut CUmod_st;
+#[repr(C)]
+#[derive(Debug)]
+pub struct CUfunc_st {
+    _unused: [u8; 0],
+}
+pub type CUfunction = *mut CUfunc_st;
+#[repr(C)]
+#[derive(Debug)]
+pub struct CUlib_st {
+    _unused: [u8; 0],
+}
+pub type CUlibrary = *mut CUlib_st;
+#[repr(C)]
+#[derive(Debug)]
+pub struct CUkern_st {
+    _unused: [u8; 0],
+}
+pub type CUkernel = *mut CUkern_st;
 #[repr(C)]
 #[derive(Debug)]
 pub struct CUarray_st {
@@ -52,10 +77,28 @@ pub struct CUstream_st {
 pub type CUstream = *mut CUstream_st;
 #[repr(C)]
 #[derive(Debug)]
+pub struct CUgraph_st {
+    _unused: [u8; 0],
+}
+pub type CUgraph = *mut CUgraph_st;
+#[repr(C)]
+#[derive(Debug)]
+pub struct CUgraphExec_st {
+    _unused: [u8; 0],
+}
+pub type CUgraphExec = *mut CUgraphExec_st;
+#[repr(C)]
+#[derive(Debug)]
 pub struct CUmemPoolHandle_st {
     _unused: [u8; 0],
 }
 pub type CUmemoryPool = *mut CUmemPoolHandle_st;
+#[repr(C)]
+#[derive(Debug)]
+pub struct CUgraphDeviceUpdatableNode_st {
+    _unused: [u8; 0],
+}
+pub type CUgraphDeviceNode = *mut CUgraphDeviceUpdatableNode_st;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUuuid_st {
@@ -130,6 +173,372 @@ impl CUevent_wait_flags_enum {
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUevent_wait_flags_enum(pub ::std::os::raw::c_uint);
 pub use self::CUevent_wait_flags_enum as CUevent_wait_flags;
+impl CUstreamWaitValue_flags_enum {
+    pub const CU_STREAM_WAIT_VALUE_GEQ: CUstreamWaitValue_flags_enum = CUstreamWaitValue_flags_enum(
+        0,
+    );
+    pub const CU_STREAM_WAIT_VALUE_EQ: CUstreamWaitValue_flags_enum = CUstreamWaitValue_flags_enum(
+        1,
+    );
+    pub const CU_STREAM_WAIT_VALUE_AND: CUstreamWaitValue_flags_enum = CUstreamWaitValue_flags_enum(
+        2,
+    );
+    pub const CU_STREAM_WAIT_VALUE_NOR: CUstreamWaitValue_flags_enum = CUstreamWaitValue_flags_enum(
+        3,
+    );
+    pub const CU_STREAM_WAIT_VALUE_FLUSH: CUstreamWaitValue_flags_enum = CUstreamWaitValue_flags_enum(
+        1073741824,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUstreamWaitValue_flags_enum(pub ::std::os::raw::c_uint);
+pub use self::CUstreamWaitValue_flags_enum as CUstreamWaitValue_flags;
+impl CUstreamWriteValue_flags_enum {
+    pub const CU_STREAM_WRITE_VALUE_DEFAULT: CUstreamWriteValue_flags_enum = CUstreamWriteValue_flags_enum(
+        0,
+    );
+    pub const CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER: CUstreamWriteValue_flags_enum = CUstreamWriteValue_flags_enum(
+        1,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUstreamWriteValue_flags_enum(pub ::std::os::raw::c_uint);
+pub use self::CUstreamWriteValue_flags_enum as CUstreamWriteValue_flags;
+impl CUstreamBatchMemOpType_enum {
+    pub const CU_STREAM_MEM_OP_WAIT_VALUE_32: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(
+        1,
+    );
+    pub const CU_STREAM_MEM_OP_WRITE_VALUE_32: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(
+        2,
+    );
+    pub const CU_STREAM_MEM_OP_WAIT_VALUE_64: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(
+        4,
+    );
+    pub const CU_STREAM_MEM_OP_WRITE_VALUE_64: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(
+        5,
+    );
+    pub const CU_STREAM_MEM_OP_BARRIER: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(
+        6,
+    );
+    pub const CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(
+        3,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUstreamBatchMemOpType_enum(pub ::std::os::raw::c_uint);
+pub use self::CUstreamBatchMemOpType_enum as CUstreamBatchMemOpType;
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union CUstreamBatchMemOpParams_union {
+    pub operation: CUstreamBatchMemOpType,
+    pub waitValue: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st,
+    pub writeValue: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st,
+    pub flushRemoteWrites: CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st,
+    pub memoryBarrier: CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st,
+    pub pad: [cuuint64_t; 6usize],
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st {
+    pub operation: CUstreamBatchMemOpType,
+    pub address: CUdeviceptr,
+    pub __bindgen_anon_1: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1,
+    pub flags: ::std::os::raw::c_uint,
+    pub alias: CUdeviceptr,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1 {
+    pub value: cuuint32_t,
+    pub value64: cuuint64_t,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1",
+    ][::std::mem::size_of::<
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1,
+    >() - 8usize];
+    [
+        "Alignment of CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1",
+    ][::std::mem::align_of::<
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1,
+    >() - 8usize];
+    [
+        "Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1::value",
+    ][::std::mem::offset_of!(
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1,
+        value
+    ) - 0usize];
+    [
+        "Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1::value64",
+    ][::std::mem::offset_of!(
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1,
+        value64
+    ) - 0usize];
+};
+impl Default
+for CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st",
+    ][::std::mem::size_of::<
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st,
+    >() - 40usize];
+    [
+        "Alignment of CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st",
+    ][::std::mem::align_of::<
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st,
+    >() - 8usize];
+    [
+        "Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st::operation",
+    ][::std::mem::offset_of!(
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st, operation
+    ) - 0usize];
+    [
+        "Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st::address",
+    ][::std::mem::offset_of!(
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st, address
+    ) - 8usize];
+    [
+        "Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st::flags",
+    ][::std::mem::offset_of!(
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st, flags
+    ) - 24usize];
+    [
+        "Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st::alias",
+    ][::std::mem::offset_of!(
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st, alias
+    ) - 32usize];
+};
+impl Default for CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
+    pub operation: CUstreamBatchMemOpType,
+    pub address: CUdeviceptr,
+    pub __bindgen_anon_1: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1,
+    pub flags: ::std::os::raw::c_uint,
+    pub alias: CUdeviceptr,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 {
+    pub value: cuuint32_t,
+    pub value64: cuuint64_t,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1",
+    ][::std::mem::size_of::<
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1,
+    >() - 8usize];
+    [
+        "Alignment of CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1",
+    ][::std::mem::align_of::<
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1,
+    >() - 8usize];
+    [
+        "Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1::value",
+    ][::std::mem::offset_of!(
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1,
+        value
+    ) - 0usize];
+    [
+        "Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1::value64",
+    ][::std::mem::offset_of!(
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1,
+        value64
+    ) - 0usize];
+};
+impl Default
+for CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st",
+    ][::std::mem::size_of::<
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st,
+    >() - 40usize];
+    [
+        "Alignment of CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st",
+    ][::std::mem::align_of::<
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st,
+    >() - 8usize];
+    [
+        "Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st::operation",
+    ][::std::mem::offset_of!(
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st, operation
+    ) - 0usize];
+    [
+        "Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st::address",
+    ][::std::mem::offset_of!(
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st, address
+    ) - 8usize];
+    [
+        "Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st::flags",
+    ][::std::mem::offset_of!(
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st, flags
+    ) - 24usize];
+    [
+        "Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st::alias",
+    ][::std::mem::offset_of!(
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st, alias
+    ) - 32usize];
+};
+impl Default for CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st {
+    pub operation: CUstreamBatchMemOpType,
+    pub flags: ::std::os::raw::c_uint,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st",
+    ][::std::mem::size_of::<
+        CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st,
+    >() - 8usize];
+    [
+        "Alignment of CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st",
+    ][::std::mem::align_of::<
+        CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st,
+    >() - 4usize];
+    [
+        "Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st::operation",
+    ][::std::mem::offset_of!(
+        CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st, operation
+    ) - 0usize];
+    [
+        "Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st::flags",
+    ][::std::mem::offset_of!(
+        CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st, flags
+    ) - 4usize];
+};
+impl Default for CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st {
+    pub operation: CUstreamBatchMemOpType,
+    pub flags: ::std::os::raw::c_uint,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st",
+    ][::std::mem::size_of::<
+        CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st,
+    >() - 8usize];
+    [
+        "Alignment of CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st",
+    ][::std::mem::align_of::<
+        CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st,
+    >() - 4usize];
+    [
+        "Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st::operation",
+    ][::std::mem::offset_of!(
+        CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st, operation
+    ) - 0usize];
+    [
+        "Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st::flags",
+    ][::std::mem::offset_of!(
+        CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st, flags
+    ) - 4usize];
+};
+impl Default for CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUstreamBatchMemOpParams_union",
+    ][::std::mem::size_of::<CUstreamBatchMemOpParams_union>() - 48usize];
+    [
+        "Alignment of CUstreamBatchMemOpParams_union",
+    ][::std::mem::align_of::<CUstreamBatchMemOpParams_union>() - 8usize];
+    [
+        "Offset of field: CUstreamBatchMemOpParams_union::operation",
+    ][::std::mem::offset_of!(CUstreamBatchMemOpParams_union, operation) - 0usize];
+    [
+        "Offset of field: CUstreamBatchMemOpParams_union::waitValue",
+    ][::std::mem::offset_of!(CUstreamBatchMemOpParams_union, waitValue) - 0usize];
+    [
+        "Offset of field: CUstreamBatchMemOpParams_union::writeValue",
+    ][::std::mem::offset_of!(CUstreamBatchMemOpParams_union, writeValue) - 0usize];
+    [
+        "Offset of field: CUstreamBatchMemOpParams_union::flushRemoteWrites",
+    ][::std::mem::offset_of!(CUstreamBatchMemOpParams_union, flushRemoteWrites)
+        - 0usize];
+    [
+        "Offset of field: CUstreamBatchMemOpParams_union::memoryBarrier",
+    ][::std::mem::offset_of!(CUstreamBatchMemOpParams_union, memoryBarrier) - 0usize];
+    [
+        "Offset of field: CUstreamBatchMemOpParams_union::pad",
+    ][::std::mem::offset_of!(CUstreamBatchMemOpParams_union, pad) - 0usize];
+};
+impl Default for CUstreamBatchMemOpParams_union {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub type CUstreamBatchMemOpParams_v1 = CUstreamBatchMemOpParams_union;
+pub type CUstreamBatchMemOpParams = CUstreamBatchMemOpParams_v1;
 impl CUdevice_attribute_enum {
     pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(
         1,
@@ -667,6 +1076,63 @@ impl CUpointer_attribute_enum {
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUpointer_attribute_enum(pub ::std::os::raw::c_uint);
 pub use self::CUpointer_attribute_enum as CUpointer_attribute;
+impl CUfunction_attribute_enum {
+    pub const CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        0,
+    );
+    pub const CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        1,
+    );
+    pub const CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        2,
+    );
+    pub const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        3,
+    );
+    pub const CU_FUNC_ATTRIBUTE_NUM_REGS: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        4,
+    );
+    pub const CU_FUNC_ATTRIBUTE_PTX_VERSION: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        5,
+    );
+    pub const CU_FUNC_ATTRIBUTE_BINARY_VERSION: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        6,
+    );
+    pub const CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        7,
+    );
+    pub const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        8,
+    );
+    pub const CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        9,
+    );
+    pub const CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        10,
+    );
+    pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        11,
+    );
+    pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        12,
+    );
+    pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        13,
+    );
+    pub const CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        14,
+    );
+    pub const CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        15,
+    );
+    pub const CU_FUNC_ATTRIBUTE_MAX: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        16,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUfunction_attribute_enum(pub ::std::os::raw::c_uint);
+pub use self::CUfunction_attribute_enum as CUfunction_attribute;
 impl CUmemorytype_enum {
     pub const CU_MEMORYTYPE_HOST: CUmemorytype_enum = CUmemorytype_enum(1);
     pub const CU_MEMORYTYPE_DEVICE: CUmemorytype_enum = CUmemorytype_enum(2);
@@ -677,9 +1143,618 @@ impl CUmemorytype_enum {
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUmemorytype_enum(pub ::std::os::raw::c_uint);
 pub use self::CUmemorytype_enum as CUmemorytype;
+impl CUjit_option_enum {
+    pub const CU_JIT_MAX_REGISTERS: CUjit_option_enum = CUjit_option_enum(0);
+    pub const CU_JIT_THREADS_PER_BLOCK: CUjit_option_enum = CUjit_option_enum(1);
+    pub const CU_JIT_WALL_TIME: CUjit_option_enum = CUjit_option_enum(2);
+    pub const CU_JIT_INFO_LOG_BUFFER: CUjit_option_enum = CUjit_option_enum(3);
+    pub const CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES: CUjit_option_enum = CUjit_option_enum(
+        4,
+    );
+    pub const CU_JIT_ERROR_LOG_BUFFER: CUjit_option_enum = CUjit_option_enum(5);
+    pub const CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: CUjit_option_enum = CUjit_option_enum(
+        6,
+    );
+    pub const CU_JIT_OPTIMIZATION_LEVEL: CUjit_option_enum = CUjit_option_enum(7);
+    pub const CU_JIT_TARGET_FROM_CUCONTEXT: CUjit_option_enum = CUjit_option_enum(8);
+    pub const CU_JIT_TARGET: CUjit_option_enum = CUjit_option_enum(9);
+    pub const CU_JIT_FALLBACK_STRATEGY: CUjit_option_enum = CUjit_option_enum(10);
+    pub const CU_JIT_GENERATE_DEBUG_INFO: CUjit_option_enum = CUjit_option_enum(11);
+    pub const CU_JIT_LOG_VERBOSE: CUjit_option_enum = CUjit_option_enum(12);
+    pub const CU_JIT_GENERATE_LINE_INFO: CUjit_option_enum = CUjit_option_enum(13);
+    pub const CU_JIT_CACHE_MODE: CUjit_option_enum = CUjit_option_enum(14);
+    pub const CU_JIT_NEW_SM3X_OPT: CUjit_option_enum = CUjit_option_enum(15);
+    pub const CU_JIT_FAST_COMPILE: CUjit_option_enum = CUjit_option_enum(16);
+    pub const CU_JIT_GLOBAL_SYMBOL_NAMES: CUjit_option_enum = CUjit_option_enum(17);
+    pub const CU_JIT_GLOBAL_SYMBOL_ADDRESSES: CUjit_option_enum = CUjit_option_enum(18);
+    pub const CU_JIT_GLOBAL_SYMBOL_COUNT: CUjit_option_enum = CUjit_option_enum(19);
+    pub const CU_JIT_LTO: CUjit_option_enum = CUjit_option_enum(20);
+    pub const CU_JIT_FTZ: CUjit_option_enum = CUjit_option_enum(21);
+    pub const CU_JIT_PREC_DIV: CUjit_option_enum = CUjit_option_enum(22);
+    pub const CU_JIT_PREC_SQRT: CUjit_option_enum = CUjit_option_enum(23);
+    pub const CU_JIT_FMA: CUjit_option_enum = CUjit_option_enum(24);
+    pub const CU_JIT_REFERENCED_KERNEL_NAMES: CUjit_option_enum = CUjit_option_enum(25);
+    pub const CU_JIT_REFERENCED_KERNEL_COUNT: CUjit_option_enum = CUjit_option_enum(26);
+    pub const CU_JIT_REFERENCED_VARIABLE_NAMES: CUjit_option_enum = CUjit_option_enum(
+        27,
+    );
+    pub const CU_JIT_REFERENCED_VARIABLE_COUNT: CUjit_option_enum = CUjit_option_enum(
+        28,
+    );
+    pub const CU_JIT_OPTIMIZE_UNUSED_DEVICE_VARIABLES: CUjit_option_enum = CUjit_option_enum(
+        29,
+    );
+    pub const CU_JIT_POSITION_INDEPENDENT_CODE: CUjit_option_enum = CUjit_option_enum(
+        30,
+    );
+    pub const CU_JIT_MIN_CTA_PER_SM: CUjit_option_enum = CUjit_option_enum(31);
+    pub const CU_JIT_MAX_THREADS_PER_BLOCK: CUjit_option_enum = CUjit_option_enum(32);
+    pub const CU_JIT_OVERRIDE_DIRECTIVE_VALUES: CUjit_option_enum = CUjit_option_enum(
+        33,
+    );
+    pub const CU_JIT_SPLIT_COMPILE: CUjit_option_enum = CUjit_option_enum(34);
+    pub const CU_JIT_NUM_OPTIONS: CUjit_option_enum = CUjit_option_enum(35);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUjit_option_enum(pub ::std::os::raw::c_uint);
+pub use self::CUjit_option_enum as CUjit_option;
 pub type CUhostFn = ::std::option::Option<
     unsafe extern "C" fn(userData: *mut ::std::os::raw::c_void),
 >;
+impl CUaccessProperty_enum {
+    pub const CU_ACCESS_PROPERTY_NORMAL: CUaccessProperty_enum = CUaccessProperty_enum(
+        0,
+    );
+    pub const CU_ACCESS_PROPERTY_STREAMING: CUaccessProperty_enum = CUaccessProperty_enum(
+        1,
+    );
+    pub const CU_ACCESS_PROPERTY_PERSISTING: CUaccessProperty_enum = CUaccessProperty_enum(
+        2,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUaccessProperty_enum(pub ::std::os::raw::c_uint);
+pub use self::CUaccessProperty_enum as CUaccessProperty;
+#[repr(C)]
+#[derive(Debug, Copy, Clone, PartialEq)]
+pub struct CUaccessPolicyWindow_st {
+    pub base_ptr: *mut ::std::os::raw::c_void,
+    pub num_bytes: usize,
+    pub hitRatio: f32,
+    pub hitProp: CUaccessProperty,
+    pub missProp: CUaccessProperty,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUaccessPolicyWindow_st",
+    ][::std::mem::size_of::<CUaccessPolicyWindow_st>() - 32usize];
+    [
+        "Alignment of CUaccessPolicyWindow_st",
+    ][::std::mem::align_of::<CUaccessPolicyWindow_st>() - 8usize];
+    [
+        "Offset of field: CUaccessPolicyWindow_st::base_ptr",
+    ][::std::mem::offset_of!(CUaccessPolicyWindow_st, base_ptr) - 0usize];
+    [
+        "Offset of field: CUaccessPolicyWindow_st::num_bytes",
+    ][::std::mem::offset_of!(CUaccessPolicyWindow_st, num_bytes) - 8usize];
+    [
+        "Offset of field: CUaccessPolicyWindow_st::hitRatio",
+    ][::std::mem::offset_of!(CUaccessPolicyWindow_st, hitRatio) - 16usize];
+    [
+        "Offset of field: CUaccessPolicyWindow_st::hitProp",
+    ][::std::mem::offset_of!(CUaccessPolicyWindow_st, hitProp) - 20usize];
+    [
+        "Offset of field: CUaccessPolicyWindow_st::missProp",
+    ][::std::mem::offset_of!(CUaccessPolicyWindow_st, missProp) - 24usize];
+};
+impl Default for CUaccessPolicyWindow_st {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub type CUaccessPolicyWindow_v1 = CUaccessPolicyWindow_st;
+pub type CUaccessPolicyWindow = CUaccessPolicyWindow_v1;
+impl CUsynchronizationPolicy_enum {
+    pub const CU_SYNC_POLICY_AUTO: CUsynchronizationPolicy_enum = CUsynchronizationPolicy_enum(
+        1,
+    );
+    pub const CU_SYNC_POLICY_SPIN: CUsynchronizationPolicy_enum = CUsynchronizationPolicy_enum(
+        2,
+    );
+    pub const CU_SYNC_POLICY_YIELD: CUsynchronizationPolicy_enum = CUsynchronizationPolicy_enum(
+        3,
+    );
+    pub const CU_SYNC_POLICY_BLOCKING_SYNC: CUsynchronizationPolicy_enum = CUsynchronizationPolicy_enum(
+        4,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUsynchronizationPolicy_enum(pub ::std::os::raw::c_uint);
+pub use self::CUsynchronizationPolicy_enum as CUsynchronizationPolicy;
+impl CUclusterSchedulingPolicy_enum {
+    pub const CU_CLUSTER_SCHEDULING_POLICY_DEFAULT: CUclusterSchedulingPolicy_enum = CUclusterSchedulingPolicy_enum(
+        0,
+    );
+    pub const CU_CLUSTER_SCHEDULING_POLICY_SPREAD: CUclusterSchedulingPolicy_enum = CUclusterSchedulingPolicy_enum(
+        1,
+    );
+    pub const CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING: CUclusterSchedulingPolicy_enum = CUclusterSchedulingPolicy_enum(
+        2,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUclusterSchedulingPolicy_enum(pub ::std::os::raw::c_uint);
+pub use self::CUclusterSchedulingPolicy_enum as CUclusterSchedulingPolicy;
+impl CUlaunchMemSyncDomain_enum {
+    pub const CU_LAUNCH_MEM_SYNC_DOMAIN_DEFAULT: CUlaunchMemSyncDomain_enum = CUlaunchMemSyncDomain_enum(
+        0,
+    );
+    pub const CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE: CUlaunchMemSyncDomain_enum = CUlaunchMemSyncDomain_enum(
+        1,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUlaunchMemSyncDomain_enum(pub ::std::os::raw::c_uint);
+pub use self::CUlaunchMemSyncDomain_enum as CUlaunchMemSyncDomain;
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUlaunchMemSyncDomainMap_st {
+    pub default_: ::std::os::raw::c_uchar,
+    pub remote: ::std::os::raw::c_uchar,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUlaunchMemSyncDomainMap_st",
+    ][::std::mem::size_of::<CUlaunchMemSyncDomainMap_st>() - 2usize];
+    [
+        "Alignment of CUlaunchMemSyncDomainMap_st",
+    ][::std::mem::align_of::<CUlaunchMemSyncDomainMap_st>() - 1usize];
+    [
+        "Offset of field: CUlaunchMemSyncDomainMap_st::default_",
+    ][::std::mem::offset_of!(CUlaunchMemSyncDomainMap_st, default_) - 0usize];
+    [
+        "Offset of field: CUlaunchMemSyncDomainMap_st::remote",
+    ][::std::mem::offset_of!(CUlaunchMemSyncDomainMap_st, remote) - 1usize];
+};
+pub type CUlaunchMemSyncDomainMap = CUlaunchMemSyncDomainMap_st;
+impl CUlaunchAttributeID_enum {
+    pub const CU_LAUNCH_ATTRIBUTE_IGNORE: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        0,
+    );
+    pub const CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        1,
+    );
+    pub const CU_LAUNCH_ATTRIBUTE_COOPERATIVE: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        2,
+    );
+    pub const CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        3,
+    );
+    pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        4,
+    );
+    pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        5,
+    );
+    pub const CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        6,
+    );
+    pub const CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        7,
+    );
+    pub const CU_LAUNCH_ATTRIBUTE_PRIORITY: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        8,
+    );
+    pub const CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        9,
+    );
+    pub const CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        10,
+    );
+    pub const CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        11,
+    );
+    pub const CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        12,
+    );
+    pub const CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        13,
+    );
+    pub const CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        14,
+    );
+    pub const CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        16,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUlaunchAttributeID_enum(pub ::std::os::raw::c_uint);
+pub use self::CUlaunchAttributeID_enum as CUlaunchAttributeID;
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union CUlaunchAttributeValue_union {
+    pub pad: [::std::os::raw::c_char; 64usize],
+    pub accessPolicyWindow: CUaccessPolicyWindow,
+    pub cooperative: ::std::os::raw::c_int,
+    pub syncPolicy: CUsynchronizationPolicy,
+    pub clusterDim: CUlaunchAttributeValue_union__bindgen_ty_1,
+    pub clusterSchedulingPolicyPreference: CUclusterSchedulingPolicy,
+    pub programmaticStreamSerializationAllowed: ::std::os::raw::c_int,
+    pub programmaticEvent: CUlaunchAttributeValue_union__bindgen_ty_2,
+    pub launchCompletionEvent: CUlaunchAttributeValue_union__bindgen_ty_3,
+    pub priority: ::std::os::raw::c_int,
+    pub memSyncDomainMap: CUlaunchMemSyncDomainMap,
+    pub memSyncDomain: CUlaunchMemSyncDomain,
+    pub preferredClusterDim: CUlaunchAttributeValue_union__bindgen_ty_4,
+    pub deviceUpdatableKernelNode: CUlaunchAttributeValue_union__bindgen_ty_5,
+    pub sharedMemCarveout: ::std::os::raw::c_uint,
+    pub nvlinkUtilCentricScheduling: ::std::os::raw::c_uint,
+}
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUlaunchAttributeValue_union__bindgen_ty_1 {
+    pub x: ::std::os::raw::c_uint,
+    pub y: ::std::os::raw::c_uint,
+    pub z: ::std::os::raw::c_uint,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUlaunchAttributeValue_union__bindgen_ty_1",
+    ][::std::mem::size_of::<CUlaunchAttributeValue_union__bindgen_ty_1>() - 12usize];
+    [
+        "Alignment of CUlaunchAttributeValue_union__bindgen_ty_1",
+    ][::std::mem::align_of::<CUlaunchAttributeValue_union__bindgen_ty_1>() - 4usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union__bindgen_ty_1::x",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union__bindgen_ty_1, x) - 0usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union__bindgen_ty_1::y",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union__bindgen_ty_1, y) - 4usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union__bindgen_ty_1::z",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union__bindgen_ty_1, z) - 8usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUlaunchAttributeValue_union__bindgen_ty_2 {
+    pub event: CUevent,
+    pub flags: ::std::os::raw::c_int,
+    pub triggerAtBlockStart: ::std::os::raw::c_int,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUlaunchAttributeValue_union__bindgen_ty_2",
+    ][::std::mem::size_of::<CUlaunchAttributeValue_union__bindgen_ty_2>() - 16usize];
+    [
+        "Alignment of CUlaunchAttributeValue_union__bindgen_ty_2",
+    ][::std::mem::align_of::<CUlaunchAttributeValue_union__bindgen_ty_2>() - 8usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union__bindgen_ty_2::event",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union__bindgen_ty_2, event)
+        - 0usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union__bindgen_ty_2::flags",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union__bindgen_ty_2, flags)
+        - 8usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union__bindgen_ty_2::triggerAtBlockStart",
+    ][::std::mem::offset_of!(
+        CUlaunchAttributeValue_union__bindgen_ty_2, triggerAtBlockStart
+    ) - 12usize];
+};
+impl Default for CUlaunchAttributeValue_union__bindgen_ty_2 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUlaunchAttributeValue_union__bindgen_ty_3 {
+    pub event: CUevent,
+    pub flags: ::std::os::raw::c_int,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUlaunchAttributeValue_union__bindgen_ty_3",
+    ][::std::mem::size_of::<CUlaunchAttributeValue_union__bindgen_ty_3>() - 16usize];
+    [
+        "Alignment of CUlaunchAttributeValue_union__bindgen_ty_3",
+    ][::std::mem::align_of::<CUlaunchAttributeValue_union__bindgen_ty_3>() - 8usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union__bindgen_ty_3::event",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union__bindgen_ty_3, event)
+        - 0usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union__bindgen_ty_3::flags",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union__bindgen_ty_3, flags)
+        - 8usize];
+};
+impl Default for CUlaunchAttributeValue_union__bindgen_ty_3 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUlaunchAttributeValue_union__bindgen_ty_4 {
+    pub x: ::std::os::raw::c_uint,
+    pub y: ::std::os::raw::c_uint,
+    pub z: ::std::os::raw::c_uint,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUlaunchAttributeValue_union__bindgen_ty_4",
+    ][::std::mem::size_of::<CUlaunchAttributeValue_union__bindgen_ty_4>() - 12usize];
+    [
+        "Alignment of CUlaunchAttributeValue_union__bindgen_ty_4",
+    ][::std::mem::align_of::<CUlaunchAttributeValue_union__bindgen_ty_4>() - 4usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union__bindgen_ty_4::x",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union__bindgen_ty_4, x) - 0usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union__bindgen_ty_4::y",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union__bindgen_ty_4, y) - 4usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union__bindgen_ty_4::z",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union__bindgen_ty_4, z) - 8usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUlaunchAttributeValue_union__bindgen_ty_5 {
+    pub deviceUpdatable: ::std::os::raw::c_int,
+    pub devNode: CUgraphDeviceNode,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUlaunchAttributeValue_union__bindgen_ty_5",
+    ][::std::mem::size_of::<CUlaunchAttributeValue_union__bindgen_ty_5>() - 16usize];
+    [
+        "Alignment of CUlaunchAttributeValue_union__bindgen_ty_5",
+    ][::std::mem::align_of::<CUlaunchAttributeValue_union__bindgen_ty_5>() - 8usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union__bindgen_ty_5::deviceUpdatable",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union__bindgen_ty_5, deviceUpdatable)
+        - 0usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union__bindgen_ty_5::devNode",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union__bindgen_ty_5, devNode)
+        - 8usize];
+};
+impl Default for CUlaunchAttributeValue_union__bindgen_ty_5 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUlaunchAttributeValue_union",
+    ][::std::mem::size_of::<CUlaunchAttributeValue_union>() - 64usize];
+    [
+        "Alignment of CUlaunchAttributeValue_union",
+    ][::std::mem::align_of::<CUlaunchAttributeValue_union>() - 8usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union::pad",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union, pad) - 0usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union::accessPolicyWindow",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union, accessPolicyWindow) - 0usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union::cooperative",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union, cooperative) - 0usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union::syncPolicy",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union, syncPolicy) - 0usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union::clusterDim",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union, clusterDim) - 0usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union::clusterSchedulingPolicyPreference",
+    ][::std::mem::offset_of!(
+        CUlaunchAttributeValue_union, clusterSchedulingPolicyPreference
+    ) - 0usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union::programmaticStreamSerializationAllowed",
+    ][::std::mem::offset_of!(
+        CUlaunchAttributeValue_union, programmaticStreamSerializationAllowed
+    ) - 0usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union::programmaticEvent",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union, programmaticEvent) - 0usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union::launchCompletionEvent",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union, launchCompletionEvent)
+        - 0usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union::priority",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union, priority) - 0usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union::memSyncDomainMap",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union, memSyncDomainMap) - 0usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union::memSyncDomain",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union, memSyncDomain) - 0usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union::preferredClusterDim",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union, preferredClusterDim)
+        - 0usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union::deviceUpdatableKernelNode",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union, deviceUpdatableKernelNode)
+        - 0usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union::sharedMemCarveout",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union, sharedMemCarveout) - 0usize];
+    [
+        "Offset of field: CUlaunchAttributeValue_union::nvlinkUtilCentricScheduling",
+    ][::std::mem::offset_of!(CUlaunchAttributeValue_union, nvlinkUtilCentricScheduling)
+        - 0usize];
+};
+impl Default for CUlaunchAttributeValue_union {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub type CUlaunchAttributeValue = CUlaunchAttributeValue_union;
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct CUlaunchAttribute_st {
+    pub id: CUlaunchAttributeID,
+    pub pad: [::std::os::raw::c_char; 4usize],
+    pub value: CUlaunchAttributeValue,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUlaunchAttribute_st",
+    ][::std::mem::size_of::<CUlaunchAttribute_st>() - 72usize];
+    [
+        "Alignment of CUlaunchAttribute_st",
+    ][::std::mem::align_of::<CUlaunchAttribute_st>() - 8usize];
+    [
+        "Offset of field: CUlaunchAttribute_st::id",
+    ][::std::mem::offset_of!(CUlaunchAttribute_st, id) - 0usize];
+    [
+        "Offset of field: CUlaunchAttribute_st::pad",
+    ][::std::mem::offset_of!(CUlaunchAttribute_st, pad) - 4usize];
+    [
+        "Offset of field: CUlaunchAttribute_st::value",
+    ][::std::mem::offset_of!(CUlaunchAttribute_st, value) - 8usize];
+};
+impl Default for CUlaunchAttribute_st {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub type CUlaunchAttribute = CUlaunchAttribute_st;
+#[repr(C)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUlaunchConfig_st {
+    pub gridDimX: ::std::os::raw::c_uint,
+    pub gridDimY: ::std::os::raw::c_uint,
+    pub gridDimZ: ::std::os::raw::c_uint,
+    pub blockDimX: ::std::os::raw::c_uint,
+    pub blockDimY: ::std::os::raw::c_uint,
+    pub blockDimZ: ::std::os::raw::c_uint,
+    pub sharedMemBytes: ::std::os::raw::c_uint,
+    pub hStream: CUstream,
+    pub attrs: *mut CUlaunchAttribute,
+    pub numAttrs: ::std::os::raw::c_uint,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUlaunchConfig_st"][::std::mem::size_of::<CUlaunchConfig_st>() - 56usize];
+    [
+        "Alignment of CUlaunchConfig_st",
+    ][::std::mem::align_of::<CUlaunchConfig_st>() - 8usize];
+    [
+        "Offset of field: CUlaunchConfig_st::gridDimX",
+    ][::std::mem::offset_of!(CUlaunchConfig_st, gridDimX) - 0usize];
+    [
+        "Offset of field: CUlaunchConfig_st::gridDimY",
+    ][::std::mem::offset_of!(CUlaunchConfig_st, gridDimY) - 4usize];
+    [
+        "Offset of field: CUlaunchConfig_st::gridDimZ",
+    ][::std::mem::offset_of!(CUlaunchConfig_st, gridDimZ) - 8usize];
+    [
+        "Offset of field: CUlaunchConfig_st::blockDimX",
+    ][::std::mem::offset_of!(CUlaunchConfig_st, blockDimX) - 12usize];
+    [
+        "Offset of field: CUlaunchConfig_st::blockDimY",
+    ][::std::mem::offset_of!(CUlaunchConfig_st, blockDimY) - 16usize];
+    [
+        "Offset of field: CUlaunchConfig_st::blockDimZ",
+    ][::std::mem::offset_of!(CUlaunchConfig_st, blockDimZ) - 20usize];
+    [
+        "Offset of field: CUlaunchConfig_st::sharedMemBytes",
+    ][::std::mem::offset_of!(CUlaunchConfig_st, sharedMemBytes) - 24usize];
+    [
+        "Offset of field: CUlaunchConfig_st::hStream",
+    ][::std::mem::offset_of!(CUlaunchConfig_st, hStream) - 32usize];
+    [
+        "Offset of field: CUlaunchConfig_st::attrs",
+    ][::std::mem::offset_of!(CUlaunchConfig_st, attrs) - 40usize];
+    [
+        "Offset of field: CUlaunchConfig_st::numAttrs",
+    ][::std::mem::offset_of!(CUlaunchConfig_st, numAttrs) - 48usize];
+};
+impl Default for CUlaunchConfig_st {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub type CUlaunchConfig = CUlaunchConfig_st;
+impl CUstreamCaptureStatus_enum {
+    pub const CU_STREAM_CAPTURE_STATUS_NONE: CUstreamCaptureStatus_enum = CUstreamCaptureStatus_enum(
+        0,
+    );
+    pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: CUstreamCaptureStatus_enum = CUstreamCaptureStatus_enum(
+        1,
+    );
+    pub const CU_STREAM_CAPTURE_STATUS_INVALIDATED: CUstreamCaptureStatus_enum = CUstreamCaptureStatus_enum(
+        2,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUstreamCaptureStatus_enum(pub ::std::os::raw::c_uint);
+pub use self::CUstreamCaptureStatus_enum as CUstreamCaptureStatus;
+impl CUstreamCaptureMode_enum {
+    pub const CU_STREAM_CAPTURE_MODE_GLOBAL: CUstreamCaptureMode_enum = CUstreamCaptureMode_enum(
+        0,
+    );
+    pub const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: CUstreamCaptureMode_enum = CUstreamCaptureMode_enum(
+        1,
+    );
+    pub const CU_STREAM_CAPTURE_MODE_RELAXED: CUstreamCaptureMode_enum = CUstreamCaptureMode_enum(
+        2,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUstreamCaptureMode_enum(pub ::std::os::raw::c_uint);
+pub use self::CUstreamCaptureMode_enum as CUstreamCaptureMode;
 impl CUdriverProcAddressQueryResult_enum {
     pub const CU_GET_PROC_ADDRESS_SUCCESS: CUdriverProcAddressQueryResult_enum = CUdriverProcAddressQueryResult_enum(
         0,
@@ -695,6 +1770,182 @@ impl CUdriverProcAddressQueryResult_enum {
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUdriverProcAddressQueryResult_enum(pub ::std::os::raw::c_uint);
 pub use self::CUdriverProcAddressQueryResult_enum as CUdriverProcAddressQueryResult;
+impl CUexecAffinityType_enum {
+    pub const CU_EXEC_AFFINITY_TYPE_SM_COUNT: CUexecAffinityType_enum = CUexecAffinityType_enum(
+        0,
+    );
+    pub const CU_EXEC_AFFINITY_TYPE_MAX: CUexecAffinityType_enum = CUexecAffinityType_enum(
+        1,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUexecAffinityType_enum(pub ::std::os::raw::c_uint);
+pub use self::CUexecAffinityType_enum as CUexecAffinityType;
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUexecAffinitySmCount_st {
+    pub val: ::std::os::raw::c_uint,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUexecAffinitySmCount_st",
+    ][::std::mem::size_of::<CUexecAffinitySmCount_st>() - 4usize];
+    [
+        "Alignment of CUexecAffinitySmCount_st",
+    ][::std::mem::align_of::<CUexecAffinitySmCount_st>() - 4usize];
+    [
+        "Offset of field: CUexecAffinitySmCount_st::val",
+    ][::std::mem::offset_of!(CUexecAffinitySmCount_st, val) - 0usize];
+};
+pub type CUexecAffinitySmCount_v1 = CUexecAffinitySmCount_st;
+pub type CUexecAffinitySmCount = CUexecAffinitySmCount_v1;
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct CUexecAffinityParam_st {
+    pub type_: CUexecAffinityType,
+    pub param: CUexecAffinityParam_st__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union CUexecAffinityParam_st__bindgen_ty_1 {
+    pub smCount: CUexecAffinitySmCount,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUexecAffinityParam_st__bindgen_ty_1",
+    ][::std::mem::size_of::<CUexecAffinityParam_st__bindgen_ty_1>() - 4usize];
+    [
+        "Alignment of CUexecAffinityParam_st__bindgen_ty_1",
+    ][::std::mem::align_of::<CUexecAffinityParam_st__bindgen_ty_1>() - 4usize];
+    [
+        "Offset of field: CUexecAffinityParam_st__bindgen_ty_1::smCount",
+    ][::std::mem::offset_of!(CUexecAffinityParam_st__bindgen_ty_1, smCount) - 0usize];
+};
+impl Default for CUexecAffinityParam_st__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUexecAffinityParam_st",
+    ][::std::mem::size_of::<CUexecAffinityParam_st>() - 8usize];
+    [
+        "Alignment of CUexecAffinityParam_st",
+    ][::std::mem::align_of::<CUexecAffinityParam_st>() - 4usize];
+    [
+        "Offset of field: CUexecAffinityParam_st::type_",
+    ][::std::mem::offset_of!(CUexecAffinityParam_st, type_) - 0usize];
+    [
+        "Offset of field: CUexecAffinityParam_st::param",
+    ][::std::mem::offset_of!(CUexecAffinityParam_st, param) - 4usize];
+};
+impl Default for CUexecAffinityParam_st {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub type CUexecAffinityParam_v1 = CUexecAffinityParam_st;
+pub type CUexecAffinityParam = CUexecAffinityParam_v1;
+impl CUcigDataType_enum {
+    pub const CIG_DATA_TYPE_D3D12_COMMAND_QUEUE: CUcigDataType_enum = CUcigDataType_enum(
+        1,
+    );
+    pub const CIG_DATA_TYPE_NV_BLOB: CUcigDataType_enum = CUcigDataType_enum(2);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUcigDataType_enum(pub ::std::os::raw::c_uint);
+pub use self::CUcigDataType_enum as CUcigDataType;
+#[repr(C)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUctxCigParam_st {
+    pub sharedDataType: CUcigDataType,
+    pub sharedData: *mut ::std::os::raw::c_void,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUctxCigParam_st"][::std::mem::size_of::<CUctxCigParam_st>() - 16usize];
+    [
+        "Alignment of CUctxCigParam_st",
+    ][::std::mem::align_of::<CUctxCigParam_st>() - 8usize];
+    [
+        "Offset of field: CUctxCigParam_st::sharedDataType",
+    ][::std::mem::offset_of!(CUctxCigParam_st, sharedDataType) - 0usize];
+    [
+        "Offset of field: CUctxCigParam_st::sharedData",
+    ][::std::mem::offset_of!(CUctxCigParam_st, sharedData) - 8usize];
+};
+impl Default for CUctxCigParam_st {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub type CUctxCigParam = CUctxCigParam_st;
+#[repr(C)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUctxCreateParams_st {
+    pub execAffinityParams: *mut CUexecAffinityParam,
+    pub numExecAffinityParams: ::std::os::raw::c_int,
+    pub cigParams: *mut CUctxCigParam,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUctxCreateParams_st",
+    ][::std::mem::size_of::<CUctxCreateParams_st>() - 24usize];
+    [
+        "Alignment of CUctxCreateParams_st",
+    ][::std::mem::align_of::<CUctxCreateParams_st>() - 8usize];
+    [
+        "Offset of field: CUctxCreateParams_st::execAffinityParams",
+    ][::std::mem::offset_of!(CUctxCreateParams_st, execAffinityParams) - 0usize];
+    [
+        "Offset of field: CUctxCreateParams_st::numExecAffinityParams",
+    ][::std::mem::offset_of!(CUctxCreateParams_st, numExecAffinityParams) - 8usize];
+    [
+        "Offset of field: CUctxCreateParams_st::cigParams",
+    ][::std::mem::offset_of!(CUctxCreateParams_st, cigParams) - 16usize];
+};
+impl Default for CUctxCreateParams_st {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub type CUctxCreateParams = CUctxCreateParams_st;
+impl CUlibraryOption_enum {
+    pub const CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE: CUlibraryOption_enum = CUlibraryOption_enum(
+        0,
+    );
+    pub const CU_LIBRARY_BINARY_IS_PRESERVED: CUlibraryOption_enum = CUlibraryOption_enum(
+        1,
+    );
+    pub const CU_LIBRARY_NUM_OPTIONS: CUlibraryOption_enum = CUlibraryOption_enum(2);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUlibraryOption_enum(pub ::std::os::raw::c_uint);
+pub use self::CUlibraryOption_enum as CUlibraryOption;
 impl cudaError_enum {
     pub const CUDA_SUCCESS: cudaError_enum = cudaError_enum(0);
     pub const CUDA_ERROR_INVALID_VALUE: cudaError_enum = cudaError_enum(1);
@@ -826,6 +2077,30 @@ impl cudaError_enum {
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct cudaError_enum(pub ::std::os::raw::c_uint);
 pub use self::cudaError_enum as CUresult;
+impl CUdevice_P2PAttribute_enum {
+    pub const CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK: CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(
+        1,
+    );
+    pub const CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED: CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(
+        2,
+    );
+    pub const CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED: CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(
+        3,
+    );
+    pub const CU_DEVICE_P2P_ATTRIBUTE_ACCESS_ACCESS_SUPPORTED: CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(
+        4,
+    );
+    pub const CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED: CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(
+        4,
+    );
+    pub const CU_DEVICE_P2P_ATTRIBUTE_ONLY_PARTIAL_NATIVE_ATOMIC_SUPPORTED: CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(
+        5,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUdevice_P2PAttribute_enum(pub ::std::os::raw::c_uint);
+pub use self::CUdevice_P2PAttribute_enum as CUdevice_P2PAttribute;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_MEMCPY2D_st {
@@ -1034,6 +2309,63 @@ impl Default for CUDA_MEMCPY3D_st {
 }
 pub type CUDA_MEMCPY3D_v2 = CUDA_MEMCPY3D_st;
 pub type CUDA_MEMCPY3D = CUDA_MEMCPY3D_v2;
+impl CUmemLocationType_enum {
+    pub const CU_MEM_LOCATION_TYPE_INVALID: CUmemLocationType_enum = CUmemLocationType_enum(
+        0,
+    );
+    pub const CU_MEM_LOCATION_TYPE_NONE: CUmemLocationType_enum = CUmemLocationType_enum(
+        0,
+    );
+    pub const CU_MEM_LOCATION_TYPE_DEVICE: CUmemLocationType_enum = CUmemLocationType_enum(
+        1,
+    );
+    pub const CU_MEM_LOCATION_TYPE_HOST: CUmemLocationType_enum = CUmemLocationType_enum(
+        2,
+    );
+    pub const CU_MEM_LOCATION_TYPE_HOST_NUMA: CUmemLocationType_enum = CUmemLocationType_enum(
+        3,
+    );
+    pub const CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: CUmemLocationType_enum = CUmemLocationType_enum(
+        4,
+    );
+    pub const CU_MEM_LOCATION_TYPE_MAX: CUmemLocationType_enum = CUmemLocationType_enum(
+        2147483647,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUmemLocationType_enum(pub ::std::os::raw::c_uint);
+pub use self::CUmemLocationType_enum as CUmemLocationType;
+#[repr(C)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUmemLocation_st {
+    pub type_: CUmemLocationType,
+    pub id: ::std::os::raw::c_int,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUmemLocation_st"][::std::mem::size_of::<CUmemLocation_st>() - 8usize];
+    [
+        "Alignment of CUmemLocation_st",
+    ][::std::mem::align_of::<CUmemLocation_st>() - 4usize];
+    [
+        "Offset of field: CUmemLocation_st::type_",
+    ][::std::mem::offset_of!(CUmemLocation_st, type_) - 0usize];
+    [
+        "Offset of field: CUmemLocation_st::id",
+    ][::std::mem::offset_of!(CUmemLocation_st, id) - 4usize];
+};
+impl Default for CUmemLocation_st {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub type CUmemLocation_v1 = CUmemLocation_st;
+pub type CUmemLocation = CUmemLocation_v1;
 impl CUmemPool_attribute_enum {
     pub const CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: CUmemPool_attribute_enum = CUmemPool_attribute_enum(
         1,
@@ -1064,6 +2396,77 @@ impl CUmemPool_attribute_enum {
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUmemPool_attribute_enum(pub ::std::os::raw::c_uint);
 pub use self::CUmemPool_attribute_enum as CUmemPool_attribute;
+impl CUmemcpyFlags_enum {
+    pub const CU_MEMCPY_FLAG_DEFAULT: CUmemcpyFlags_enum = CUmemcpyFlags_enum(0);
+    pub const CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE: CUmemcpyFlags_enum = CUmemcpyFlags_enum(
+        1,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUmemcpyFlags_enum(pub ::std::os::raw::c_uint);
+pub use self::CUmemcpyFlags_enum as CUmemcpyFlags;
+impl CUmemcpySrcAccessOrder_enum {
+    pub const CU_MEMCPY_SRC_ACCESS_ORDER_INVALID: CUmemcpySrcAccessOrder_enum = CUmemcpySrcAccessOrder_enum(
+        0,
+    );
+    pub const CU_MEMCPY_SRC_ACCESS_ORDER_STREAM: CUmemcpySrcAccessOrder_enum = CUmemcpySrcAccessOrder_enum(
+        1,
+    );
+    pub const CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL: CUmemcpySrcAccessOrder_enum = CUmemcpySrcAccessOrder_enum(
+        2,
+    );
+    pub const CU_MEMCPY_SRC_ACCESS_ORDER_ANY: CUmemcpySrcAccessOrder_enum = CUmemcpySrcAccessOrder_enum(
+        3,
+    );
+    pub const CU_MEMCPY_SRC_ACCESS_ORDER_MAX: CUmemcpySrcAccessOrder_enum = CUmemcpySrcAccessOrder_enum(
+        2147483647,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUmemcpySrcAccessOrder_enum(pub ::std::os::raw::c_uint);
+pub use self::CUmemcpySrcAccessOrder_enum as CUmemcpySrcAccessOrder;
+#[repr(C)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUmemcpyAttributes_st {
+    pub srcAccessOrder: CUmemcpySrcAccessOrder,
+    pub srcLocHint: CUmemLocation,
+    pub dstLocHint: CUmemLocation,
+    pub flags: ::std::os::raw::c_uint,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUmemcpyAttributes_st",
+    ][::std::mem::size_of::<CUmemcpyAttributes_st>() - 24usize];
+    [
+        "Alignment of CUmemcpyAttributes_st",
+    ][::std::mem::align_of::<CUmemcpyAttributes_st>() - 4usize];
+    [
+        "Offset of field: CUmemcpyAttributes_st::srcAccessOrder",
+    ][::std::mem::offset_of!(CUmemcpyAttributes_st, srcAccessOrder) - 0usize];
+    [
+        "Offset of field: CUmemcpyAttributes_st::srcLocHint",
+    ][::std::mem::offset_of!(CUmemcpyAttributes_st, srcLocHint) - 4usize];
+    [
+        "Offset of field: CUmemcpyAttributes_st::dstLocHint",
+    ][::std::mem::offset_of!(CUmemcpyAttributes_st, dstLocHint) - 12usize];
+    [
+        "Offset of field: CUmemcpyAttributes_st::flags",
+    ][::std::mem::offset_of!(CUmemcpyAttributes_st, flags) - 20usize];
+};
+impl Default for CUmemcpyAttributes_st {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub type CUmemcpyAttributes_v1 = CUmemcpyAttributes_st;
+pub type CUmemcpyAttributes = CUmemcpyAttributes_v1;
 impl cudaError {
     pub const cudaSuccess: cudaError = cudaError(0);
     pub const cudaErrorInvalidValue: cudaError = cudaError(1);
@@ -1291,6 +2694,19 @@ pub struct DriverApi {
         ) -> CUresult,
         ::libloading::Error,
     >,
+    pub cuCtxCreate_v4: Result<
+        unsafe extern "C" fn(
+            pctx: *mut CUcontext,
+            ctxCreateParams: *mut CUctxCreateParams,
+            flags: ::std::os::raw::c_uint,
+            dev: CUdevice,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuCtxDestroy_v2: Result<
+        unsafe extern "C" fn(ctx: CUcontext) -> CUresult,
+        ::libloading::Error,
+    >,
     pub cuCtxPushCurrent_v2: Result<
         unsafe extern "C" fn(ctx: CUcontext) -> CUresult,
         ::libloading::Error,
@@ -1311,6 +2727,17 @@ pub struct DriverApi {
         unsafe extern "C" fn(device: *mut CUdevice) -> CUresult,
         ::libloading::Error,
     >,
+    pub cuCtxGetFlags: Result<
+        unsafe extern "C" fn(flags: *mut ::std::os::raw::c_uint) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuCtxGetId: Result<
+        unsafe extern "C" fn(
+            ctx: CUcontext,
+            ctxId: *mut ::std::os::raw::c_ulonglong,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
     pub cuCtxSynchronize: Result<
         unsafe extern "C" fn() -> CUresult,
         ::libloading::Error,
@@ -1319,6 +2746,97 @@ pub struct DriverApi {
         unsafe extern "C" fn(
             leastPriority: *mut ::std::os::raw::c_int,
             greatestPriority: *mut ::std::os::raw::c_int,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuModuleLoadData: Result<
+        unsafe extern "C" fn(
+            module: *mut CUmodule,
+            image: *const ::std::os::raw::c_void,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuModuleLoadDataEx: Result<
+        unsafe extern "C" fn(
+            module: *mut CUmodule,
+            image: *const ::std::os::raw::c_void,
+            numOptions: ::std::os::raw::c_uint,
+            options: *mut CUjit_option,
+            optionValues: *mut *mut ::std::os::raw::c_void,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuModuleUnload: Result<
+        unsafe extern "C" fn(hmod: CUmodule) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuModuleGetFunction: Result<
+        unsafe extern "C" fn(
+            hfunc: *mut CUfunction,
+            hmod: CUmodule,
+            name: *const ::std::os::raw::c_char,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuModuleGetFunctionCount: Result<
+        unsafe extern "C" fn(
+            count: *mut ::std::os::raw::c_uint,
+            mod_: CUmodule,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuModuleEnumerateFunctions: Result<
+        unsafe extern "C" fn(
+            functions: *mut CUfunction,
+            numFunctions: ::std::os::raw::c_uint,
+            mod_: CUmodule,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuModuleGetGlobal_v2: Result<
+        unsafe extern "C" fn(
+            dptr: *mut CUdeviceptr,
+            bytes: *mut usize,
+            hmod: CUmodule,
+            name: *const ::std::os::raw::c_char,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuLibraryLoadData: Result<
+        unsafe extern "C" fn(
+            library: *mut CUlibrary,
+            code: *const ::std::os::raw::c_void,
+            jitOptions: *mut CUjit_option,
+            jitOptionsValues: *mut *mut ::std::os::raw::c_void,
+            numJitOptions: ::std::os::raw::c_uint,
+            libraryOptions: *mut CUlibraryOption,
+            libraryOptionValues: *mut *mut ::std::os::raw::c_void,
+            numLibraryOptions: ::std::os::raw::c_uint,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuLibraryUnload: Result<
+        unsafe extern "C" fn(library: CUlibrary) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuLibraryGetKernel: Result<
+        unsafe extern "C" fn(
+            pKernel: *mut CUkernel,
+            library: CUlibrary,
+            name: *const ::std::os::raw::c_char,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuKernelGetFunction: Result<
+        unsafe extern "C" fn(pFunc: *mut CUfunction, kernel: CUkernel) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuKernelGetParamInfo: Result<
+        unsafe extern "C" fn(
+            kernel: CUkernel,
+            paramIndex: usize,
+            paramOffset: *mut usize,
+            paramSize: *mut usize,
         ) -> CUresult,
         ::libloading::Error,
     >,
@@ -1414,6 +2932,17 @@ pub struct DriverApi {
         ) -> CUresult,
         ::libloading::Error,
     >,
+    pub cuMemcpyPeerAsync: Result<
+        unsafe extern "C" fn(
+            dstDevice: CUdeviceptr,
+            dstContext: CUcontext,
+            srcDevice: CUdeviceptr,
+            srcContext: CUcontext,
+            ByteCount: usize,
+            hStream: CUstream,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
     pub cuMemcpyHtoDAsync_v2: Result<
         unsafe extern "C" fn(
             dstDevice: CUdeviceptr,
@@ -1447,6 +2976,19 @@ pub struct DriverApi {
     >,
     pub cuMemcpy3DAsync_v2: Result<
         unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY3D, hStream: CUstream) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuMemcpyBatchAsync_v2: Result<
+        unsafe extern "C" fn(
+            dsts: *mut CUdeviceptr,
+            srcs: *mut CUdeviceptr,
+            sizes: *mut usize,
+            count: usize,
+            attrs: *mut CUmemcpyAttributes,
+            attrsIdxs: *mut usize,
+            numAttrs: usize,
+            hStream: CUstream,
+        ) -> CUresult,
         ::libloading::Error,
     >,
     pub cuMemsetD8Async: Result<
@@ -1554,11 +3096,37 @@ pub struct DriverApi {
         ) -> CUresult,
         ::libloading::Error,
     >,
+    pub cuStreamGetId: Result<
+        unsafe extern "C" fn(
+            hStream: CUstream,
+            streamId: *mut ::std::os::raw::c_ulonglong,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuStreamGetCtx: Result<
+        unsafe extern "C" fn(hStream: CUstream, pctx: *mut CUcontext) -> CUresult,
+        ::libloading::Error,
+    >,
     pub cuStreamWaitEvent: Result<
         unsafe extern "C" fn(
             hStream: CUstream,
             hEvent: CUevent,
             Flags: ::std::os::raw::c_uint,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuStreamBeginCapture_v2: Result<
+        unsafe extern "C" fn(hStream: CUstream, mode: CUstreamCaptureMode) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuStreamEndCapture: Result<
+        unsafe extern "C" fn(hStream: CUstream, phGraph: *mut CUgraph) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuStreamIsCapturing: Result<
+        unsafe extern "C" fn(
+            hStream: CUstream,
+            captureStatus: *mut CUstreamCaptureStatus,
         ) -> CUresult,
         ::libloading::Error,
     >,
@@ -1613,11 +3181,170 @@ pub struct DriverApi {
         ) -> CUresult,
         ::libloading::Error,
     >,
+    pub cuStreamWaitValue32_v2: Result<
+        unsafe extern "C" fn(
+            stream: CUstream,
+            addr: CUdeviceptr,
+            value: cuuint32_t,
+            flags: ::std::os::raw::c_uint,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuStreamWaitValue64_v2: Result<
+        unsafe extern "C" fn(
+            stream: CUstream,
+            addr: CUdeviceptr,
+            value: cuuint64_t,
+            flags: ::std::os::raw::c_uint,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuStreamWriteValue32_v2: Result<
+        unsafe extern "C" fn(
+            stream: CUstream,
+            addr: CUdeviceptr,
+            value: cuuint32_t,
+            flags: ::std::os::raw::c_uint,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuStreamWriteValue64_v2: Result<
+        unsafe extern "C" fn(
+            stream: CUstream,
+            addr: CUdeviceptr,
+            value: cuuint64_t,
+            flags: ::std::os::raw::c_uint,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuStreamBatchMemOp_v2: Result<
+        unsafe extern "C" fn(
+            stream: CUstream,
+            count: ::std::os::raw::c_uint,
+            paramArray: *mut CUstreamBatchMemOpParams,
+            flags: ::std::os::raw::c_uint,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuFuncGetAttribute: Result<
+        unsafe extern "C" fn(
+            pi: *mut ::std::os::raw::c_int,
+            attrib: CUfunction_attribute,
+            hfunc: CUfunction,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuFuncSetAttribute: Result<
+        unsafe extern "C" fn(
+            hfunc: CUfunction,
+            attrib: CUfunction_attribute,
+            value: ::std::os::raw::c_int,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuFuncGetName: Result<
+        unsafe extern "C" fn(
+            name: *mut *const ::std::os::raw::c_char,
+            hfunc: CUfunction,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuFuncGetParamInfo: Result<
+        unsafe extern "C" fn(
+            func: CUfunction,
+            paramIndex: usize,
+            paramOffset: *mut usize,
+            paramSize: *mut usize,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuLaunchKernel: Result<
+        unsafe extern "C" fn(
+            f: CUfunction,
+            gridDimX: ::std::os::raw::c_uint,
+            gridDimY: ::std::os::raw::c_uint,
+            gridDimZ: ::std::os::raw::c_uint,
+            blockDimX: ::std::os::raw::c_uint,
+            blockDimY: ::std::os::raw::c_uint,
+            blockDimZ: ::std::os::raw::c_uint,
+            sharedMemBytes: ::std::os::raw::c_uint,
+            hStream: CUstream,
+            kernelParams: *mut *mut ::std::os::raw::c_void,
+            extra: *mut *mut ::std::os::raw::c_void,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuLaunchKernelEx: Result<
+        unsafe extern "C" fn(
+            config: *const CUlaunchConfig,
+            f: CUfunction,
+            kernelParams: *mut *mut ::std::os::raw::c_void,
+            extra: *mut *mut ::std::os::raw::c_void,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
     pub cuLaunchHostFunc: Result<
         unsafe extern "C" fn(
             hStream: CUstream,
             fn_: CUhostFn,
             userData: *mut ::std::os::raw::c_void,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuGraphInstantiateWithFlags: Result<
+        unsafe extern "C" fn(
+            phGraphExec: *mut CUgraphExec,
+            hGraph: CUgraph,
+            flags: ::std::os::raw::c_ulonglong,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuGraphLaunch: Result<
+        unsafe extern "C" fn(hGraphExec: CUgraphExec, hStream: CUstream) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuGraphExecDestroy: Result<
+        unsafe extern "C" fn(hGraphExec: CUgraphExec) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuGraphDestroy: Result<
+        unsafe extern "C" fn(hGraph: CUgraph) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuOccupancyMaxActiveBlocksPerMultiprocessor: Result<
+        unsafe extern "C" fn(
+            numBlocks: *mut ::std::os::raw::c_int,
+            func: CUfunction,
+            blockSize: ::std::os::raw::c_int,
+            dynamicSMemSize: usize,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuDeviceCanAccessPeer: Result<
+        unsafe extern "C" fn(
+            canAccessPeer: *mut ::std::os::raw::c_int,
+            dev: CUdevice,
+            peerDev: CUdevice,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuCtxEnablePeerAccess: Result<
+        unsafe extern "C" fn(
+            peerContext: CUcontext,
+            Flags: ::std::os::raw::c_uint,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuCtxDisablePeerAccess: Result<
+        unsafe extern "C" fn(peerContext: CUcontext) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuDeviceGetP2PAttribute: Result<
+        unsafe extern "C" fn(
+            value: *mut ::std::os::raw::c_int,
+            attrib: CUdevice_P2PAttribute,
+            srcDevice: CUdevice,
+            dstDevice: CUdevice,
         ) -> CUresult,
         ::libloading::Error,
     >,
@@ -1686,6 +3413,10 @@ impl DriverApi {
             __library.get(b"cuDevicePrimaryCtxGetState\0")
         }
             .map(|sym| *sym);
+        let cuCtxCreate_v4 = unsafe { __library.get(b"cuCtxCreate_v4\0") }
+            .map(|sym| *sym);
+        let cuCtxDestroy_v2 = unsafe { __library.get(b"cuCtxDestroy_v2\0") }
+            .map(|sym| *sym);
         let cuCtxPushCurrent_v2 = unsafe { __library.get(b"cuCtxPushCurrent_v2\0") }
             .map(|sym| *sym);
         let cuCtxPopCurrent_v2 = unsafe { __library.get(b"cuCtxPopCurrent_v2\0") }
@@ -1696,11 +3427,41 @@ impl DriverApi {
             .map(|sym| *sym);
         let cuCtxGetDevice = unsafe { __library.get(b"cuCtxGetDevice\0") }
             .map(|sym| *sym);
+        let cuCtxGetFlags = unsafe { __library.get(b"cuCtxGetFlags\0") }.map(|sym| *sym);
+        let cuCtxGetId = unsafe { __library.get(b"cuCtxGetId\0") }.map(|sym| *sym);
         let cuCtxSynchronize = unsafe { __library.get(b"cuCtxSynchronize\0") }
             .map(|sym| *sym);
         let cuCtxGetStreamPriorityRange = unsafe {
             __library.get(b"cuCtxGetStreamPriorityRange\0")
         }
+            .map(|sym| *sym);
+        let cuModuleLoadData = unsafe { __library.get(b"cuModuleLoadData\0") }
+            .map(|sym| *sym);
+        let cuModuleLoadDataEx = unsafe { __library.get(b"cuModuleLoadDataEx\0") }
+            .map(|sym| *sym);
+        let cuModuleUnload = unsafe { __library.get(b"cuModuleUnload\0") }
+            .map(|sym| *sym);
+        let cuModuleGetFunction = unsafe { __library.get(b"cuModuleGetFunction\0") }
+            .map(|sym| *sym);
+        let cuModuleGetFunctionCount = unsafe {
+            __library.get(b"cuModuleGetFunctionCount\0")
+        }
+            .map(|sym| *sym);
+        let cuModuleEnumerateFunctions = unsafe {
+            __library.get(b"cuModuleEnumerateFunctions\0")
+        }
+            .map(|sym| *sym);
+        let cuModuleGetGlobal_v2 = unsafe { __library.get(b"cuModuleGetGlobal_v2\0") }
+            .map(|sym| *sym);
+        let cuLibraryLoadData = unsafe { __library.get(b"cuLibraryLoadData\0") }
+            .map(|sym| *sym);
+        let cuLibraryUnload = unsafe { __library.get(b"cuLibraryUnload\0") }
+            .map(|sym| *sym);
+        let cuLibraryGetKernel = unsafe { __library.get(b"cuLibraryGetKernel\0") }
+            .map(|sym| *sym);
+        let cuKernelGetFunction = unsafe { __library.get(b"cuKernelGetFunction\0") }
+            .map(|sym| *sym);
+        let cuKernelGetParamInfo = unsafe { __library.get(b"cuKernelGetParamInfo\0") }
             .map(|sym| *sym);
         let cuMemGetInfo_v2 = unsafe { __library.get(b"cuMemGetInfo_v2\0") }
             .map(|sym| *sym);
@@ -1728,6 +3489,8 @@ impl DriverApi {
         let cuMemcpyDtoD_v2 = unsafe { __library.get(b"cuMemcpyDtoD_v2\0") }
             .map(|sym| *sym);
         let cuMemcpyAsync = unsafe { __library.get(b"cuMemcpyAsync\0") }.map(|sym| *sym);
+        let cuMemcpyPeerAsync = unsafe { __library.get(b"cuMemcpyPeerAsync\0") }
+            .map(|sym| *sym);
         let cuMemcpyHtoDAsync_v2 = unsafe { __library.get(b"cuMemcpyHtoDAsync_v2\0") }
             .map(|sym| *sym);
         let cuMemcpyDtoHAsync_v2 = unsafe { __library.get(b"cuMemcpyDtoHAsync_v2\0") }
@@ -1737,6 +3500,8 @@ impl DriverApi {
         let cuMemcpy2DAsync_v2 = unsafe { __library.get(b"cuMemcpy2DAsync_v2\0") }
             .map(|sym| *sym);
         let cuMemcpy3DAsync_v2 = unsafe { __library.get(b"cuMemcpy3DAsync_v2\0") }
+            .map(|sym| *sym);
+        let cuMemcpyBatchAsync_v2 = unsafe { __library.get(b"cuMemcpyBatchAsync_v2\0") }
             .map(|sym| *sym);
         let cuMemsetD8Async = unsafe { __library.get(b"cuMemsetD8Async\0") }
             .map(|sym| *sym);
@@ -1770,7 +3535,18 @@ impl DriverApi {
             .map(|sym| *sym);
         let cuStreamGetFlags = unsafe { __library.get(b"cuStreamGetFlags\0") }
             .map(|sym| *sym);
+        let cuStreamGetId = unsafe { __library.get(b"cuStreamGetId\0") }.map(|sym| *sym);
+        let cuStreamGetCtx = unsafe { __library.get(b"cuStreamGetCtx\0") }
+            .map(|sym| *sym);
         let cuStreamWaitEvent = unsafe { __library.get(b"cuStreamWaitEvent\0") }
+            .map(|sym| *sym);
+        let cuStreamBeginCapture_v2 = unsafe {
+            __library.get(b"cuStreamBeginCapture_v2\0")
+        }
+            .map(|sym| *sym);
+        let cuStreamEndCapture = unsafe { __library.get(b"cuStreamEndCapture\0") }
+            .map(|sym| *sym);
+        let cuStreamIsCapturing = unsafe { __library.get(b"cuStreamIsCapturing\0") }
             .map(|sym| *sym);
         let cuStreamQuery = unsafe { __library.get(b"cuStreamQuery\0") }.map(|sym| *sym);
         let cuStreamSynchronize = unsafe { __library.get(b"cuStreamSynchronize\0") }
@@ -1790,7 +3566,61 @@ impl DriverApi {
             .map(|sym| *sym);
         let cuEventElapsedTime_v2 = unsafe { __library.get(b"cuEventElapsedTime_v2\0") }
             .map(|sym| *sym);
+        let cuStreamWaitValue32_v2 = unsafe {
+            __library.get(b"cuStreamWaitValue32_v2\0")
+        }
+            .map(|sym| *sym);
+        let cuStreamWaitValue64_v2 = unsafe {
+            __library.get(b"cuStreamWaitValue64_v2\0")
+        }
+            .map(|sym| *sym);
+        let cuStreamWriteValue32_v2 = unsafe {
+            __library.get(b"cuStreamWriteValue32_v2\0")
+        }
+            .map(|sym| *sym);
+        let cuStreamWriteValue64_v2 = unsafe {
+            __library.get(b"cuStreamWriteValue64_v2\0")
+        }
+            .map(|sym| *sym);
+        let cuStreamBatchMemOp_v2 = unsafe { __library.get(b"cuStreamBatchMemOp_v2\0") }
+            .map(|sym| *sym);
+        let cuFuncGetAttribute = unsafe { __library.get(b"cuFuncGetAttribute\0") }
+            .map(|sym| *sym);
+        let cuFuncSetAttribute = unsafe { __library.get(b"cuFuncSetAttribute\0") }
+            .map(|sym| *sym);
+        let cuFuncGetName = unsafe { __library.get(b"cuFuncGetName\0") }.map(|sym| *sym);
+        let cuFuncGetParamInfo = unsafe { __library.get(b"cuFuncGetParamInfo\0") }
+            .map(|sym| *sym);
+        let cuLaunchKernel = unsafe { __library.get(b"cuLaunchKernel\0") }
+            .map(|sym| *sym);
+        let cuLaunchKernelEx = unsafe { __library.get(b"cuLaunchKernelEx\0") }
+            .map(|sym| *sym);
         let cuLaunchHostFunc = unsafe { __library.get(b"cuLaunchHostFunc\0") }
+            .map(|sym| *sym);
+        let cuGraphInstantiateWithFlags = unsafe {
+            __library.get(b"cuGraphInstantiateWithFlags\0")
+        }
+            .map(|sym| *sym);
+        let cuGraphLaunch = unsafe { __library.get(b"cuGraphLaunch\0") }.map(|sym| *sym);
+        let cuGraphExecDestroy = unsafe { __library.get(b"cuGraphExecDestroy\0") }
+            .map(|sym| *sym);
+        let cuGraphDestroy = unsafe { __library.get(b"cuGraphDestroy\0") }
+            .map(|sym| *sym);
+        let cuOccupancyMaxActiveBlocksPerMultiprocessor = unsafe {
+            __library.get(b"cuOccupancyMaxActiveBlocksPerMultiprocessor\0")
+        }
+            .map(|sym| *sym);
+        let cuDeviceCanAccessPeer = unsafe { __library.get(b"cuDeviceCanAccessPeer\0") }
+            .map(|sym| *sym);
+        let cuCtxEnablePeerAccess = unsafe { __library.get(b"cuCtxEnablePeerAccess\0") }
+            .map(|sym| *sym);
+        let cuCtxDisablePeerAccess = unsafe {
+            __library.get(b"cuCtxDisablePeerAccess\0")
+        }
+            .map(|sym| *sym);
+        let cuDeviceGetP2PAttribute = unsafe {
+            __library.get(b"cuDeviceGetP2PAttribute\0")
+        }
             .map(|sym| *sym);
         let cuGetProcAddress_v2 = unsafe { __library.get(b"cuGetProcAddress_v2\0") }
             .map(|sym| *sym);
@@ -1812,13 +3642,29 @@ impl DriverApi {
             cuDevicePrimaryCtxRelease_v2,
             cuDevicePrimaryCtxSetFlags_v2,
             cuDevicePrimaryCtxGetState,
+            cuCtxCreate_v4,
+            cuCtxDestroy_v2,
             cuCtxPushCurrent_v2,
             cuCtxPopCurrent_v2,
             cuCtxSetCurrent,
             cuCtxGetCurrent,
             cuCtxGetDevice,
+            cuCtxGetFlags,
+            cuCtxGetId,
             cuCtxSynchronize,
             cuCtxGetStreamPriorityRange,
+            cuModuleLoadData,
+            cuModuleLoadDataEx,
+            cuModuleUnload,
+            cuModuleGetFunction,
+            cuModuleGetFunctionCount,
+            cuModuleEnumerateFunctions,
+            cuModuleGetGlobal_v2,
+            cuLibraryLoadData,
+            cuLibraryUnload,
+            cuLibraryGetKernel,
+            cuKernelGetFunction,
+            cuKernelGetParamInfo,
             cuMemGetInfo_v2,
             cuMemAlloc_v2,
             cuMemFree_v2,
@@ -1833,11 +3679,13 @@ impl DriverApi {
             cuMemcpyDtoH_v2,
             cuMemcpyDtoD_v2,
             cuMemcpyAsync,
+            cuMemcpyPeerAsync,
             cuMemcpyHtoDAsync_v2,
             cuMemcpyDtoHAsync_v2,
             cuMemcpyDtoDAsync_v2,
             cuMemcpy2DAsync_v2,
             cuMemcpy3DAsync_v2,
+            cuMemcpyBatchAsync_v2,
             cuMemsetD8Async,
             cuMemsetD16Async,
             cuMemsetD32Async,
@@ -1852,7 +3700,12 @@ impl DriverApi {
             cuStreamCreateWithPriority,
             cuStreamGetPriority,
             cuStreamGetFlags,
+            cuStreamGetId,
+            cuStreamGetCtx,
             cuStreamWaitEvent,
+            cuStreamBeginCapture_v2,
+            cuStreamEndCapture,
+            cuStreamIsCapturing,
             cuStreamQuery,
             cuStreamSynchronize,
             cuStreamDestroy_v2,
@@ -1863,7 +3716,27 @@ impl DriverApi {
             cuEventSynchronize,
             cuEventDestroy_v2,
             cuEventElapsedTime_v2,
+            cuStreamWaitValue32_v2,
+            cuStreamWaitValue64_v2,
+            cuStreamWriteValue32_v2,
+            cuStreamWriteValue64_v2,
+            cuStreamBatchMemOp_v2,
+            cuFuncGetAttribute,
+            cuFuncSetAttribute,
+            cuFuncGetName,
+            cuFuncGetParamInfo,
+            cuLaunchKernel,
+            cuLaunchKernelEx,
             cuLaunchHostFunc,
+            cuGraphInstantiateWithFlags,
+            cuGraphLaunch,
+            cuGraphExecDestroy,
+            cuGraphDestroy,
+            cuOccupancyMaxActiveBlocksPerMultiprocessor,
+            cuDeviceCanAccessPeer,
+            cuCtxEnablePeerAccess,
+            cuCtxDisablePeerAccess,
+            cuDeviceGetP2PAttribute,
             cuGetProcAddress_v2,
         })
     }
@@ -2047,6 +3920,27 @@ impl DriverApi {
                 .expect("Expected function, got error."))(dev, flags, active)
         }
     }
+    pub unsafe fn cuCtxCreate_v4(
+        &self,
+        pctx: *mut CUcontext,
+        ctxCreateParams: *mut CUctxCreateParams,
+        flags: ::std::os::raw::c_uint,
+        dev: CUdevice,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuCtxCreate_v4
+                .as_ref()
+                .expect(
+                    "Expected function, got error.",
+                ))(pctx, ctxCreateParams, flags, dev)
+        }
+    }
+    pub unsafe fn cuCtxDestroy_v2(&self, ctx: CUcontext) -> CUresult {
+        unsafe {
+            (self.cuCtxDestroy_v2.as_ref().expect("Expected function, got error."))(ctx)
+        }
+    }
     pub unsafe fn cuCtxPushCurrent_v2(&self, ctx: CUcontext) -> CUresult {
         unsafe {
             (self
@@ -2081,6 +3975,23 @@ impl DriverApi {
                 .expect("Expected function, got error."))(device)
         }
     }
+    pub unsafe fn cuCtxGetFlags(&self, flags: *mut ::std::os::raw::c_uint) -> CUresult {
+        unsafe {
+            (self.cuCtxGetFlags.as_ref().expect("Expected function, got error."))(flags)
+        }
+    }
+    pub unsafe fn cuCtxGetId(
+        &self,
+        ctx: CUcontext,
+        ctxId: *mut ::std::os::raw::c_ulonglong,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuCtxGetId
+                .as_ref()
+                .expect("Expected function, got error."))(ctx, ctxId)
+        }
+    }
     pub unsafe fn cuCtxSynchronize(&self) -> CUresult {
         unsafe {
             (self.cuCtxSynchronize.as_ref().expect("Expected function, got error."))()
@@ -2098,6 +4009,170 @@ impl DriverApi {
                 .expect(
                     "Expected function, got error.",
                 ))(leastPriority, greatestPriority)
+        }
+    }
+    pub unsafe fn cuModuleLoadData(
+        &self,
+        module: *mut CUmodule,
+        image: *const ::std::os::raw::c_void,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuModuleLoadData
+                .as_ref()
+                .expect("Expected function, got error."))(module, image)
+        }
+    }
+    pub unsafe fn cuModuleLoadDataEx(
+        &self,
+        module: *mut CUmodule,
+        image: *const ::std::os::raw::c_void,
+        numOptions: ::std::os::raw::c_uint,
+        options: *mut CUjit_option,
+        optionValues: *mut *mut ::std::os::raw::c_void,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuModuleLoadDataEx
+                .as_ref()
+                .expect(
+                    "Expected function, got error.",
+                ))(module, image, numOptions, options, optionValues)
+        }
+    }
+    pub unsafe fn cuModuleUnload(&self, hmod: CUmodule) -> CUresult {
+        unsafe {
+            (self.cuModuleUnload.as_ref().expect("Expected function, got error."))(hmod)
+        }
+    }
+    pub unsafe fn cuModuleGetFunction(
+        &self,
+        hfunc: *mut CUfunction,
+        hmod: CUmodule,
+        name: *const ::std::os::raw::c_char,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuModuleGetFunction
+                .as_ref()
+                .expect("Expected function, got error."))(hfunc, hmod, name)
+        }
+    }
+    pub unsafe fn cuModuleGetFunctionCount(
+        &self,
+        count: *mut ::std::os::raw::c_uint,
+        mod_: CUmodule,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuModuleGetFunctionCount
+                .as_ref()
+                .expect("Expected function, got error."))(count, mod_)
+        }
+    }
+    pub unsafe fn cuModuleEnumerateFunctions(
+        &self,
+        functions: *mut CUfunction,
+        numFunctions: ::std::os::raw::c_uint,
+        mod_: CUmodule,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuModuleEnumerateFunctions
+                .as_ref()
+                .expect("Expected function, got error."))(functions, numFunctions, mod_)
+        }
+    }
+    pub unsafe fn cuModuleGetGlobal_v2(
+        &self,
+        dptr: *mut CUdeviceptr,
+        bytes: *mut usize,
+        hmod: CUmodule,
+        name: *const ::std::os::raw::c_char,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuModuleGetGlobal_v2
+                .as_ref()
+                .expect("Expected function, got error."))(dptr, bytes, hmod, name)
+        }
+    }
+    pub unsafe fn cuLibraryLoadData(
+        &self,
+        library: *mut CUlibrary,
+        code: *const ::std::os::raw::c_void,
+        jitOptions: *mut CUjit_option,
+        jitOptionsValues: *mut *mut ::std::os::raw::c_void,
+        numJitOptions: ::std::os::raw::c_uint,
+        libraryOptions: *mut CUlibraryOption,
+        libraryOptionValues: *mut *mut ::std::os::raw::c_void,
+        numLibraryOptions: ::std::os::raw::c_uint,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuLibraryLoadData
+                .as_ref()
+                .expect(
+                    "Expected function, got error.",
+                ))(
+                library,
+                code,
+                jitOptions,
+                jitOptionsValues,
+                numJitOptions,
+                libraryOptions,
+                libraryOptionValues,
+                numLibraryOptions,
+            )
+        }
+    }
+    pub unsafe fn cuLibraryUnload(&self, library: CUlibrary) -> CUresult {
+        unsafe {
+            (self
+                .cuLibraryUnload
+                .as_ref()
+                .expect("Expected function, got error."))(library)
+        }
+    }
+    pub unsafe fn cuLibraryGetKernel(
+        &self,
+        pKernel: *mut CUkernel,
+        library: CUlibrary,
+        name: *const ::std::os::raw::c_char,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuLibraryGetKernel
+                .as_ref()
+                .expect("Expected function, got error."))(pKernel, library, name)
+        }
+    }
+    pub unsafe fn cuKernelGetFunction(
+        &self,
+        pFunc: *mut CUfunction,
+        kernel: CUkernel,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuKernelGetFunction
+                .as_ref()
+                .expect("Expected function, got error."))(pFunc, kernel)
+        }
+    }
+    pub unsafe fn cuKernelGetParamInfo(
+        &self,
+        kernel: CUkernel,
+        paramIndex: usize,
+        paramOffset: *mut usize,
+        paramSize: *mut usize,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuKernelGetParamInfo
+                .as_ref()
+                .expect(
+                    "Expected function, got error.",
+                ))(kernel, paramIndex, paramOffset, paramSize)
         }
     }
     pub unsafe fn cuMemGetInfo_v2(
@@ -2264,6 +4339,24 @@ impl DriverApi {
                 .expect("Expected function, got error."))(dst, src, ByteCount, hStream)
         }
     }
+    pub unsafe fn cuMemcpyPeerAsync(
+        &self,
+        dstDevice: CUdeviceptr,
+        dstContext: CUcontext,
+        srcDevice: CUdeviceptr,
+        srcContext: CUcontext,
+        ByteCount: usize,
+        hStream: CUstream,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuMemcpyPeerAsync
+                .as_ref()
+                .expect(
+                    "Expected function, got error.",
+                ))(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream)
+        }
+    }
     pub unsafe fn cuMemcpyHtoDAsync_v2(
         &self,
         dstDevice: CUdeviceptr,
@@ -2334,6 +4427,26 @@ impl DriverApi {
                 .cuMemcpy3DAsync_v2
                 .as_ref()
                 .expect("Expected function, got error."))(pCopy, hStream)
+        }
+    }
+    pub unsafe fn cuMemcpyBatchAsync_v2(
+        &self,
+        dsts: *mut CUdeviceptr,
+        srcs: *mut CUdeviceptr,
+        sizes: *mut usize,
+        count: usize,
+        attrs: *mut CUmemcpyAttributes,
+        attrsIdxs: *mut usize,
+        numAttrs: usize,
+        hStream: CUstream,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuMemcpyBatchAsync_v2
+                .as_ref()
+                .expect(
+                    "Expected function, got error.",
+                ))(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, hStream)
         }
     }
     pub unsafe fn cuMemsetD8Async(
@@ -2519,6 +4632,30 @@ impl DriverApi {
                 .expect("Expected function, got error."))(hStream, flags)
         }
     }
+    pub unsafe fn cuStreamGetId(
+        &self,
+        hStream: CUstream,
+        streamId: *mut ::std::os::raw::c_ulonglong,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuStreamGetId
+                .as_ref()
+                .expect("Expected function, got error."))(hStream, streamId)
+        }
+    }
+    pub unsafe fn cuStreamGetCtx(
+        &self,
+        hStream: CUstream,
+        pctx: *mut CUcontext,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuStreamGetCtx
+                .as_ref()
+                .expect("Expected function, got error."))(hStream, pctx)
+        }
+    }
     pub unsafe fn cuStreamWaitEvent(
         &self,
         hStream: CUstream,
@@ -2530,6 +4667,42 @@ impl DriverApi {
                 .cuStreamWaitEvent
                 .as_ref()
                 .expect("Expected function, got error."))(hStream, hEvent, Flags)
+        }
+    }
+    pub unsafe fn cuStreamBeginCapture_v2(
+        &self,
+        hStream: CUstream,
+        mode: CUstreamCaptureMode,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuStreamBeginCapture_v2
+                .as_ref()
+                .expect("Expected function, got error."))(hStream, mode)
+        }
+    }
+    pub unsafe fn cuStreamEndCapture(
+        &self,
+        hStream: CUstream,
+        phGraph: *mut CUgraph,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuStreamEndCapture
+                .as_ref()
+                .expect("Expected function, got error."))(hStream, phGraph)
+        }
+    }
+    pub unsafe fn cuStreamIsCapturing(
+        &self,
+        hStream: CUstream,
+        captureStatus: *mut CUstreamCaptureStatus,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuStreamIsCapturing
+                .as_ref()
+                .expect("Expected function, got error."))(hStream, captureStatus)
         }
     }
     pub unsafe fn cuStreamQuery(&self, hStream: CUstream) -> CUresult {
@@ -2623,6 +4796,181 @@ impl DriverApi {
                 .expect("Expected function, got error."))(pMilliseconds, hStart, hEnd)
         }
     }
+    pub unsafe fn cuStreamWaitValue32_v2(
+        &self,
+        stream: CUstream,
+        addr: CUdeviceptr,
+        value: cuuint32_t,
+        flags: ::std::os::raw::c_uint,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuStreamWaitValue32_v2
+                .as_ref()
+                .expect("Expected function, got error."))(stream, addr, value, flags)
+        }
+    }
+    pub unsafe fn cuStreamWaitValue64_v2(
+        &self,
+        stream: CUstream,
+        addr: CUdeviceptr,
+        value: cuuint64_t,
+        flags: ::std::os::raw::c_uint,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuStreamWaitValue64_v2
+                .as_ref()
+                .expect("Expected function, got error."))(stream, addr, value, flags)
+        }
+    }
+    pub unsafe fn cuStreamWriteValue32_v2(
+        &self,
+        stream: CUstream,
+        addr: CUdeviceptr,
+        value: cuuint32_t,
+        flags: ::std::os::raw::c_uint,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuStreamWriteValue32_v2
+                .as_ref()
+                .expect("Expected function, got error."))(stream, addr, value, flags)
+        }
+    }
+    pub unsafe fn cuStreamWriteValue64_v2(
+        &self,
+        stream: CUstream,
+        addr: CUdeviceptr,
+        value: cuuint64_t,
+        flags: ::std::os::raw::c_uint,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuStreamWriteValue64_v2
+                .as_ref()
+                .expect("Expected function, got error."))(stream, addr, value, flags)
+        }
+    }
+    pub unsafe fn cuStreamBatchMemOp_v2(
+        &self,
+        stream: CUstream,
+        count: ::std::os::raw::c_uint,
+        paramArray: *mut CUstreamBatchMemOpParams,
+        flags: ::std::os::raw::c_uint,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuStreamBatchMemOp_v2
+                .as_ref()
+                .expect(
+                    "Expected function, got error.",
+                ))(stream, count, paramArray, flags)
+        }
+    }
+    pub unsafe fn cuFuncGetAttribute(
+        &self,
+        pi: *mut ::std::os::raw::c_int,
+        attrib: CUfunction_attribute,
+        hfunc: CUfunction,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuFuncGetAttribute
+                .as_ref()
+                .expect("Expected function, got error."))(pi, attrib, hfunc)
+        }
+    }
+    pub unsafe fn cuFuncSetAttribute(
+        &self,
+        hfunc: CUfunction,
+        attrib: CUfunction_attribute,
+        value: ::std::os::raw::c_int,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuFuncSetAttribute
+                .as_ref()
+                .expect("Expected function, got error."))(hfunc, attrib, value)
+        }
+    }
+    pub unsafe fn cuFuncGetName(
+        &self,
+        name: *mut *const ::std::os::raw::c_char,
+        hfunc: CUfunction,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuFuncGetName
+                .as_ref()
+                .expect("Expected function, got error."))(name, hfunc)
+        }
+    }
+    pub unsafe fn cuFuncGetParamInfo(
+        &self,
+        func: CUfunction,
+        paramIndex: usize,
+        paramOffset: *mut usize,
+        paramSize: *mut usize,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuFuncGetParamInfo
+                .as_ref()
+                .expect(
+                    "Expected function, got error.",
+                ))(func, paramIndex, paramOffset, paramSize)
+        }
+    }
+    pub unsafe fn cuLaunchKernel(
+        &self,
+        f: CUfunction,
+        gridDimX: ::std::os::raw::c_uint,
+        gridDimY: ::std::os::raw::c_uint,
+        gridDimZ: ::std::os::raw::c_uint,
+        blockDimX: ::std::os::raw::c_uint,
+        blockDimY: ::std::os::raw::c_uint,
+        blockDimZ: ::std::os::raw::c_uint,
+        sharedMemBytes: ::std::os::raw::c_uint,
+        hStream: CUstream,
+        kernelParams: *mut *mut ::std::os::raw::c_void,
+        extra: *mut *mut ::std::os::raw::c_void,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuLaunchKernel
+                .as_ref()
+                .expect(
+                    "Expected function, got error.",
+                ))(
+                f,
+                gridDimX,
+                gridDimY,
+                gridDimZ,
+                blockDimX,
+                blockDimY,
+                blockDimZ,
+                sharedMemBytes,
+                hStream,
+                kernelParams,
+                extra,
+            )
+        }
+    }
+    pub unsafe fn cuLaunchKernelEx(
+        &self,
+        config: *const CUlaunchConfig,
+        f: CUfunction,
+        kernelParams: *mut *mut ::std::os::raw::c_void,
+        extra: *mut *mut ::std::os::raw::c_void,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuLaunchKernelEx
+                .as_ref()
+                .expect("Expected function, got error."))(config, f, kernelParams, extra)
+        }
+    }
     pub unsafe fn cuLaunchHostFunc(
         &self,
         hStream: CUstream,
@@ -2634,6 +4982,112 @@ impl DriverApi {
                 .cuLaunchHostFunc
                 .as_ref()
                 .expect("Expected function, got error."))(hStream, fn_, userData)
+        }
+    }
+    pub unsafe fn cuGraphInstantiateWithFlags(
+        &self,
+        phGraphExec: *mut CUgraphExec,
+        hGraph: CUgraph,
+        flags: ::std::os::raw::c_ulonglong,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuGraphInstantiateWithFlags
+                .as_ref()
+                .expect("Expected function, got error."))(phGraphExec, hGraph, flags)
+        }
+    }
+    pub unsafe fn cuGraphLaunch(
+        &self,
+        hGraphExec: CUgraphExec,
+        hStream: CUstream,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuGraphLaunch
+                .as_ref()
+                .expect("Expected function, got error."))(hGraphExec, hStream)
+        }
+    }
+    pub unsafe fn cuGraphExecDestroy(&self, hGraphExec: CUgraphExec) -> CUresult {
+        unsafe {
+            (self
+                .cuGraphExecDestroy
+                .as_ref()
+                .expect("Expected function, got error."))(hGraphExec)
+        }
+    }
+    pub unsafe fn cuGraphDestroy(&self, hGraph: CUgraph) -> CUresult {
+        unsafe {
+            (self
+                .cuGraphDestroy
+                .as_ref()
+                .expect("Expected function, got error."))(hGraph)
+        }
+    }
+    pub unsafe fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        &self,
+        numBlocks: *mut ::std::os::raw::c_int,
+        func: CUfunction,
+        blockSize: ::std::os::raw::c_int,
+        dynamicSMemSize: usize,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuOccupancyMaxActiveBlocksPerMultiprocessor
+                .as_ref()
+                .expect(
+                    "Expected function, got error.",
+                ))(numBlocks, func, blockSize, dynamicSMemSize)
+        }
+    }
+    pub unsafe fn cuDeviceCanAccessPeer(
+        &self,
+        canAccessPeer: *mut ::std::os::raw::c_int,
+        dev: CUdevice,
+        peerDev: CUdevice,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuDeviceCanAccessPeer
+                .as_ref()
+                .expect("Expected function, got error."))(canAccessPeer, dev, peerDev)
+        }
+    }
+    pub unsafe fn cuCtxEnablePeerAccess(
+        &self,
+        peerContext: CUcontext,
+        Flags: ::std::os::raw::c_uint,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuCtxEnablePeerAccess
+                .as_ref()
+                .expect("Expected function, got error."))(peerContext, Flags)
+        }
+    }
+    pub unsafe fn cuCtxDisablePeerAccess(&self, peerContext: CUcontext) -> CUresult {
+        unsafe {
+            (self
+                .cuCtxDisablePeerAccess
+                .as_ref()
+                .expect("Expected function, got error."))(peerContext)
+        }
+    }
+    pub unsafe fn cuDeviceGetP2PAttribute(
+        &self,
+        value: *mut ::std::os::raw::c_int,
+        attrib: CUdevice_P2PAttribute,
+        srcDevice: CUdevice,
+        dstDevice: CUdevice,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuDeviceGetP2PAttribute
+                .as_ref()
+                .expect(
+                    "Expected function, got error.",
+                ))(value, attrib, srcDevice, dstDevice)
         }
     }
     pub unsafe fn cuGetProcAddress_v2(
