@@ -74,12 +74,43 @@ pub(crate) mod sealed {
 }
 
 /// Device memory that device work may read: [`DeviceBuffer`], [`DeviceView`], [`DeviceViewMut`].
-pub trait DeviceSource<T>: sealed::DeviceMemory {}
+///
+/// Generic code reads its length, address and context through the methods here.
+pub trait DeviceSource<T>: sealed::DeviceMemory {
+    /// The length in elements.
+    fn len(&self) -> usize {
+        sealed::DeviceMemory::elements(self)
+    }
+    /// Whether it has no elements.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The device address of the first element. Using it directly is not tracked: order it yourself, or
+    /// declare the work with [`Stream::enqueue_foreign`].
+    fn as_raw(&self) -> CUdeviceptr {
+        self.device_ptr()
+    }
+    /// The context of the allocation.
+    fn context(&self) -> &Context {
+        self.owner()
+    }
+}
 /// Device memory that device work may write, taken by `&mut`: [`DeviceBuffer`], [`DeviceViewMut`].
 pub trait DeviceDestination<T>: DeviceSource<T> {}
 /// Page-locked host memory an asynchronous copy may read: [`Pinned`], [`PinnedView`], [`PinnedViewMut`],
 /// [`Registered`].
-pub trait PinnedSource<T>: sealed::PinnedMemory {}
+///
+/// Generic code reads its length through the methods here.
+pub trait PinnedSource<T>: sealed::PinnedMemory {
+    /// The length in elements.
+    fn len(&self) -> usize {
+        sealed::PinnedMemory::elements(self)
+    }
+    /// Whether it has no elements.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
 /// Page-locked host memory an asynchronous copy may write, taken by `&mut`: [`Pinned`], [`PinnedViewMut`],
 /// [`Registered`].
 pub trait PinnedDestination<T>: PinnedSource<T> {}

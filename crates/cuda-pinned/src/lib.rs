@@ -94,6 +94,7 @@ pub mod fuzzing;
 pub mod kernels;
 #[cfg(any(feature = "gpu", docsrs))]
 mod kernels_ffi;
+mod launch;
 mod memory;
 pub mod prefetch;
 pub mod profile;
@@ -101,15 +102,20 @@ pub mod staging;
 mod track;
 mod units;
 
+/// Element types of buffers: plain old data, so any bytes the device writes are a valid value (re-exported from
+/// `bytemuck`, so generic code over buffers needs no dependency of its own).
+pub use bytemuck::{Pod, Zeroable};
 pub use copy::{DeviceDestination, DeviceSource, PinnedDestination, PinnedSource};
 pub use driver::{Context, Device, Event, Stream};
 pub use error::{Error, Result};
+pub use launch::{Arg, Kernel, LaunchConfig, Module, Use};
 pub use memory::{
     DeviceBuffer, DeviceView, DeviceViewMut, Pinned, PinnedBuilder, PinnedPool, PinnedView,
     PinnedViewMut, Pinning, PoolBuilder, PoolStats, Registered, WhenFull,
 };
 pub use prefetch::{Batch, Prefetched, Prefetcher};
 pub use profile::{Ledger, LedgerReport};
+pub use staging::StagingOptions;
 
 /// Calls a function of the process-wide driver table, as [`sys::driver_call!`] does, with the crate's
 /// [`Error`]: `driver_call!(cuMemAlloc_v2(&mut ptr, bytes))` is a [`Result<()>`]: `Err` if the driver cannot be

@@ -12,12 +12,13 @@
 //! life and those given memory addresses (copies, memsets, frees, registration) are `unsafe`: their `# Safety`
 //! sections say what the caller guarantees.
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{CStr, c_char, c_int, c_void};
 
 use crate::driver_call;
 use crate::error::Result;
 use crate::sys::{
-    CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUresult, CUstream, CUuuid,
+    CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUfunction, CUfunction_attribute,
+    CUmodule, CUresult, CUstream, CUuuid,
 };
 
 /// `Ok(true)` for success, `Ok(false)` for `CUDA_ERROR_NOT_READY`, else the error: a query's answer.
@@ -397,4 +398,103 @@ pub(crate) unsafe fn memset_d8_async(
 ) -> Result<()> {
     // SAFETY: a range valid until the memset completes, and a live stream (see above).
     unsafe { driver_call!(cuMemsetD8Async(dst, value, bytes, stream)) }
+}
+
+/// `cuMemHostGetDevicePointer_v2`: the device address of page-locked host memory mapped into the current
+/// context's address space.
+pub(crate) fn mem_host_get_device_pointer(host: *mut c_void) -> Result<CUdeviceptr> {
+    let mut ptr = 0;
+    // SAFETY: an out-pointer to a local; the driver only looks `host` up among its page-locked ranges.
+    unsafe { driver_call!(cuMemHostGetDevicePointer_v2(&mut ptr, host, 0)) }?;
+    Ok(ptr)
+}
+
+// ---- modules and kernels
+
+/// `cuModuleLoadData`: loads a PTX, cubin or fatbin image into the current context.
+///
+/// # Safety
+/// `image` must point to a whole image: a cubin or fatbin (whose headers give its length), or NUL-terminated
+/// PTX text. The driver reads it during the call only.
+pub(crate) unsafe fn module_load_data(image: *const c_void) -> Result<CUmodule> {
+    let mut module = std::ptr::null_mut();
+    // SAFETY: an out-pointer to a local, and an image as the caller guarantees.
+    unsafe { driver_call!(cuModuleLoadData(&mut module, image)) }?;
+    Ok(module)
+}
+
+/// `cuModuleUnload`: unloads a module; it waits for the whole device.
+///
+/// # Safety
+/// `module` must be live, no work launched from it may still be queued or running, and its functions must
+/// not be used again.
+pub(crate) unsafe fn module_unload(module: CUmodule) -> Result<()> {
+    // SAFETY: as the caller guarantees.
+    unsafe { driver_call!(cuModuleUnload(module)) }
+}
+
+/// `cuModuleGetFunction`: the kernel named `name` in `module`.
+pub(crate) fn module_get_function(module: CUmodule, name: &CStr) -> Result<CUfunction> {
+    let mut function = std::ptr::null_mut();
+    // SAFETY: an out-pointer to a local, a live module (see the module docs) and a NUL-terminated name.
+    unsafe { driver_call!(cuModuleGetFunction(&mut function, module, name.as_ptr())) }?;
+    Ok(function)
+}
+
+/// `cuFuncGetParamInfo`: the offset and size in bytes of the kernel's parameter `index`;
+/// `CUDA_ERROR_INVALID_VALUE` past the last one.
+pub(crate) fn func_get_param_info(function: CUfunction, index: usize) -> Result<(usize, usize)> {
+    let (mut offset, mut size) = (0, 0);
+    // SAFETY: out-pointers to locals and a live function.
+    unsafe { driver_call!(cuFuncGetParamInfo(function, index, &mut offset, &mut size)) }?;
+    Ok((offset, size))
+}
+
+/// `cuFuncGetAttribute`: an integer attribute of the kernel.
+pub(crate) fn func_get_attribute(
+    attribute: CUfunction_attribute,
+    function: CUfunction,
+) -> Result<c_int> {
+    let mut value = 0;
+    // SAFETY: an out-pointer to a local and a live function.
+    unsafe { driver_call!(cuFuncGetAttribute(&mut value, attribute, function)) }?;
+    Ok(value)
+}
+
+/// `cuLaunchKernel`: enqueues `function` on `stream` with a grid of `grid` blocks of `block` threads and
+/// `shared` bytes of dynamic shared memory. Returns at once.
+///
+/// # Safety
+/// `params` must hold one pointer per kernel parameter, each to a value of that parameter's size and type,
+/// readable during the call; the memory the kernel touches must stay allocated and be ordered for it until it
+/// has completed; `function` and `stream` must be of one live context.
+pub(crate) unsafe fn launch_kernel(
+    function: CUfunction,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    stream: CUstream,
+    params: &mut [*mut c_void],
+) -> Result<()> {
+    let params = if params.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        params.as_mut_ptr()
+    };
+    // SAFETY: as the caller guarantees; `extra` is null.
+    unsafe {
+        driver_call!(cuLaunchKernel(
+            function,
+            grid[0],
+            grid[1],
+            grid[2],
+            block[0],
+            block[1],
+            block[2],
+            shared,
+            stream,
+            params,
+            std::ptr::null_mut(),
+        ))
+    }
 }

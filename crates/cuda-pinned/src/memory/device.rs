@@ -147,6 +147,47 @@ impl<T> DeviceBuffer<T> {
         &self.track
     }
 
+    /// Gives the allocation up to the caller, once every piece of device work recorded on it has completed
+    /// (blocks until then): returns its device address and length in elements.
+    ///
+    /// The memory stays allocated until the caller frees it, with `cuMemFree` (or `cuMemFreeAsync` on a stream
+    /// after its last use); it came from `cuMemAllocAsync` on devices with memory pools, else from
+    /// `cuMemAlloc`. It belongs to the device's primary context, so it stays valid while that context is
+    /// retained (keep a [`Context`] of the device). Hand it back with [`DeviceBuffer::from_raw`].
+    ///
+    /// # Errors
+    /// The driver's, from waiting for the work; the buffer is dropped then (its memory freed after that work,
+    /// as usual).
+    pub fn into_raw(mut self) -> Result<(CUdeviceptr, usize)> {
+        lock(&self.track)
+            .synchronize_all(&Gpu)
+            .map_err(|e| e.context("giving up a device buffer: waiting for its work"))?;
+        let raw = (self.ptr, self.len);
+        // Drop frees nothing for a null address.
+        self.ptr = 0;
+        Ok(raw)
+    }
+
+    /// Takes ownership of `len` elements of device memory at `ptr`, which from now on are tracked like any
+    /// buffer's and freed (with `cuMemFree`, on the crate's release thread, once every use has completed) when
+    /// the buffer is dropped. Returns at once.
+    ///
+    /// # Safety
+    /// `ptr` must be a whole allocation of at least `len * size_of::<T>()` bytes made by `cuMemAlloc` (or
+    /// `cuMemAllocAsync`, complete) in `stream`'s context, aligned for `T`, holding valid `T`s, and ready for
+    /// work on `stream`: no work elsewhere may still use it. Nothing else may use or free it afterwards (a
+    /// pointer from [`DeviceBuffer::into_raw`] qualifies).
+    pub unsafe fn from_raw(stream: &Stream, ptr: CUdeviceptr, len: usize) -> DeviceBuffer<T> {
+        DeviceBuffer {
+            ptr,
+            len,
+            stream: stream.clone(),
+            ordered: false,
+            track: Track::default(),
+            _elements: PhantomData,
+        }
+    }
+
     /// Frees the memory after every pending use: stream-ordered where the device supports it, else on the
     /// crate's release thread once the uses have completed (the synchronous `cuMemFree` waits for the whole
     /// device). Returns at once.

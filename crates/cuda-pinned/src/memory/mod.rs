@@ -16,6 +16,7 @@ mod view;
 
 pub use device::DeviceBuffer;
 pub(crate) use layout::byte_len;
+pub(crate) use release::release_host;
 pub use pinned::{Pinned, PinnedBuilder};
 pub use pool::{PinnedPool, Pinning, PoolBuilder, PoolStats, WhenFull};
 pub use registered::Registered;

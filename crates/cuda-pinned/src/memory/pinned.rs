@@ -10,7 +10,7 @@ use super::host::HostRegion;
 use super::layout::{byte_len, check_alignment};
 use super::pool::Loan;
 use super::release::release_host;
-use super::tracked::Track;
+use super::tracked::{Gpu, Track, lock};
 use crate::driver::Context;
 use crate::driver::calls;
 use crate::error::Result;
@@ -256,6 +256,52 @@ impl<T> Pinned<T> {
 
     pub(crate) fn track(&self) -> &Track {
         self.host.track()
+    }
+
+    /// Gives the allocation up to the caller, once every piece of device work recorded on it has completed
+    /// (blocks until then): returns its address, length in elements and `cuMemHostAlloc` flags
+    /// ([`Pinned::flags`]).
+    ///
+    /// The memory stays page-locked until the caller frees it with `cuMemFreeHost` (which waits for the whole
+    /// device). It belongs to the device's primary context, so it stays valid while that context is retained
+    /// (keep a [`Context`] of the device). Hand it back with [`Pinned::from_raw`].
+    ///
+    /// # Errors
+    /// An invalid-argument error for a buffer of a [`PinnedPool`](crate::PinnedPool), which goes back to its
+    /// pool; the driver's, from waiting for the work. The buffer is dropped then, as usual.
+    pub fn into_raw(mut self) -> Result<(*mut T, usize, u32)> {
+        if self.loan.is_some() {
+            return Err(crate::error::Error::invalid(
+                "Pinned::into_raw: a pooled buffer belongs to its pool (copy it into a Pinned of its own)",
+            ));
+        }
+        lock(self.host.track())
+            .synchronize_all(&Gpu)
+            .map_err(|e| e.context("giving up pinned memory: waiting for its work"))?;
+        let raw = (self.host.ptr(), self.host.len(), self.flags);
+        // SAFETY: an empty region frees nothing on drop; the memory now belongs to the caller.
+        self.host = unsafe { HostRegion::new(NonNull::dangling(), 0) };
+        Ok(raw)
+    }
+
+    /// Takes ownership of `len` elements of page-locked memory at `ptr`, allocated by `cuMemHostAlloc` with
+    /// `flags`: from now on tracked like any pinned buffer's and freed with `cuMemFreeHost` (on the crate's
+    /// release thread, once every use has completed) when the buffer is dropped.
+    ///
+    /// # Safety
+    /// `ptr` must be a whole allocation of `cuMemHostAlloc` of at least `len * size_of::<T>()` bytes in (or
+    /// portable to) `context`, made with `flags`, aligned for `T`, holding valid `T`s, with no device work
+    /// still using it, and nothing else may use or free it afterwards (a pointer from [`Pinned::into_raw`]
+    /// qualifies). A null `ptr` is allowed only with `len == 0`.
+    pub unsafe fn from_raw(context: &Context, ptr: *mut T, len: usize, flags: u32) -> Pinned<T> {
+        let ptr = NonNull::new(ptr).unwrap_or(NonNull::dangling());
+        Pinned {
+            // SAFETY: as the caller guarantees: owned page-locked elements, aligned, initialised.
+            host: unsafe { HostRegion::new(ptr, len) },
+            flags,
+            context: context.clone(),
+            loan: None,
+        }
     }
 }
 

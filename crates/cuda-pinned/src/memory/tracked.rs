@@ -135,3 +135,51 @@ impl Stream {
         enqueued
     }
 }
+
+impl Stream {
+    /// [`Stream::tracked_as`] for work that uses any number of buffers, each read or written (`uses`, where one
+    /// allocation may appear several times, through views: it counts as written if any use writes it).
+    ///
+    /// The trackers are locked in address order, so two threads whose work shares buffers cannot deadlock;
+    /// every buffer it writes is borrowed exclusively, so no other thread holds its lock.
+    pub(crate) fn tracked_uses<R>(
+        &self,
+        work: Work,
+        uses: &[(&Track, Access)],
+        enqueue: impl FnOnce() -> Result<R>,
+    ) -> Result<R> {
+        let _gate = self.context().enqueue_gate();
+        let mut merged: Vec<(&Track, Access)> = Vec::with_capacity(uses.len());
+        for &(track, access) in uses {
+            match merged.iter_mut().find(|(t, _)| std::ptr::eq(*t, track)) {
+                Some(seen) if access == Access::Write => seen.1 = Access::Write,
+                Some(_) => {}
+                None => merged.push((track, access)),
+            }
+        }
+        merged.sort_unstable_by_key(|&(track, _)| std::ptr::from_ref(track) as usize);
+        let mut locked: Vec<(MutexGuard<'_, GpuTracker>, Access)> = merged
+            .into_iter()
+            .map(|(track, access)| (lock(track), access))
+            .collect();
+        for (tracker, access) in &mut locked {
+            tracker.prepare(&Gpu, self, *access)?;
+        }
+        let segment = self.begin(|current| {
+            locked
+                .iter()
+                .map(|(tracker, access)| tracker.replaced_at(self, current, *access))
+                .sum()
+        })?;
+        // Recorded even if the enqueue failed, as in `tracked_as`.
+        let enqueued = match work {
+            Work::Timed(category, name, bytes) => self.timed(category, name, bytes, enqueue),
+            Work::Untimed => enqueue(),
+        };
+        let mark = segment.mark();
+        for (tracker, access) in &mut locked {
+            tracker.record_use(self, &mark, *access);
+        }
+        enqueued
+    }
+}

@@ -111,7 +111,9 @@ macro_rules! device_view_common {
                 self.buffer.track()
             }
 
-            pub(crate) fn context(&self) -> &Context {
+            /// The context of the buffer.
+            #[must_use]
+            pub fn context(&self) -> &Context {
                 self.buffer.context()
             }
         }

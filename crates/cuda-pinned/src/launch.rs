@@ -1,0 +1,694 @@
+//! Users' kernels: modules loaded from PTX, cubin or fatbin images, their kernels, and launches that join the
+//! tracking as copies do.
+//!
+//! ```no_run
+//! use cuda_pinned::{Arg, Context, DeviceBuffer, LaunchConfig, Module, Stream};
+//!
+//! /// `ptx`: what a build script compiled with `nvcc --ptx` from
+//! /// `extern "C" __global__ void scale(const float* x, float* y, float a, unsigned n)`,
+//! /// e.g. `include_bytes!(concat!(env!("OUT_DIR"), "/scale.ptx"))`.
+//! fn run(ptx: &[u8]) -> cuda_pinned::Result<()> {
+//!     let context = Context::on(0)?;
+//!     let stream = Stream::new(&context)?;
+//!     let scale = Module::load(&context, ptx)?.kernel("scale")?;
+//!     let x = DeviceBuffer::<f32>::zeroed(&stream, 1 << 20)?;
+//!     let mut y = DeviceBuffer::<f32>::uninit(&stream, x.len())?;
+//!     let n = x.len() as u32;
+//!     // SAFETY: `scale` takes (const float*, float*, float, unsigned), reads x[..n] and writes y[..n].
+//!     unsafe {
+//!         stream.launch(
+//!             &scale,
+//!             LaunchConfig::for_elements(x.len(), 256)?,
+//!             &[Arg::read(&x), Arg::write(&mut y), Arg::value(&2.0f32), Arg::value(&n)],
+//!         )
+//!     }
+//! }
+//! ```
+//!
+//! Each buffer argument says how the kernel uses it ([`Arg::read`], [`Arg::write`], and for page-locked host
+//! memory mapped into the device's address space [`Arg::read_host`], [`Arg::write_host`]), so the launch
+//! waits on the device for conflicting work of other streams, host accessors wait for it, and a buffer dropped
+//! meanwhile is freed only once it has completed. What Rust cannot check is the `unsafe` part of
+//! [`Stream::launch`]: that the kernel's parameters have the types of the arguments and that it touches only
+//! the buffers passed, within their bounds, as declared. The rest is checked before anything is enqueued.
+
+use std::ffi::{CString, c_void};
+use std::fmt;
+use std::sync::Arc;
+
+use bytemuck::Pod;
+
+use crate::copy::{DeviceDestination, DeviceSource, PinnedDestination, PinnedSource, sealed};
+use crate::driver::{Category, Context, Stream, calls};
+use crate::error::{Error, Result};
+use crate::memory::{Track, Work, lock, release_host};
+use crate::sys::{
+    CUdevice_attribute, CUdeviceptr, CUfunction, CUfunction_attribute, CUmodule, CUresult,
+    CUstream,
+};
+use crate::track::Access;
+
+/// A module loaded into a context: the kernels of a PTX, cubin or fatbin image.
+///
+/// Cheap to clone; each [`Kernel`] keeps its module loaded. The module is unloaded once the last handle is
+/// gone and every launch from it has completed, on the crate's release thread (`cuModuleUnload` waits for the
+/// whole device, which a user's thread must not).
+#[derive(Clone)]
+pub struct Module(Arc<ModuleInner>);
+
+struct ModuleInner {
+    raw: CUmodule,
+    context: Context,
+    /// Every launch of one of its kernels reads the module: it is unloaded only after them.
+    track: Track,
+}
+
+// SAFETY: a CUmodule is a driver handle usable from any thread; the driver synchronizes its use.
+unsafe impl Send for ModuleInner {}
+// SAFETY: as above; the module is only read after loading.
+unsafe impl Sync for ModuleInner {}
+
+impl Module {
+    /// Loads `image` into `context`: PTX text (NUL-terminated or not: the crate adds the NUL), or a cubin or
+    /// fatbin image as nvcc writes them (`include_bytes!` of what a build script compiled).
+    ///
+    /// Blocks while the driver loads (and, for PTX, compiles) the image; load modules before the work that
+    /// needs them, not in a loop.
+    ///
+    /// # Errors
+    /// An invalid-argument error for an empty image; the driver's (`CUDA_ERROR_INVALID_PTX`,
+    /// `CUDA_ERROR_INVALID_IMAGE`, `CUDA_ERROR_NO_BINARY_FOR_GPU`, ...), naming what was loaded.
+    #[doc(alias = "cuModuleLoadData")]
+    pub fn load(context: &Context, image: &[u8]) -> Result<Module> {
+        let describe = describe_image(image);
+        if image.is_empty() {
+            return Err(Error::invalid("Module::load: the image is empty"));
+        }
+        // cuModuleLoadData finds a binary's length in its headers, but reads PTX up to a NUL: a PTX image
+        // without one is copied with one added.
+        let owned;
+        let bytes = if is_ptx(image) && !image.contains(&0) {
+            owned = [image, &[0]].concat();
+            &owned[..]
+        } else {
+            image
+        };
+        let _current = context.enter()?;
+        // SAFETY: a whole image (a binary's length is in its headers; PTX is NUL-terminated above), read during
+        // the call only. Unloaded in ModuleInner's Drop.
+        let raw = unsafe { calls::module_load_data(bytes.as_ptr().cast()) }
+            .map_err(|e| e.context(format_args!("loading a module from {describe}")))?;
+        Ok(Module(Arc::new(ModuleInner {
+            raw,
+            context: context.clone(),
+            track: Track::default(),
+        })))
+    }
+
+    /// The kernel named `name` (its name in the image: `extern "C"` kernels keep theirs, others are mangled).
+    ///
+    /// # Errors
+    /// `CUDA_ERROR_NOT_FOUND` naming the kernel if the module has none of that name; an invalid-argument
+    /// error for a name with a NUL; the driver's.
+    #[doc(alias = "cuModuleGetFunction")]
+    pub fn kernel(&self, name: &str) -> Result<Kernel> {
+        let c_name = CString::new(name).map_err(|_| {
+            Error::invalid(format_args!("Module::kernel: the name {name:?} contains a NUL"))
+        })?;
+        let raw = calls::module_get_function(self.0.raw, &c_name).map_err(|e| {
+            e.context(format_args!(
+                "looking up kernel `{name}` in a module (a C++ kernel's name is mangled unless it is \
+                 declared extern \"C\")"
+            ))
+        })?;
+        let limits = Limits::of(self.context(), raw)
+            .map_err(|e| e.context(format_args!("reading the attributes of kernel `{name}`")))?;
+        let params = param_sizes(raw)
+            .map_err(|e| e.context(format_args!("reading the parameters of kernel `{name}`")))?;
+        Ok(Kernel {
+            module: self.clone(),
+            raw,
+            name: name.into(),
+            params,
+            limits,
+        })
+    }
+
+    /// The context the module is loaded in.
+    #[must_use]
+    pub fn context(&self) -> &Context {
+        &self.0.context
+    }
+
+    /// The driver's handle, valid while any clone of this module (or a kernel of it) lives.
+    #[must_use]
+    pub fn as_raw(&self) -> CUmodule {
+        self.0.raw
+    }
+}
+
+impl fmt::Debug for Module {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Module({:p})", self.0.raw)
+    }
+}
+
+impl Drop for ModuleInner {
+    fn drop(&mut self) {
+        let raw = self.raw as usize;
+        let unload = move || {
+            // SAFETY: loaded in `Module::load`; every launch from it has completed (the release thread waits for
+            // the module's tracker) and no handle to it or its kernels is left.
+            unsafe { calls::module_unload(raw as CUmodule) }
+        };
+        let track = std::mem::take(&mut *lock(&self.track));
+        release_host(&self.context, track, Box::new(unload), 0);
+    }
+}
+
+/// Whether `image` looks like PTX text rather than a binary (cubin and fatbin images start with magic
+/// numbers that are not text).
+fn is_ptx(image: &[u8]) -> bool {
+    const ELF: &[u8] = b"\x7fELF";
+    const FATBIN: [u8; 4] = 0xBA55_ED50_u32.to_le_bytes();
+    const FATBIN_WRAPPER: [u8; 4] = 0x4662_43B1_u32.to_le_bytes();
+    !(image.starts_with(ELF) || image.starts_with(&FATBIN) || image.starts_with(&FATBIN_WRAPPER))
+}
+
+/// What an image is, for messages.
+fn describe_image(image: &[u8]) -> String {
+    let kind = if is_ptx(image) { "PTX" } else { "a binary image" };
+    format!("{kind} of {} bytes", image.len())
+}
+
+/// The sizes of `function`'s parameters, or `None` where the driver cannot tell (`cuFuncGetParamInfo` is
+/// CUDA 12.4+).
+fn param_sizes(function: CUfunction) -> Result<Option<Vec<usize>>> {
+    // The parameters of a kernel fit in 32 KiB, so there are fewer than this many.
+    const MOST: usize = 32 * 1024;
+    let mut sizes = Vec::new();
+    for index in 0..MOST {
+        match calls::func_get_param_info(function, index) {
+            Ok((_, size)) => sizes.push(size),
+            Err(e) if e.driver_code() == Some(CUresult::CUDA_ERROR_INVALID_VALUE) => break,
+            Err(e)
+                if e.driver_code() == Some(CUresult::CUDA_ERROR_NOT_SUPPORTED)
+                    || e.driver_code().is_none() =>
+            {
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Some(sizes))
+}
+
+/// What a launch of a kernel may ask for on its device.
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    grid: [u32; 3],
+    block: [u32; 3],
+    threads_per_block: u32,
+    dynamic_shared: u32,
+}
+
+impl Limits {
+    fn of(context: &Context, function: CUfunction) -> Result<Limits> {
+        use CUdevice_attribute as D;
+        let device = context.device();
+        let attribute = |a| device.attribute(a);
+        let function_attribute = |a| {
+            calls::func_get_attribute(a, function).map(|v| u32::try_from(v).unwrap_or(0))
+        };
+        Ok(Limits {
+            grid: [
+                attribute(D::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
+                attribute(D::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
+                attribute(D::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
+            ],
+            block: [
+                attribute(D::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)?,
+                attribute(D::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)?,
+                attribute(D::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?,
+            ],
+            threads_per_block: function_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+            )?,
+            dynamic_shared: function_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            )?,
+        })
+    }
+}
+
+/// A kernel of a loaded [`Module`], ready to launch with [`Stream::launch`]. Cheap to clone.
+#[derive(Clone)]
+pub struct Kernel {
+    module: Module,
+    raw: CUfunction,
+    name: Arc<str>,
+    /// The size of each parameter, where the driver tells.
+    params: Option<Vec<usize>>,
+    limits: Limits,
+}
+
+// SAFETY: a CUfunction is a driver handle usable from any thread; launching it from several is supported.
+unsafe impl Send for Kernel {}
+// SAFETY: as above.
+unsafe impl Sync for Kernel {}
+
+impl Kernel {
+    /// The kernel's name, as looked up.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The size in bytes of each of the kernel's parameters, in order, where the driver tells
+    /// (`cuFuncGetParamInfo`, CUDA 12.4 and later): launches are checked against them.
+    #[must_use]
+    pub fn param_sizes(&self) -> Option<&[usize]> {
+        self.params.as_deref()
+    }
+
+    /// The most threads a block of this kernel may have (its registers and the device decide).
+    #[must_use]
+    pub fn max_threads_per_block(&self) -> u32 {
+        self.limits.threads_per_block
+    }
+
+    /// The module the kernel belongs to.
+    #[must_use]
+    pub fn module(&self) -> &Module {
+        &self.module
+    }
+
+    /// The driver's handle, valid while this kernel (or a clone) lives.
+    #[must_use]
+    pub fn as_raw(&self) -> CUfunction {
+        self.raw
+    }
+}
+
+impl fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Kernel")
+            .field("name", &self.name)
+            .field("params", &self.params)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The shape of a launch: a grid of blocks of threads, and the dynamic shared memory each block gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LaunchConfig {
+    /// Blocks in x, y and z.
+    pub grid: [u32; 3],
+    /// Threads per block in x, y and z.
+    pub block: [u32; 3],
+    /// Bytes of dynamic shared memory per block.
+    pub shared_memory: u32,
+}
+
+impl LaunchConfig {
+    /// A one-dimensional launch of `grid` blocks of `block` threads, with no dynamic shared memory.
+    #[must_use]
+    pub fn new(grid: u32, block: u32) -> LaunchConfig {
+        LaunchConfig {
+            grid: [grid, 1, 1],
+            block: [block, 1, 1],
+            shared_memory: 0,
+        }
+    }
+
+    /// One thread per element of `elements`, in blocks of `block` threads (the last block may be partial; at
+    /// least one block).
+    ///
+    /// # Errors
+    /// An invalid-argument error if `block` is 0 or the grid would need more than `u32::MAX` blocks.
+    pub fn for_elements(elements: usize, block: u32) -> Result<LaunchConfig> {
+        if block == 0 {
+            return Err(Error::invalid("LaunchConfig::for_elements: a block of 0 threads"));
+        }
+        let blocks = elements.div_ceil(block as usize).max(1);
+        let grid = u32::try_from(blocks).map_err(|_| {
+            Error::invalid(format_args!(
+                "LaunchConfig::for_elements: {elements} elements need {blocks} blocks of {block}, more than a \
+                 grid's x dimension holds; use a grid-stride loop"
+            ))
+        })?;
+        Ok(LaunchConfig::new(grid, block))
+    }
+
+    /// Checks the launch against the kernel's and device's limits.
+    fn check(&self, kernel: &Kernel) -> Result<()> {
+        let limits = &kernel.limits;
+        let name = &kernel.name;
+        let fail = |what: String| {
+            Err(Error::invalid(format_args!(
+                "launching `{name}` with grid {:?} and block {:?}: {what}; nothing was enqueued",
+                self.grid, self.block
+            )))
+        };
+        if self.grid.contains(&0) || self.block.contains(&0) {
+            return fail("every dimension must be at least 1".into());
+        }
+        for axis in 0..3 {
+            let xyz = ["x", "y", "z"][axis];
+            if self.block[axis] > limits.block[axis] {
+                return fail(format!(
+                    "the block's {xyz} is over the device's {}",
+                    limits.block[axis]
+                ));
+            }
+            if self.grid[axis] > limits.grid[axis] {
+                return fail(format!(
+                    "the grid's {xyz} is over the device's {}",
+                    limits.grid[axis]
+                ));
+            }
+        }
+        let threads = self.block.iter().map(|&d| u64::from(d)).product::<u64>();
+        if threads > u64::from(limits.threads_per_block) {
+            return fail(format!(
+                "{threads} threads per block, over the kernel's limit of {}",
+                limits.threads_per_block
+            ));
+        }
+        if self.shared_memory > limits.dynamic_shared {
+            return fail(format!(
+                "{} bytes of dynamic shared memory, over the kernel's limit of {} (raise it with \
+                 cuFuncSetAttribute and CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+                self.shared_memory, limits.dynamic_shared
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Where a buffer of a [`Use`] lives.
+#[derive(Clone, Copy, Debug)]
+enum Place<'a> {
+    /// Device memory of a context.
+    Device(CUdeviceptr, &'a Context),
+    /// Page-locked host memory, reached by the device through its mapping.
+    Host(*mut c_void),
+}
+
+/// A buffer that device work reads or writes, as declared to the tracking: a [`Stream::launch`] argument
+/// (through [`Arg`]), or what other code's work uses ([`Stream::enqueue_foreign`]).
+///
+/// Made from the buffer's borrow, shared for a read and exclusive for a write, so the declaration cannot
+/// outlive the buffer nor overlap a host borrow of it.
+pub struct Use<'a> {
+    place: Place<'a>,
+    bytes: usize,
+    track: &'a Track,
+    access: Access,
+}
+
+impl<'a> Use<'a> {
+    /// Device memory that the work reads.
+    pub fn read<T>(buffer: &'a impl DeviceSource<T>) -> Use<'a> {
+        Use::device(buffer, Access::Read, size_of::<T>())
+    }
+
+    /// Device memory that the work writes (and may read).
+    pub fn write<T>(buffer: &'a mut impl DeviceDestination<T>) -> Use<'a> {
+        Use::device(&*buffer, Access::Write, size_of::<T>())
+    }
+
+    /// Page-locked host memory that the work reads through its device mapping (allocated with
+    /// [`PinnedBuilder::device_mapped`](crate::PinnedBuilder::device_mapped), or any pinned memory on a
+    /// system with unified addressing).
+    pub fn read_host<T>(buffer: &'a impl PinnedSource<T>) -> Use<'a> {
+        Use::host(buffer, Access::Read, size_of::<T>())
+    }
+
+    /// Page-locked host memory that the work writes through its device mapping: host accessors wait for it.
+    pub fn write_host<T>(buffer: &'a mut impl PinnedDestination<T>) -> Use<'a> {
+        Use::host(&*buffer, Access::Write, size_of::<T>())
+    }
+
+    fn device(buffer: &'a impl sealed::DeviceMemory, access: Access, element: usize) -> Use<'a> {
+        Use {
+            place: Place::Device(buffer.device_ptr(), buffer.owner()),
+            bytes: buffer.elements() * element,
+            track: buffer.track(),
+            access,
+        }
+    }
+
+    fn host(buffer: &'a impl sealed::PinnedMemory, access: Access, element: usize) -> Use<'a> {
+        Use {
+            place: Place::Host(buffer.host_ptr()),
+            bytes: buffer.elements() * element,
+            track: buffer.track(),
+            access,
+        }
+    }
+
+    /// The device address of device memory; `None` for host memory (whose device address the launch looks
+    /// up in the stream's context).
+    #[must_use]
+    pub fn device_ptr(&self) -> Option<CUdeviceptr> {
+        match self.place {
+            Place::Device(ptr, _) => Some(ptr),
+            Place::Host(_) => None,
+        }
+    }
+
+    /// The size in bytes of the memory used.
+    #[must_use]
+    pub fn byte_len(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether the work writes the memory.
+    #[must_use]
+    pub fn is_write(&self) -> bool {
+        self.access == Access::Write
+    }
+
+    /// Checks that device memory belongs to `stream`'s context.
+    fn check_context(&self, stream: &Stream, what: &str) -> Result<()> {
+        match self.place {
+            Place::Device(_, owner) if owner != stream.context() => Err(Error::invalid(format_args!(
+                "{what}: a buffer of device {} used on a stream of device {}; nothing was enqueued",
+                owner.device().ordinal(),
+                stream.context().device().ordinal()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// The address the device sees, looked up in the current context for host memory.
+    fn address(&self, kernel: &str) -> Result<CUdeviceptr> {
+        match self.place {
+            Place::Device(ptr, _) => Ok(ptr),
+            Place::Host(host) => calls::mem_host_get_device_pointer(host).map_err(|e| {
+                e.context(format_args!(
+                    "passing page-locked host memory to `{kernel}`: it is not mapped into the device's address \
+                     space (allocate it with PinnedBuilder::device_mapped(true))"
+                ))
+            }),
+        }
+    }
+}
+
+impl fmt::Debug for Use<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Use")
+            .field("place", &self.place)
+            .field("bytes", &self.bytes)
+            .field("access", &self.access)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An argument of a kernel launch: a buffer and how the kernel uses it, or a value passed by copy.
+#[derive(Debug)]
+pub struct Arg<'a>(ArgKind<'a>);
+
+#[derive(Debug)]
+enum ArgKind<'a> {
+    Value(&'a [u8]),
+    Memory(Use<'a>),
+}
+
+impl<'a> Arg<'a> {
+    /// A pointer to device memory that the kernel reads (`const T*`).
+    pub fn read<T>(buffer: &'a impl DeviceSource<T>) -> Arg<'a> {
+        Arg(ArgKind::Memory(Use::read(buffer)))
+    }
+
+    /// A pointer to device memory that the kernel writes (`T*`).
+    pub fn write<T>(buffer: &'a mut impl DeviceDestination<T>) -> Arg<'a> {
+        Arg(ArgKind::Memory(Use::write(buffer)))
+    }
+
+    /// A pointer to mapped page-locked host memory that the kernel reads ([`Use::read_host`]).
+    pub fn read_host<T>(buffer: &'a impl PinnedSource<T>) -> Arg<'a> {
+        Arg(ArgKind::Memory(Use::read_host(buffer)))
+    }
+
+    /// A pointer to mapped page-locked host memory that the kernel writes ([`Use::write_host`]).
+    pub fn write_host<T>(buffer: &'a mut impl PinnedDestination<T>) -> Arg<'a> {
+        Arg(ArgKind::Memory(Use::write_host(buffer)))
+    }
+
+    /// A value passed by copy (a scalar or a `#[repr(C)]` struct of the parameter's type).
+    pub fn value<T: Pod>(value: &'a T) -> Arg<'a> {
+        Arg(ArgKind::Value(bytemuck::bytes_of(value)))
+    }
+
+    /// The size in bytes the argument takes in the kernel's parameters.
+    fn size(&self) -> usize {
+        match &self.0 {
+            ArgKind::Value(bytes) => bytes.len(),
+            ArgKind::Memory(_) => size_of::<CUdeviceptr>(),
+        }
+    }
+}
+
+impl<'a> From<Use<'a>> for Arg<'a> {
+    fn from(used: Use<'a>) -> Arg<'a> {
+        Arg(ArgKind::Memory(used))
+    }
+}
+
+impl Stream {
+    /// Enqueues `kernel` on this stream with `args`, after any conflicting work on its buffers from other
+    /// streams (device-side waits), and records what it reads and writes: later work and host accessors wait
+    /// for it, and its buffers are freed only once it has completed. Returns at once.
+    ///
+    /// # Errors
+    /// An invalid-argument error, with nothing enqueued, for a kernel or buffer of another context, a number
+    /// or size of arguments that differs from the kernel's parameters (where the driver tells them), or a
+    /// grid, block or shared-memory size over the kernel's or device's limits; host memory that is not
+    /// mapped; the driver's launch error.
+    ///
+    /// # Safety
+    /// The kernel's parameters must have the types of `args`, in order (a buffer argument is a pointer to its
+    /// element type), and the kernel must touch only the memory of its buffer arguments, within their bounds,
+    /// writing only those passed with [`Arg::write`] / [`Arg::write_host`], and finish (no waiting on other
+    /// work that could wait on it).
+    #[doc(alias = "cuLaunchKernel")]
+    pub unsafe fn launch(&self, kernel: &Kernel, config: LaunchConfig, args: &[Arg<'_>]) -> Result<()> {
+        self.check_launch(kernel, &config, args)?;
+        let mut uses: Vec<(&Track, Access)> = Vec::with_capacity(args.len() + 1);
+        uses.push((&kernel.module.0.track, Access::Read));
+        let mut host = false;
+        for arg in args {
+            if let ArgKind::Memory(used) = &arg.0 {
+                uses.push((used.track, used.access));
+                host |= matches!(used.place, Place::Host(_));
+            }
+        }
+        // Host memory's device address is looked up in the stream's context.
+        let _current = if host { Some(self.context().enter()?) } else { None };
+        let mut addresses = Vec::with_capacity(args.len());
+        for arg in args {
+            if let ArgKind::Memory(used) = &arg.0 {
+                addresses.push(used.address(&kernel.name)?);
+            }
+        }
+        let mut next = addresses.iter();
+        let mut params: Vec<*mut c_void> = args
+            .iter()
+            .map(|arg| match &arg.0 {
+                ArgKind::Value(bytes) => bytes.as_ptr().cast_mut().cast(),
+                ArgKind::Memory(_) => {
+                    let address = next.next().expect("one address per buffer argument");
+                    std::ptr::from_ref(address).cast_mut().cast()
+                }
+            })
+            .collect();
+        let work = Work::Timed(Category::Kernel, "kernel", 0);
+        self.tracked_uses(work, &uses, || {
+            // SAFETY: one pointer per parameter, each to a value of its size (checked against the driver's
+            // parameter info where it has it) that outlives the call; the kernel's types and footprint are the
+            // caller's promise; the trackers ordered the launch after conflicting work and keep its buffers
+            // (and the module) alive until it completes; kernel and stream are of one context (checked).
+            unsafe {
+                calls::launch_kernel(
+                    kernel.raw,
+                    config.grid,
+                    config.block,
+                    config.shared_memory,
+                    self.as_raw(),
+                    &mut params,
+                )
+            }
+        })
+        .map_err(|e| e.context(format_args!("launching `{}`", kernel.name)))
+    }
+
+    /// Checks a launch before anything is enqueued.
+    fn check_launch(&self, kernel: &Kernel, config: &LaunchConfig, args: &[Arg<'_>]) -> Result<()> {
+        let what = format!("launching `{}`", kernel.name);
+        if kernel.module.context() != self.context() {
+            return Err(Error::invalid(format_args!(
+                "{what}: the kernel's module is loaded on device {} and the stream is of device {}; load it \
+                 into the stream's context; nothing was enqueued",
+                kernel.module.context().device().ordinal(),
+                self.context().device().ordinal()
+            )));
+        }
+        config.check(kernel)?;
+        if let Some(params) = &kernel.params {
+            if params.len() != args.len() {
+                return Err(Error::invalid(format_args!(
+                    "{what}: {} arguments for {} parameters; nothing was enqueued",
+                    args.len(),
+                    params.len()
+                )));
+            }
+            for (index, (arg, &size)) in args.iter().zip(params).enumerate() {
+                if arg.size() != size {
+                    return Err(Error::invalid(format_args!(
+                        "{what}: argument {index} is {} bytes and the parameter {size}; nothing was enqueued",
+                        arg.size()
+                    )));
+                }
+            }
+        }
+        for arg in args {
+            if let ArgKind::Memory(used) = &arg.0 {
+                used.check_context(self, &what)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `enqueue`, which enqueues other code's work (a library call, a kernel launched through another
+    /// crate) on this stream through its raw handle, and declares what that work reads and writes: it waits on
+    /// the device for conflicting work of other streams first, and later work, host accessors and frees wait
+    /// for it, exactly as for the crate's own copies. Returns `enqueue`'s value once it returns (the work
+    /// itself runs on the device later).
+    ///
+    /// `enqueue` runs with the trackers of the declared buffers locked: it must not use those buffers through
+    /// the crate (that would wait for itself); other buffers and other crate calls are fine.
+    ///
+    /// # Errors
+    /// An invalid-argument error, with `enqueue` not run, for device memory of another context; the driver's,
+    /// from ordering the work (`enqueue` is not run then).
+    ///
+    /// # Safety
+    /// The work `enqueue` enqueues must be on the stream it is given (not on another stream, and not still
+    /// running on the host after `enqueue` returns), touch only the memory declared in `uses`, within its
+    /// bounds, and write only what is declared written.
+    pub unsafe fn enqueue_foreign<R>(
+        &self,
+        uses: &[Use<'_>],
+        enqueue: impl FnOnce(CUstream) -> R,
+    ) -> Result<R> {
+        for used in uses {
+            used.check_context(self, "declaring other code's work")?;
+        }
+        let tracks: Vec<(&Track, Access)> = uses.iter().map(|u| (u.track, u.access)).collect();
+        let work = Work::Timed(Category::Kernel, "foreign", 0);
+        self.tracked_uses(work, &tracks, || Ok(enqueue(self.as_raw())))
+            .map_err(|e| e.context("declaring other code's work"))
+    }
+}
