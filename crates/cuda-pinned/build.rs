@@ -118,6 +118,7 @@ fn compile_kernels(toolkit: &Path) {
         ));
     }
     build.compile("cuda_pinned_kernels");
+    compile_test_kernels(toolkit, &sms);
     // cc looks for the runtime under targets/<arch>-linux/lib; the PyPI wheels and some distributions put
     // it in lib/ or lib64/ of the root.
     for dir in ["lib64", "lib", "lib/x64"] {
@@ -130,6 +131,34 @@ fn compile_kernels(toolkit: &Path) {
         // The static runtime's own dependencies.
         for lib in ["dl", "pthread", "rt"] {
             println!("cargo:rustc-link-lib=dylib={lib}");
+        }
+    }
+}
+
+#[cfg(feature = "gpu")]
+/// Compiles `cuda/test_kernels.cu` into `$OUT_DIR/test_kernels.fatbin` (a cubin per architecture and PTX for
+/// newer ones), which the tests load as a user's module: a build script of a crate using cuda-pinned would do
+/// the same for its own kernels.
+fn compile_test_kernels(toolkit: &Path, sms: &[&str]) {
+    println!("cargo:rerun-if-changed=cuda/test_kernels.cu");
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let mut nvcc = std::process::Command::new(toolkit.join("bin/nvcc"));
+    nvcc.arg("--fatbin")
+        .arg("-O3")
+        .arg("-o")
+        .arg(out.join("test_kernels.fatbin"))
+        .arg("cuda/test_kernels.cu");
+    for sm in sms {
+        nvcc.arg(format!("-gencode=arch=compute_{sm},code=sm_{sm}"));
+    }
+    if let Some(newest) = sms.iter().max_by_key(|sm| sm.parse::<u32>().unwrap_or(0)) {
+        nvcc.arg(format!("-gencode=arch=compute_{newest},code=compute_{newest}"));
+    }
+    match nvcc.status() {
+        Ok(status) if status.success() => {}
+        outcome => {
+            eprintln!("error: nvcc failed to compile cuda/test_kernels.cu: {outcome:?}");
+            std::process::exit(1);
         }
     }
 }

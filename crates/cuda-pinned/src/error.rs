@@ -144,8 +144,9 @@ impl Error {
         self
     }
 
-    /// An [`Error::InvalidArgument`] saying `message`.
-    pub(crate) fn invalid(message: impl fmt::Display) -> Error {
+    /// An [`Error::InvalidArgument`] saying `message`: for crates built on this one, to report their own
+    /// invalid arguments as the crate's errors.
+    pub fn invalid(message: impl fmt::Display) -> Error {
         Error::InvalidArgument {
             message: message.to_string(),
         }

@@ -59,6 +59,10 @@
 //!    The exceptions say so: the pageable copies wait for their own stream, [`Registered::into_vec`] and
 //!    [`Context::synchronize`] for the context.
 //! 7. **No hangs.** Every wait ends: with the work done, with an `Err`, or at a deadline.
+//! 8. **Open to other GPU code.** A user's kernels ([`Module`], [`Stream::launch`]) and other libraries' work
+//!    on the crate's streams ([`Stream::enqueue_foreign`]) declare what they read and write ([`Arg`], [`Use`]),
+//!    and join rules 2-4 as the crate's copies do. The `unsafe` of those calls is exactly what Rust cannot
+//!    check: the kernel's signature, and that the work touches only what it declared.
 //!
 //! Errors are values: every failure, from a missing driver to a length mismatch, is an [`Error`] with CUDA's
 //! own words and what the crate was doing, never a panic.
@@ -69,6 +73,8 @@
 //!   return an [`Error`] naming every place the loader looked.
 //! - [`Device`], [`Context`], [`Stream`], [`Event`], [`DeviceBuffer`], [`Pinned`], [`Registered`] and the
 //!   copies: the safe layer.
+//! - [`Module`], [`Kernel`], [`Stream::launch`], [`Stream::enqueue_foreign`]: users' kernels and other code's
+//!   work, tracked; `into_raw` / `from_raw` hand buffers to and from other code.
 //! - [`kernels`]: the small kernels of `cuda/kernels.cu` (fill, axpy, checksum, spin) with safe launchers
 //!   under feature `gpu`, and the host reference of the checksum.
 #![deny(unsafe_op_in_unsafe_fn)]
