@@ -100,6 +100,9 @@ pub mod fuzzing;
 pub mod kernels;
 #[cfg(any(feature = "gpu", docsrs))]
 mod kernels_ffi;
+#[cfg(feature = "cudarc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cudarc")))]
+mod interop;
 mod launch;
 mod memory;
 pub mod prefetch;

@@ -28,6 +28,8 @@ pub(crate) struct Inner {
     observer: Option<Box<dyn WorkObserver>>,
     /// The segment of the stream's work that the crate's next operation joins (see `marks.rs`).
     segment: SegmentLock,
+    /// What keeps a borrowed stream alive while this handle lives (another library's stream object).
+    _keeps: Option<Box<dyn Any + Send + Sync>>,
 }
 
 /// What a ledger entry timed.
@@ -143,6 +145,7 @@ impl Stream {
             context: context.clone(),
             observer,
             segment: SegmentLock::default(),
+            _keeps: None,
         }))
     }
 
@@ -165,6 +168,7 @@ impl Stream {
             context: context.clone(),
             observer: None,
             segment: SegmentLock::default(),
+            _keeps: None,
         }))
     }
 
@@ -212,6 +216,19 @@ impl Stream {
     #[doc(alias = "CU_STREAM_LEGACY")]
     #[doc(alias = "CU_STREAM_PER_THREAD")]
     pub unsafe fn from_raw(context: &Context, raw: CUstream) -> Result<Stream> {
+        // SAFETY: as the caller guarantees.
+        unsafe { Stream::from_raw_keeping(context, raw, None) }
+    }
+
+    /// [`Stream::from_raw`], keeping `keeps` (what owns the stream) alive as long as the handle.
+    ///
+    /// # Safety
+    /// As for [`Stream::from_raw`], with "while the returned value lives" guaranteed by `keeps`.
+    pub(crate) unsafe fn from_raw_keeping(
+        context: &Context,
+        raw: CUstream,
+        keeps: Option<Box<dyn Any + Send + Sync>>,
+    ) -> Result<Stream> {
         // cuda.h: CU_STREAM_LEGACY is ((CUstream)0x1), CU_STREAM_PER_THREAD ((CUstream)0x2).
         if (raw as usize) <= 2 {
             return Err(Error::invalid(format_args!(
@@ -225,6 +242,7 @@ impl Stream {
             context: context.clone(),
             observer: None,
             segment: SegmentLock::default(),
+            _keeps: keeps,
         }))
     }
 

@@ -1,0 +1,121 @@
+//! Interop with [cudarc](https://docs.rs/cudarc) (feature `cudarc`), which candle, cubecl and much other Rust
+//! GPU code use: a cudarc stream of a device's primary context is one of the crate's [`Stream`]s, and device
+//! memory changes hands both ways.
+//!
+//! Work cudarc enqueues on a shared stream is invisible to the crate's tracking, as any other code's is:
+//! enqueue it inside [`Stream::enqueue_foreign`], declaring the crate's buffers it reads and writes, and the
+//! crate orders its own work around it.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use cuda_pinned::{DeviceBuffer, Pinned, Stream, Use};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let cuda = cudarc::driver::CudaContext::new(0)?;
+//! let theirs: Arc<cudarc::driver::CudaStream> = cuda.new_stream()?;
+//! let ours = Stream::from_cudarc(&theirs)?; // the same stream, tracked
+//! let slice = theirs.clone_htod(&[1u32, 2, 3])?;
+//! let buffer = DeviceBuffer::from_cudarc(slice, &ours)?; // ready once cudarc's work on it is
+//! let mut host = Pinned::<u32>::zeroed(ours.context(), 3)?;
+//! ours.download(&buffer, &mut host)?;
+//! assert_eq!(host.as_slice()?, [1, 2, 3]);
+//! # Ok(()) }
+//! ```
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream};
+
+use crate::driver::{Context, Stream};
+use crate::error::{Error, Result};
+use crate::memory::{DeviceBuffer, Work};
+use crate::track::Access;
+
+/// The crate's context for a cudarc context: the same primary context, or an error.
+fn primary_context(cuda: &cudarc::driver::CudaContext, what: &str) -> Result<Context> {
+    let context = Context::on(cuda.ordinal())?;
+    // The same driver object seen through two crates' bindings.
+    if context.as_raw().cast::<()>() == cuda.cu_ctx().cast::<()>() {
+        Ok(context)
+    } else {
+        Err(Error::invalid(format_args!(
+            "{what}: the cudarc context of device {} is not the device's primary context (made with \
+             CudaContext::new_non_primary?); the crate's tracking works in the primary context: use \
+             CudaContext::new",
+            cuda.ordinal()
+        )))
+    }
+}
+
+impl Stream {
+    /// The cudarc stream `stream` as one of the crate's streams: the same driver stream, which this handle
+    /// keeps alive. Work the crate enqueues on it is tracked; work cudarc enqueues on it is ordered with the
+    /// crate's through [`Stream::enqueue_foreign`].
+    ///
+    /// # Errors
+    /// An invalid-argument error for cudarc's default (null) stream, or a stream of a context that is not the
+    /// device's primary context; the driver's, from retaining the primary context.
+    pub fn from_cudarc(stream: &Arc<CudaStream>) -> Result<Stream> {
+        let context = primary_context(stream.context(), "Stream::from_cudarc")?;
+        // SAFETY: a non-blocking stream of `context` (cudarc makes its streams with CU_STREAM_NON_BLOCKING and
+        // the null stream is refused by from_raw_keeping), kept alive by the Arc the handle holds.
+        unsafe {
+            Stream::from_raw_keeping(
+                &context,
+                stream.cu_stream().cast(),
+                Some(Box::new(Arc::clone(stream))),
+            )
+        }
+    }
+}
+
+impl<T: bytemuck::Pod> DeviceBuffer<T> {
+    /// Takes a cudarc slice's memory into the crate's tracking, after the work cudarc recorded on it: the
+    /// buffer's first use on any stream waits, on the device, for what was enqueued on the slice's stream
+    /// before this call. Returns at once. The memory is freed by the crate (`cuMemFree`, once its uses have
+    /// completed).
+    ///
+    /// # Errors
+    /// An invalid-argument error for a slice of a context other than `stream`'s; the driver's.
+    pub fn from_cudarc(slice: CudaSlice<T>, stream: &Stream) -> Result<DeviceBuffer<T>> {
+        let home = Stream::from_cudarc(slice.stream())?;
+        if home.context() != stream.context() {
+            return Err(Error::invalid(format_args!(
+                "DeviceBuffer::from_cudarc: a slice of device {} for a stream of device {}",
+                home.context().device().ordinal(),
+                stream.context().device().ordinal()
+            )));
+        }
+        let len = slice.len();
+        // cudarc makes the slice's stream wait for the slice's own pending reads and writes.
+        let ptr = slice.leak();
+        // SAFETY: a whole allocation of `len` Ts of the context (cuMemAllocAsync or cuMemAlloc: cuMemFree frees
+        // either), owned by nobody else now; work still pending on it is on `home`, recorded just below as a
+        // write before the buffer is used.
+        let buffer = unsafe { DeviceBuffer::from_raw(stream, ptr, len) };
+        home.tracked_uses(Work::Untimed, &[(buffer.track(), Access::Write)], || Ok(()))?;
+        Ok(buffer)
+    }
+
+    /// Gives the buffer's memory to cudarc as a slice of `stream`, once every piece of device work the crate
+    /// recorded on it has completed (blocks until then). cudarc frees it when the slice drops.
+    ///
+    /// # Errors
+    /// An invalid-argument error for a stream of another context than the buffer's; the driver's, from
+    /// waiting for the work (the buffer is dropped then, as usual).
+    pub fn into_cudarc(self, stream: &Arc<CudaStream>) -> Result<CudaSlice<T>> {
+        let context = primary_context(stream.context(), "DeviceBuffer::into_cudarc")?;
+        if &context != self.context() {
+            return Err(Error::invalid(format_args!(
+                "DeviceBuffer::into_cudarc: a buffer of device {} for a stream of device {}",
+                self.context().device().ordinal(),
+                context.device().ordinal()
+            )));
+        }
+        let (ptr, len) = self.into_raw()?;
+        // SAFETY: a whole allocation of `len` valid Ts in the stream's context, with no work pending, owned by
+        // nobody else; cudarc frees it as its own allocations (cuMemFreeAsync where the device has memory
+        // pools, which is where the crate allocated with cuMemAllocAsync, else cuMemFree).
+        Ok(unsafe { stream.upgrade_device_ptr(ptr, len) })
+    }
+}
