@@ -1,11 +1,13 @@
 //! What using pinned memory costs the host: allocating and registering it (directly, and through a
-//! `PinnedPool`, warm and cold), and enqueueing a small copy.
+//! `PinnedPool`, warm and cold), enqueueing a small copy, and launching a kernel.
 
 use std::ffi::c_void;
+use std::ptr;
 use std::time::Instant;
 
 use cuda_pinned::{
-    DeviceBuffer, Event, Pinned, PinnedPool, Pinning, Registered, Stream, driver_call,
+    Arg, Context, DeviceBuffer, Event, LaunchConfig, Module, Pinned, PinnedPool, Pinning,
+    Registered, Stream, driver_call,
 };
 
 use crate::results::{Alloc, Allocation, Enqueue, size_label};
@@ -21,8 +23,58 @@ pub const POOL_WARM_BATCH: usize = 1000;
 const POOL_WARM_WARMUP: usize = 2;
 /// Size of the enqueued copy.
 const SMALL: usize = 64;
-/// Small copies per timed batch: few enough that the driver's queue never fills and blocks the enqueue.
+/// Small copies (or kernel launches) per timed batch: few enough that the driver's queue never fills and blocks
+/// the enqueue.
 const ENQUEUE_BATCH: usize = 500;
+/// Untimed rounds of batches before the timed ones of the enqueue figures.
+const ENQUEUE_WARMUP: usize = 2;
+/// Threads of the one block of the launch figures, and elements of the buffers the kernel reads and writes.
+pub const LAUNCH_THREADS: u32 = 32;
+/// The factor the launched kernel scales by.
+const LAUNCH_SCALE: f32 = 2.0;
+
+/// The kernel of the launch figures, as PTX (the driver compiles it for the device when the module is loaded, so
+/// the build needs no CUDA compiler): `scale(const float* x, float* y, float a, unsigned n)` writes
+/// `y[i] = a * x[i]` for each thread's index `i = ctaid.x * ntid.x + tid.x` below `n`.
+const SCALE_PTX: &str = "\
+.version 8.0
+.target sm_75
+.address_size 64
+
+.visible .entry scale(
+    .param .u64 x,
+    .param .u64 y,
+    .param .f32 a,
+    .param .u32 n
+)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<6>;
+    .reg .f32 %f<4>;
+    .reg .b64 %rd<6>;
+
+    ld.param.u32 %r1, [n];
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %ntid.x;
+    mov.u32 %r4, %tid.x;
+    mad.lo.u32 %r5, %r2, %r3, %r4;
+    setp.ge.u32 %p1, %r5, %r1;
+    @%p1 bra DONE;
+    ld.param.u64 %rd1, [x];
+    ld.param.u64 %rd2, [y];
+    cvta.to.global.u64 %rd1, %rd1;
+    cvta.to.global.u64 %rd2, %rd2;
+    mul.wide.u32 %rd3, %r5, 4;
+    add.u64 %rd4, %rd1, %rd3;
+    add.u64 %rd5, %rd2, %rd3;
+    ld.param.f32 %f1, [a];
+    ld.global.f32 %f2, [%rd4];
+    mul.rn.f32 %f3, %f1, %f2;
+    st.global.f32 [%rd5], %f3;
+DONE:
+    ret;
+}
+";
 
 /// The estimated seconds of [`allocation`], for the progress bar.
 pub fn estimate_allocation(plan: &Plan) -> f64 {
@@ -38,7 +90,9 @@ pub fn estimate_allocation(plan: &Plan) -> f64 {
 
 /// The estimated seconds of [`enqueue`].
 pub fn estimate_enqueue(plan: &Plan) -> f64 {
-    0.01 + 3.0 * plan.enqueue_samples as f64 * ENQUEUE_BATCH as f64 * 4e-6
+    let calls = (ENQUEUE_WARMUP + plan.enqueue_samples) as f64 * ENQUEUE_BATCH as f64;
+    // The copies; then loading the kernel's module (the driver compiles its PTX) and the two launch figures.
+    0.01 + 3.0 * calls * 4e-6 + 0.05 + 2.0 * calls * 4e-6
 }
 
 /// Host time of allocating pinned memory, of pinning a `Vec` in place, and of `PinnedPool::alloc` warm (from
@@ -158,7 +212,9 @@ pub fn allocation(bench: &mut Bench) -> Outcome<Vec<Allocation>> {
 
 /// Host time per enqueued 64-byte upload from pinned memory: the raw driver call, the safe layer on one stream
 /// (the tracker's fast path, which records no event), and the safe layer alternating two streams (each copy
-/// then waits on the device for the other stream's previous one).
+/// then waits on the device for the other stream's previous one). Then host time per launch of a small kernel
+/// ([`SCALE_PTX`]: two buffers and two values, one block of [`LAUNCH_THREADS`]) on one stream: the raw
+/// `cuLaunchKernel` and `Stream::launch`, their batches in turns; the kernel's output is checked once.
 pub fn enqueue(bench: &mut Bench) -> Outcome<Enqueue> {
     bench.progress.show("enqueue overhead of a 64-byte upload");
     let context = bench.context.clone();
@@ -171,19 +227,7 @@ pub fn enqueue(bench: &mut Bench) -> Outcome<Enqueue> {
     // every thread's driver calls, the timed ones too.
     context.synchronize()?;
     let batches = |enqueue: &mut dyn FnMut(usize) -> cuda_pinned::Result<()>| -> Outcome<f64> {
-        let mut times = Vec::new();
-        for batch in 0..2 + samples {
-            let begin = Instant::now();
-            let enqueued = (0..ENQUEUE_BATCH).try_for_each(&mut *enqueue);
-            let took = begin.elapsed();
-            // Even after a failed enqueue: the raw copies are untracked, so nothing may go before they finish.
-            context.synchronize()?;
-            enqueued?;
-            if batch >= 2 {
-                times.push(took.as_secs_f64() / ENQUEUE_BATCH as f64);
-            }
-        }
-        Ok(median(times))
+        Ok(in_turns(&context, samples, &mut [enqueue])?[0])
     };
     let (dst, src) = (device.as_raw(), small.as_ptr().cast::<c_void>());
     let raw = batches(&mut |_| {
@@ -214,6 +258,73 @@ pub fn enqueue(bench: &mut Bench) -> Outcome<Enqueue> {
     })?;
     let cross_stream =
         batches(&mut |i| if i % 2 == 0 { stream } else { &other }.upload(&small, &mut device))?;
+
+    bench.progress.show("enqueue overhead of a kernel launch");
+    let kernel = Module::load(&context, SCALE_PTX.as_bytes())?.kernel("scale")?;
+    let n = LAUNCH_THREADS;
+    let elements = n as usize;
+    let xs: Vec<f32> = (0..n)
+        .map(|i| f32::from(u16::try_from(i).expect("a small index")))
+        .collect();
+    let mut x = DeviceBuffer::<f32>::zeroed(stream, elements)?;
+    stream.upload(&Pinned::from_slice(&context, &xs)?, &mut x)?;
+    let mut y = DeviceBuffer::<f32>::zeroed(stream, elements)?;
+    let a = LAUNCH_SCALE;
+    let config = LaunchConfig::new(1, n);
+    let (function, x_raw, y_raw) = (kernel.as_raw(), x.as_raw(), y.as_raw());
+    context.synchronize()?;
+    let mut raw_launch = |_| {
+        let mut params = [
+            ptr::from_ref(&x_raw).cast_mut().cast::<c_void>(),
+            ptr::from_ref(&y_raw).cast_mut().cast(),
+            ptr::from_ref(&a).cast_mut().cast(),
+            ptr::from_ref(&n).cast_mut().cast(),
+        ];
+        // SAFETY: `scale` takes (const float*, float*, float, unsigned): one pointer per parameter, each to a
+        // live value of its type that outlives the call (the driver copies them before returning). It reads x[..n]
+        // and writes y[..n], both buffers of `n` elements, live until the context is synchronised after each
+        // batch (these launches are untracked: nothing touches or drops the buffers before that); the kernel's
+        // module lives as long as `kernel`, past the last batch.
+        unsafe {
+            driver_call!(cuLaunchKernel(
+                function,
+                1,
+                1,
+                1,
+                n,
+                1,
+                1,
+                0,
+                stream.as_raw(),
+                params.as_mut_ptr(),
+                ptr::null_mut()
+            ))
+        }
+    };
+    let mut safe_launch = |_| {
+        // SAFETY: `scale` takes (const float*, float*, float, unsigned), reads x[..n] and writes y[..n]; both
+        // buffers have `n` elements.
+        unsafe {
+            stream.launch(
+                &kernel,
+                config,
+                &[
+                    Arg::read(&x),
+                    Arg::write(&mut y),
+                    Arg::value(&a),
+                    Arg::value(&n),
+                ],
+            )
+        }
+    };
+    let launches = in_turns(&context, samples, &mut [&mut raw_launch, &mut safe_launch])?;
+    let mut out = Pinned::<f32>::zeroed(&context, elements)?;
+    stream.download(&y, &mut out)?;
+    let launch_verified = out
+        .as_slice()?
+        .iter()
+        .zip(&xs)
+        .all(|(&got, &from)| got == a * from);
     bench.progress.advance(estimate_enqueue(&bench.plan));
     Ok(Enqueue {
         raw,
@@ -223,5 +334,34 @@ pub fn enqueue(bench: &mut Bench) -> Outcome<Enqueue> {
         bytes: SMALL,
         batch: ENQUEUE_BATCH,
         samples,
+        raw_launch: launches[0],
+        launch: launches[1],
+        launch_verified,
     })
+}
+
+/// Times each of `enqueuers` in batches of [`ENQUEUE_BATCH`] calls (given the call's index in its batch), taking
+/// turns batch by batch so that drift over the run falls on all of them alike, and synchronising `context` after
+/// every batch. The first [`ENQUEUE_WARMUP`] rounds are not timed; returns, in order, each one's median seconds
+/// per call over `samples` batches.
+fn in_turns(
+    context: &Context,
+    samples: usize,
+    enqueuers: &mut [&mut dyn FnMut(usize) -> cuda_pinned::Result<()>],
+) -> Outcome<Vec<f64>> {
+    let mut times = vec![Vec::with_capacity(samples); enqueuers.len()];
+    for round in 0..ENQUEUE_WARMUP + samples {
+        for (enqueue, times) in enqueuers.iter_mut().zip(&mut times) {
+            let begin = Instant::now();
+            let enqueued = (0..ENQUEUE_BATCH).try_for_each(&mut **enqueue);
+            let took = begin.elapsed();
+            // Even after a failed enqueue: raw work is untracked, so nothing may go before it finishes.
+            context.synchronize()?;
+            enqueued?;
+            if round >= ENQUEUE_WARMUP {
+                times.push(took.as_secs_f64() / ENQUEUE_BATCH as f64);
+            }
+        }
+    }
+    Ok(times.into_iter().map(median).collect())
 }

@@ -4,6 +4,7 @@
 
 use std::fmt::Write;
 
+use crate::costs;
 use crate::results::{Api, Direction, Method, Report, StagingSweep, size_label};
 
 /// The whole report as text.
@@ -294,6 +295,26 @@ fn enqueue(out: &mut String, report: &Report) {
             (seconds - e.raw) * 1e6
         );
     }
+    let _ = writeln!(
+        out,
+        "\nlaunching a kernel of 2 buffers and 2 values, 1 block of {} threads, on one stream (host time per \
+         launch, median of {} batches of {}, raw and crate in turns):",
+        costs::LAUNCH_THREADS,
+        e.samples,
+        e.batch
+    );
+    let _ = writeln!(
+        out,
+        "  kernel launch: raw {:.2} us, crate {:.2} us (raw + {:.2} us){}",
+        e.raw_launch * 1e6,
+        e.launch * 1e6,
+        (e.launch - e.raw_launch) * 1e6,
+        if e.launch_verified {
+            ""
+        } else {
+            "  ! wrong output"
+        }
+    );
 }
 
 fn overlap(out: &mut String, report: &Report) {
@@ -350,6 +371,8 @@ mod tests {
             "Pinned::zeroed, cold",
             "0.400 s per GiB",
             "(2.00x raw, raw + 1.00 us)",
+            "1 block of 32 threads, on one stream",
+            "kernel launch: raw 2.00 us, crate 2.25 us (raw + 0.25 us)\n",
             " staged ",
             "(3.50x)",
             "(3.50x) = staged / the driver's pageable path",
@@ -412,6 +435,14 @@ mod tests {
         let text = table(&report);
         assert!(text.contains("DATA CHECK FAILED"), "{text}");
         assert!(text.contains("pageable safe upload of 4 KiB"), "{text}");
+        assert!(!text.contains("! wrong output"), "{text}");
+        report.enqueue.launch_verified = false;
+        let text = table(&report);
+        assert!(text.contains("(raw + 0.25 us)  ! wrong output"), "{text}");
+        assert!(
+            text.contains("kernel launch (the kernel's output, y = a * x)"),
+            "{text}"
+        );
         assert!(text.contains('!'));
     }
 }

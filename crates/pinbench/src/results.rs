@@ -368,7 +368,7 @@ impl StagingSweep {
     }
 }
 
-/// Host time to enqueue a 64-byte upload from pinned memory.
+/// Host time to enqueue a 64-byte upload from pinned memory, and to launch a small kernel.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Enqueue {
     /// `cuMemcpyHtoDAsync_v2` through `driver_call!`, seconds per call.
@@ -387,6 +387,14 @@ pub struct Enqueue {
     pub batch: usize,
     /// Batches the medians are taken over.
     pub samples: usize,
+    /// A launch of a small kernel (two buffers, two values; one block) through `cuLaunchKernel` called with
+    /// `driver_call!` and a parameter array, on one stream, seconds per launch.
+    pub raw_launch: f64,
+    /// The same launch through `Stream::launch` (`Arg::read`, `Arg::write`, `Arg::value`), on the same stream,
+    /// its batches taking turns with the raw ones'.
+    pub launch: f64,
+    /// Whether the launched kernel's output was as expected, checked once after the timing.
+    pub launch_verified: bool,
 }
 
 /// A pipeline of uploads and kernels, on two streams and on one (feature `gpu` only).
@@ -582,6 +590,9 @@ impl Report {
                     p.threads
                 )
             }));
+        }
+        if !self.enqueue.launch_verified {
+            failures.push("kernel launch (the kernel's output, y = a * x)".into());
         }
         failures
     }
