@@ -93,7 +93,11 @@ impl<T: bytemuck::Pod> DeviceBuffer<T> {
         // either), owned by nobody else now; work still pending on it is on `home`, recorded just below as a
         // write before the buffer is used.
         let buffer = unsafe { DeviceBuffer::from_raw(stream, ptr, len) };
-        home.tracked_uses(Work::Untimed, &[(buffer.track(), Access::Write)], || Ok(()))?;
+        home.tracked_uses(
+            Work::Untimed,
+            &mut [(buffer.track(), Access::Write)],
+            || Ok(()),
+        )?;
         Ok(buffer)
     }
 

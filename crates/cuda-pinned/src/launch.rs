@@ -43,8 +43,7 @@ use crate::driver::{Category, Context, Stream, calls};
 use crate::error::{Error, Result};
 use crate::memory::{Track, Work, lock, release_host};
 use crate::sys::{
-    CUdevice_attribute, CUdeviceptr, CUfunction, CUfunction_attribute, CUmodule, CUresult,
-    CUstream,
+    CUdevice_attribute, CUdeviceptr, CUfunction, CUfunction_attribute, CUmodule, CUresult, CUstream,
 };
 use crate::track::Access;
 
@@ -113,7 +112,9 @@ impl Module {
     #[doc(alias = "cuModuleGetFunction")]
     pub fn kernel(&self, name: &str) -> Result<Kernel> {
         let c_name = CString::new(name).map_err(|_| {
-            Error::invalid(format_args!("Module::kernel: the name {name:?} contains a NUL"))
+            Error::invalid(format_args!(
+                "Module::kernel: the name {name:?} contains a NUL"
+            ))
         })?;
         let raw = calls::module_get_function(self.0.raw, &c_name).map_err(|e| {
             e.context(format_args!(
@@ -177,7 +178,11 @@ fn is_ptx(image: &[u8]) -> bool {
 
 /// What an image is, for messages.
 fn describe_image(image: &[u8]) -> String {
-    let kind = if is_ptx(image) { "PTX" } else { "a binary image" };
+    let kind = if is_ptx(image) {
+        "PTX"
+    } else {
+        "a binary image"
+    };
     format!("{kind} of {} bytes", image.len())
 }
 
@@ -217,9 +222,8 @@ impl Limits {
         use CUdevice_attribute as D;
         let device = context.device();
         let attribute = |a| device.attribute(a);
-        let function_attribute = |a| {
-            calls::func_get_attribute(a, function).map(|v| u32::try_from(v).unwrap_or(0))
-        };
+        let function_attribute =
+            |a| calls::func_get_attribute(a, function).map(|v| u32::try_from(v).unwrap_or(0));
         Ok(Limits {
             grid: [
                 attribute(D::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
@@ -328,7 +332,9 @@ impl LaunchConfig {
     /// An invalid-argument error if `block` is 0 or the grid would need more than `u32::MAX` blocks.
     pub fn for_elements(elements: usize, block: u32) -> Result<LaunchConfig> {
         if block == 0 {
-            return Err(Error::invalid("LaunchConfig::for_elements: a block of 0 threads"));
+            return Err(Error::invalid(
+                "LaunchConfig::for_elements: a block of 0 threads",
+            ));
         }
         let blocks = elements.div_ceil(block as usize).max(1);
         let grid = u32::try_from(blocks).map_err(|_| {
@@ -471,13 +477,16 @@ impl<'a> Use<'a> {
     }
 
     /// Checks that device memory belongs to `stream`'s context.
-    fn check_context(&self, stream: &Stream, what: &str) -> Result<()> {
+    fn check_context(&self, stream: &Stream, what: impl FnOnce() -> String) -> Result<()> {
         match self.place {
-            Place::Device(_, owner) if owner != stream.context() => Err(Error::invalid(format_args!(
-                "{what}: a buffer of device {} used on a stream of device {}; nothing was enqueued",
-                owner.device().ordinal(),
-                stream.context().device().ordinal()
-            ))),
+            Place::Device(_, owner) if owner != stream.context() => {
+                Err(Error::invalid(format_args!(
+                    "{}: a buffer of device {} used on a stream of device {}; nothing was enqueued",
+                    what(),
+                    owner.device().ordinal(),
+                    stream.context().device().ordinal()
+                )))
+            }
             _ => Ok(()),
         }
     }
@@ -574,38 +583,60 @@ impl Stream {
     /// writing only those passed with [`Arg::write`] / [`Arg::write_host`], and finish (no waiting on other
     /// work that could wait on it).
     #[doc(alias = "cuLaunchKernel")]
-    pub unsafe fn launch(&self, kernel: &Kernel, config: LaunchConfig, args: &[Arg<'_>]) -> Result<()> {
+    pub unsafe fn launch(
+        &self,
+        kernel: &Kernel,
+        config: LaunchConfig,
+        args: &[Arg<'_>],
+    ) -> Result<()> {
         self.check_launch(kernel, &config, args)?;
         let mut uses: Vec<(&Track, Access)> = Vec::with_capacity(args.len() + 1);
         uses.push((&kernel.module.0.track, Access::Read));
-        let mut host = false;
+        let mut host = 0;
         for arg in args {
             if let ArgKind::Memory(used) = &arg.0 {
                 uses.push((used.track, used.access));
-                host |= matches!(used.place, Place::Host(_));
+                host += usize::from(matches!(used.place, Place::Host(_)));
             }
         }
-        // Host memory's device address is looked up in the stream's context.
-        let _current = if host { Some(self.context().enter()?) } else { None };
-        let mut addresses = Vec::with_capacity(args.len());
+        // Host memory's device address is looked up in the stream's context, into a vector that never grows
+        // (the parameters point into it).
+        let mut host_addresses = Vec::with_capacity(host);
+        let _current = if host > 0 {
+            Some(self.context().enter()?)
+        } else {
+            None
+        };
         for arg in args {
-            if let ArgKind::Memory(used) = &arg.0 {
-                addresses.push(used.address(&kernel.name)?);
+            if let ArgKind::Memory(
+                used @ Use {
+                    place: Place::Host(_),
+                    ..
+                },
+            ) = &arg.0
+            {
+                host_addresses.push(used.address(&kernel.name)?);
             }
         }
-        let mut next = addresses.iter();
+        let mut next_host = host_addresses.iter();
+        // Each parameter points at its value: a value argument's bytes, a device buffer's address inside its
+        // `Arg`, a host buffer's looked-up address; all outlive the launch call.
         let mut params: Vec<*mut c_void> = args
             .iter()
             .map(|arg| match &arg.0 {
                 ArgKind::Value(bytes) => bytes.as_ptr().cast_mut().cast(),
+                ArgKind::Memory(Use {
+                    place: Place::Device(address, _),
+                    ..
+                }) => std::ptr::from_ref(address).cast_mut().cast(),
                 ArgKind::Memory(_) => {
-                    let address = next.next().expect("one address per buffer argument");
+                    let address = next_host.next().expect("one address per host buffer");
                     std::ptr::from_ref(address).cast_mut().cast()
                 }
             })
             .collect();
         let work = Work::Timed(Category::Kernel, "kernel", 0);
-        self.tracked_uses(work, &uses, || {
+        self.tracked_uses(work, &mut uses, || {
             // SAFETY: one pointer per parameter, each to a value of its size (checked against the driver's
             // parameter info where it has it) that outlives the call; the kernel's types and footprint are the
             // caller's promise; the trackers ordered the launch after conflicting work and keep its buffers
@@ -626,11 +657,13 @@ impl Stream {
 
     /// Checks a launch before anything is enqueued.
     fn check_launch(&self, kernel: &Kernel, config: &LaunchConfig, args: &[Arg<'_>]) -> Result<()> {
-        let what = format!("launching `{}`", kernel.name);
+        // Built only for a message: the happy path allocates nothing here.
+        let what = || format!("launching `{}`", kernel.name);
         if kernel.module.context() != self.context() {
             return Err(Error::invalid(format_args!(
-                "{what}: the kernel's module is loaded on device {} and the stream is of device {}; load it \
+                "{}: the kernel's module is loaded on device {} and the stream is of device {}; load it \
                  into the stream's context; nothing was enqueued",
+                what(),
                 kernel.module.context().device().ordinal(),
                 self.context().device().ordinal()
             )));
@@ -639,7 +672,8 @@ impl Stream {
         if let Some(params) = &kernel.params {
             if params.len() != args.len() {
                 return Err(Error::invalid(format_args!(
-                    "{what}: {} arguments for {} parameters; nothing was enqueued",
+                    "{}: {} arguments for {} parameters; nothing was enqueued",
+                    what(),
                     args.len(),
                     params.len()
                 )));
@@ -647,7 +681,8 @@ impl Stream {
             for (index, (arg, &size)) in args.iter().zip(params).enumerate() {
                 if arg.size() != size {
                     return Err(Error::invalid(format_args!(
-                        "{what}: argument {index} is {} bytes and the parameter {size}; nothing was enqueued",
+                        "{}: argument {index} is {} bytes and the parameter {size}; nothing was enqueued",
+                        what(),
                         arg.size()
                     )));
                 }
@@ -655,7 +690,7 @@ impl Stream {
         }
         for arg in args {
             if let ArgKind::Memory(used) = &arg.0 {
-                used.check_context(self, &what)?;
+                used.check_context(self, what)?;
             }
         }
         Ok(())
@@ -684,11 +719,11 @@ impl Stream {
         enqueue: impl FnOnce(CUstream) -> R,
     ) -> Result<R> {
         for used in uses {
-            used.check_context(self, "declaring other code's work")?;
+            used.check_context(self, || "declaring other code's work".into())?;
         }
-        let tracks: Vec<(&Track, Access)> = uses.iter().map(|u| (u.track, u.access)).collect();
+        let mut tracks: Vec<(&Track, Access)> = uses.iter().map(|u| (u.track, u.access)).collect();
         let work = Work::Timed(Category::Kernel, "foreign", 0);
-        self.tracked_uses(work, &tracks, || Ok(enqueue(self.as_raw())))
+        self.tracked_uses(work, &mut tracks, || Ok(enqueue(self.as_raw())))
             .map_err(|e| e.context("declaring other code's work"))
     }
 }

@@ -97,12 +97,12 @@ pub mod error;
 #[cfg(any(test, fuzzing))]
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod kernels;
-#[cfg(any(feature = "gpu", docsrs))]
-mod kernels_ffi;
 #[cfg(feature = "cudarc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cudarc")))]
 mod interop;
+pub mod kernels;
+#[cfg(any(feature = "gpu", docsrs))]
+mod kernels_ffi;
 mod launch;
 mod memory;
 pub mod prefetch;

@@ -17,8 +17,8 @@ use std::ffi::{CStr, c_char, c_int, c_void};
 use crate::driver_call;
 use crate::error::Result;
 use crate::sys::{
-    CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUfunction, CUfunction_attribute,
-    CUmodule, CUresult, CUstream, CUuuid,
+    CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUfunction,
+    CUfunction_attribute, CUmodule, CUresult, CUstream, CUuuid,
 };
 
 /// `Ok(true)` for success, `Ok(false)` for `CUDA_ERROR_NOT_READY`, else the error: a query's answer.

@@ -16,10 +16,10 @@ mod view;
 
 pub use device::DeviceBuffer;
 pub(crate) use layout::byte_len;
-pub(crate) use release::release_host;
 pub use pinned::{Pinned, PinnedBuilder};
 pub use pool::{PinnedPool, Pinning, PoolBuilder, PoolStats, WhenFull};
 pub use registered::Registered;
+pub(crate) use release::release_host;
 pub use tracked::Track;
 pub(crate) use tracked::{Gpu, Work, lock};
 pub use view::{DeviceView, DeviceViewMut, PinnedView, PinnedViewMut};

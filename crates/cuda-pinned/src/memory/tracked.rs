@@ -145,23 +145,28 @@ impl Stream {
     pub(crate) fn tracked_uses<R>(
         &self,
         work: Work,
-        uses: &[(&Track, Access)],
+        uses: &mut [(&Track, Access)],
         enqueue: impl FnOnce() -> Result<R>,
     ) -> Result<R> {
         let _gate = self.context().enqueue_gate();
-        let mut merged: Vec<(&Track, Access)> = Vec::with_capacity(uses.len());
-        for &(track, access) in uses {
-            match merged.iter_mut().find(|(t, _)| std::ptr::eq(*t, track)) {
-                Some(seen) if access == Access::Write => seen.1 = Access::Write,
-                Some(_) => {}
-                None => merged.push((track, access)),
+        // In address order, one entry per allocation (a write if any use writes it), in place.
+        uses.sort_unstable_by_key(|&(track, _)| std::ptr::from_ref(track) as usize);
+        let mut locked: Vec<(MutexGuard<'_, GpuTracker>, Access)> = Vec::with_capacity(uses.len());
+        for (i, &(track, access)) in uses.iter().enumerate() {
+            if i > 0 && std::ptr::eq(uses[i - 1].0, track) {
+                continue;
             }
+            let access = if uses[i..]
+                .iter()
+                .take_while(|(t, _)| std::ptr::eq(*t, track))
+                .any(|&(_, a)| a == Access::Write)
+            {
+                Access::Write
+            } else {
+                access
+            };
+            locked.push((lock(track), access));
         }
-        merged.sort_unstable_by_key(|&(track, _)| std::ptr::from_ref(track) as usize);
-        let mut locked: Vec<(MutexGuard<'_, GpuTracker>, Access)> = merged
-            .into_iter()
-            .map(|(track, access)| (lock(track), access))
-            .collect();
         for (tracker, access) in &mut locked {
             tracker.prepare(&Gpu, self, *access)?;
         }
