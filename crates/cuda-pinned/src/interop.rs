@@ -47,6 +47,7 @@ fn primary_context(cuda: &cudarc::driver::CudaContext, what: &str) -> Result<Con
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "cudarc")))]
 impl Stream {
     /// The cudarc stream `stream` as one of the crate's streams: the same driver stream, which this handle
     /// keeps alive. Work the crate enqueues on it is tracked; work cudarc enqueues on it is ordered with the
@@ -69,6 +70,7 @@ impl Stream {
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "cudarc")))]
 impl<T: bytemuck::Pod> DeviceBuffer<T> {
     /// Takes a cudarc slice's memory into the crate's tracking, after the work cudarc recorded on it: the
     /// buffer's first use on any stream waits, on the device, for what was enqueued on the slice's stream

@@ -98,7 +98,6 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 #[cfg(feature = "cudarc")]
-#[cfg_attr(docsrs, doc(cfg(feature = "cudarc")))]
 mod interop;
 pub mod kernels;
 #[cfg(any(feature = "gpu", docsrs))]
