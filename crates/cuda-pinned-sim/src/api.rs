@@ -5,13 +5,17 @@
 #![allow(non_snake_case, reason = "the C names")]
 
 use std::cell::RefCell;
-use std::ffi::{c_char, c_int, c_uchar, c_uint, c_ushort, c_void};
-use std::sync::MutexGuard;
+use std::collections::HashMap;
+use std::ffi::{CStr, c_char, c_int, c_uchar, c_uint, c_ushort, c_void};
+use std::sync::{Arc, MutexGuard};
 
+use crate::attributes::{MAX_BLOCK, MAX_GRID, MAX_SHARED, MAX_THREADS_PER_BLOCK};
 use crate::codes;
 use crate::detect::{self, DeviceSync};
+use crate::kernel::{self, Launch};
 use crate::sim::{
-    Allocation, DEVICE_GAP, EventData, HostCall, Kind, Loc, Op, Primary, SIM, State, Storage,
+    Allocation, DEVICE_GAP, EventData, FunctionData, HostCall, Kind, Loc, ModuleData, Op, Primary,
+    SIM, State, Storage,
 };
 use crate::stream;
 use crate::sys::*;
@@ -232,7 +236,25 @@ fn free_now<'a>(
         );
         state.violation(message);
     }
-    let sync = DeviceSync::now(&state, device, id);
+    let state = device_wait(state, device, |op| op.footprint().contains(&id), function);
+    let mut state = SIM.wait_until(state, |s| {
+        s.allocations.get(&id).is_none_or(|a| a.executing == 0)
+    });
+    state.unmap(id);
+    SIM.changed.notify_all();
+    state
+}
+
+/// Waits, as a call that synchronizes the device does, for every operation queued on `device` (every device
+/// where `None`) when it is called; reports a hidden wait where that includes work unrelated to the call (see
+/// `detect.rs`): work for which `related` is false.
+fn device_wait<'a>(
+    mut state: MutexGuard<'a, State>,
+    device: Option<i32>,
+    related: impl Fn(&Op) -> bool,
+    function: &str,
+) -> MutexGuard<'a, State> {
+    let sync = DeviceSync::now(&state, device, related);
     if let Some(report) = sync.hidden_wait(function) {
         // Naming the caller reads debug information: not under the lock, which every stream needs.
         drop(state);
@@ -242,13 +264,7 @@ fn free_now<'a>(
             state.finding(format!("{report}; {}", detect::describe_callers(&callers)));
         }
     }
-    let state = SIM.wait_until(state, |s| sync.done(s));
-    let mut state = SIM.wait_until(state, |s| {
-        s.allocations.get(&id).is_none_or(|a| a.executing == 0)
-    });
-    state.unmap(id);
-    SIM.changed.notify_all();
-    state
+    SIM.wait_until(state, |s| sync.done(s))
 }
 
 fn device_alloc(
@@ -596,6 +612,9 @@ pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
             for id in owned {
                 state.unmap(id);
             }
+            // And the modules loaded into it.
+            state.modules.retain(|_, m| m.device != dev);
+            state.functions.retain(|_, f| f.device != dev);
         }
         Ok(())
     })
@@ -1353,6 +1372,273 @@ pub extern "C" fn cuLaunchHostFunc(
     })
 }
 
+// ---- modules and kernels: any image loads, and its kernels are the stand-ins registered by name (see
+// `kernel.rs`).
+
+fn module_load(state: &mut State, module: *mut CUmodule, image: *const c_void) -> Outcome {
+    let device = current(state)?;
+    if module.is_null() || image.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let handle = state.handle();
+    state.modules.insert(
+        handle,
+        ModuleData {
+            device: device as i32,
+            functions: HashMap::new(),
+        },
+    );
+    put(module, handle as CUmodule)
+}
+
+/// A live function's handle.
+fn live_function(state: &State, f: CUfunction) -> Outcome<usize> {
+    let handle = f as usize;
+    if state.functions.contains_key(&handle) {
+        Ok(handle)
+    } else {
+        Err(CUresult::CUDA_ERROR_INVALID_HANDLE)
+    }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult {
+    entry("cuModuleLoadData", |mut state| {
+        module_load(&mut state, module, image)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuModuleLoadDataEx(
+    module: *mut CUmodule,
+    image: *const c_void,
+    _numOptions: c_uint,
+    _options: *mut CUjit_option,
+    _optionValues: *mut *mut c_void,
+) -> CUresult {
+    entry("cuModuleLoadDataEx", |mut state| {
+        module_load(&mut state, module, image)
+    })
+}
+
+/// Unloads a module: its functions are invalid from now. It waits for the whole device as the calls that
+/// release memory do (`free_now`); waiting for work other than the module's own launches is a hidden wait.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuModuleUnload(hmod: CUmodule) -> CUresult {
+    entry("cuModuleUnload", |mut state| {
+        let handle = hmod as usize;
+        let module = state
+            .modules
+            .remove(&handle)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        state.functions.retain(|_, f| f.module != handle);
+        let own_launch = |op: &Op| matches!(op, Op::Kernel(launch) if launch.module == handle);
+        drop(device_wait(
+            state,
+            Some(module.device),
+            own_launch,
+            "cuModuleUnload",
+        ));
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuModuleGetFunction(
+    hfunc: *mut CUfunction,
+    hmod: CUmodule,
+    name: *const c_char,
+) -> CUresult {
+    entry("cuModuleGetFunction", |mut state| {
+        let handle = hmod as usize;
+        let module = state
+            .modules
+            .get(&handle)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        if hfunc.is_null() || name.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller passes a NUL-terminated name, checked non-null.
+        let name = unsafe { CStr::from_ptr(name) }.to_bytes();
+        if let Some(&function) = module.functions.get(name) {
+            return put(hfunc, function as CUfunction);
+        }
+        let kernel = kernel::stand_in(name).ok_or(CUresult::CUDA_ERROR_NOT_FOUND)?;
+        let device = module.device;
+        let function = state.handle();
+        state.functions.insert(
+            function,
+            FunctionData {
+                module: handle,
+                device,
+                kernel,
+            },
+        );
+        state
+            .modules
+            .get_mut(&handle)
+            .expect("checked live")
+            .functions
+            .insert(name.to_vec(), function);
+        put(hfunc, function as CUfunction)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuFuncGetParamInfo(
+    func: CUfunction,
+    paramIndex: usize,
+    paramOffset: *mut usize,
+    paramSize: *mut usize,
+) -> CUresult {
+    entry("cuFuncGetParamInfo", |state| {
+        let kernel = &state.functions[&live_function(&state, func)?].kernel;
+        if paramIndex >= kernel.sizes.len() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(paramOffset, kernel.offsets[paramIndex])?;
+        if !paramSize.is_null() {
+            put(paramSize, kernel.sizes[paramIndex])?;
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuFuncGetAttribute(
+    pi: *mut c_int,
+    attrib: CUfunction_attribute,
+    hfunc: CUfunction,
+) -> CUresult {
+    entry("cuFuncGetAttribute", |state| {
+        use CUfunction_attribute as F;
+        live_function(&state, hfunc)?;
+        let value = match attrib {
+            F::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK => MAX_THREADS_PER_BLOCK as c_int,
+            F::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES => MAX_SHARED as c_int,
+            F::CU_FUNC_ATTRIBUTE_NUM_REGS => 32,
+            F::CU_FUNC_ATTRIBUTE_PTX_VERSION | F::CU_FUNC_ATTRIBUTE_BINARY_VERSION => 90,
+            // No preference: the driver's default carveout.
+            F::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT => -1,
+            a if a.0 >= F::CU_FUNC_ATTRIBUTE_MAX.0 => {
+                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+            }
+            // Static shared, constant and local memory, cluster requirements: none.
+            _ => 0,
+        };
+        put(pi, value)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuFuncGetName(name: *mut *const c_char, hfunc: CUfunction) -> CUresult {
+    entry("cuFuncGetName", |state| {
+        let function = live_function(&state, hfunc)?;
+        // The name lives as long as the stand-in, which the function holds.
+        put(name, state.functions[&function].kernel.name.as_ptr())
+    })
+}
+
+/// Queues a launch of `f`: its stand-in runs when the stream reaches it, with a copy of the parameters taken
+/// now.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuLaunchKernel(
+    f: CUfunction,
+    gridDimX: c_uint,
+    gridDimY: c_uint,
+    gridDimZ: c_uint,
+    blockDimX: c_uint,
+    blockDimY: c_uint,
+    blockDimZ: c_uint,
+    sharedMemBytes: c_uint,
+    hStream: CUstream,
+    kernelParams: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    entry("cuLaunchKernel", |mut state| {
+        if f.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let function = live_function(&state, f)?;
+        let (grid, block) = (
+            [gridDimX, gridDimY, gridDimZ],
+            [blockDimX, blockDimY, blockDimZ],
+        );
+        let threads: u64 = block.iter().map(|&d| u64::from(d)).product();
+        let fits =
+            |dims: [u32; 3], most: [u32; 3]| (0..3).all(|i| (1..=most[i]).contains(&dims[i]));
+        if !fits(grid, MAX_GRID)
+            || !fits(block, MAX_BLOCK)
+            || threads > u64::from(MAX_THREADS_PER_BLOCK)
+            || sharedMemBytes > MAX_SHARED
+        {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        if !extra.is_null() {
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        let FunctionData {
+            module,
+            device,
+            ref kernel,
+        } = state.functions[&function];
+        let kernel = Arc::clone(kernel);
+        let stream_device = if is_default_stream(hStream) {
+            current(&state)?
+        } else {
+            live_stream(&state, hStream)?.1
+        };
+        // The function and the stream must be of one context.
+        if stream_device != device as usize {
+            return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+        }
+        let count = kernel.sizes.len();
+        if count > 0 && kernelParams.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut params = vec![0u8; kernel.params_len()];
+        for (index, (&offset, &size)) in kernel.offsets.iter().zip(&kernel.sizes).enumerate() {
+            // SAFETY: cuda.h's contract: `kernelParams` holds one pointer per parameter of the kernel (checked
+            // non-null above where there are any).
+            let param = unsafe { kernelParams.add(index).read() };
+            if param.is_null() {
+                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+            }
+            // SAFETY: cuda.h's contract: each pointer is to a value of its parameter's size, readable during
+            // the call; `params` has room for every parameter at its offset.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    param.cast::<u8>(),
+                    params.as_mut_ptr().add(offset),
+                    size,
+                );
+            }
+        }
+        let allocations = Launch::pointed_to(&state, &kernel, &params);
+        for &id in &allocations {
+            let allocation = &state.allocations[&id];
+            if allocation.free_queued {
+                let message = format!(
+                    "kernel `{}` launched with device memory {:#x} after a stream-ordered free of it was queued",
+                    kernel.name(),
+                    allocation.base
+                );
+                state.violation(message);
+            }
+        }
+        let launch = Launch {
+            kernel,
+            module,
+            grid,
+            block,
+            shared: sharedMemBytes,
+            params,
+            allocations,
+        };
+        submit(state, hStream, Op::Kernel(Arc::new(launch)), false)
+    })
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuGetProcAddress_v2(
     _symbol: *const c_char,
@@ -1443,6 +1729,14 @@ fn signatures(api: &DriverApi) {
         cuEventDestroy_v2,
         cuEventElapsedTime_v2,
         cuLaunchHostFunc,
+        cuModuleLoadData,
+        cuModuleLoadDataEx,
+        cuModuleUnload,
+        cuModuleGetFunction,
+        cuFuncGetParamInfo,
+        cuFuncGetAttribute,
+        cuFuncGetName,
+        cuLaunchKernel,
         cuGetProcAddress_v2,
     );
 }

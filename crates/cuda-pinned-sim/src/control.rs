@@ -1,12 +1,14 @@
 //! What tests ask the simulator, beyond the driver API: faults to inject, the calls made, the violations
-//! found and what is still allocated. Exported with the C ABI (`cuda_sim_*`) so that a test reaches the very
-//! library the crate loaded; [`Control`] wraps them for Rust.
+//! found, what is still allocated, and what kernels do (their stand-ins). Exported with the C ABI
+//! (`cuda_sim_*`) so that a test reaches the very library the crate loaded; [`Control`] wraps them for Rust.
 
-use std::ffi::{CStr, c_char, c_int};
+use std::ffi::{CStr, c_char, c_int, c_void};
 use std::path::{Path, PathBuf};
 
+use crate::kernel::StandInFn;
 use crate::sim::{Kind, SIM};
 use crate::sys::CUresult;
+use crate::testkit::{KernelCall, trampoline};
 
 /// What is alive in the simulator.
 #[repr(C)]
@@ -30,6 +32,8 @@ pub struct Live {
     pub context_retains: u64,
     /// Operations queued on streams and not yet finished.
     pub queued: u64,
+    /// Modules loaded (`cuModuleLoadData`) and not yet unloaded.
+    pub modules: u64,
 }
 
 /// Adds faults (the syntax of `CUDA_SIM_FAIL`, counted from now); `CUDA_ERROR_INVALID_VALUE` and a log line
@@ -208,6 +212,7 @@ pub unsafe extern "C" fn cuda_sim_live(out: *mut Live) {
     live.events = state.events.values().filter(|e| !e.destroyed).count() as u64;
     live.context_retains = state.primaries.iter().map(|p| u64::from(p.retained)).sum();
     live.queued = state.streams.values().map(|s| s.queue.len() as u64).sum();
+    live.modules = state.modules.len() as u64;
     // SAFETY: the caller passes a writable Live.
     unsafe { out.write(live) };
 }
@@ -303,6 +308,69 @@ impl Control {
             violations_before: self.violations().len(),
             _lock: lock,
         }
+    }
+
+    /// Registers `stand_in` as what kernels named `name`, with parameters of `param_sizes` bytes each, do
+    /// when launched; registering a name again replaces its stand-in for the functions got from then on
+    /// (`cuModuleGetFunction`), while those got before keep theirs. Any image loads as a module, and a kernel
+    /// is found in it (`cuModuleGetFunction`) if a stand-in of its name is registered.
+    ///
+    /// The stand-in runs on the stream's thread when the stream reaches the launch. It reads the arguments
+    /// ([`KernelCall::arg`]: a device pointer is a `u64`) and reads and writes memory by device address
+    /// ([`KernelCall::read`], [`KernelCall::write`]); an access outside every live allocation reads zeros,
+    /// writes nothing and is a violation, as a panic of the stand-in is (both name the kernel, and fail the
+    /// next driver call with `CUDA_ERROR_ILLEGAL_ADDRESS`, as the error of a kernel does on a GPU). For the
+    /// simulator's detectors, a launch uses the allocations that contain the value of one of its 8-byte
+    /// arguments when it is launched.
+    ///
+    /// The parameters are laid out as a kernel's: each at the next multiple of its natural alignment (the
+    /// largest power of two that divides its size, at most 8): give a pointer's size as 8, a `float4`'s as 16
+    /// (placed at a multiple of 8), a `float3`'s as 12 (at a multiple of 4).
+    ///
+    /// # Errors
+    /// Where `name` holds a NUL, a size is 0, or the parameters take more than the 32764 bytes a kernel may
+    /// have.
+    pub fn register_kernel<F>(
+        &self,
+        name: &str,
+        param_sizes: &[usize],
+        stand_in: F,
+    ) -> Result<(), String>
+    where
+        F: Fn(&mut KernelCall<'_>) + Send + Sync + 'static,
+    {
+        let c_name = std::ffi::CString::new(name)
+            .map_err(|_| format!("the kernel name {name:?} holds a NUL"))?;
+        crate::kernel::layout(param_sizes).map_err(|e| format!("kernel {name:?}: {e}"))?;
+        let register: unsafe extern "C" fn(
+            *const c_char,
+            *const usize,
+            usize,
+            StandInFn,
+            *const c_void,
+        ) -> CUresult = self.function("cuda_sim_register_kernel");
+        // The stand-in lives as long as the process: a launch may run it at any time from now on.
+        let ctx: *const F = Box::into_raw(Box::new(stand_in));
+        // SAFETY: a NUL-terminated name, `param_sizes.len()` sizes, and a trampoline that may be called from
+        // any thread with `ctx`, a live F (F is Send and Sync, and never freed once registered), and catches
+        // the stand-in's panics.
+        let code = unsafe {
+            register(
+                c_name.as_ptr(),
+                param_sizes.as_ptr(),
+                param_sizes.len(),
+                trampoline::<F>,
+                ctx.cast(),
+            )
+        };
+        if code != CUresult::CUDA_SUCCESS {
+            // SAFETY: made by Box::into_raw above, and refused, so nothing else holds it.
+            drop(unsafe { Box::from_raw(ctx.cast_mut()) });
+            return Err(format!(
+                "the simulator refused the stand-in of kernel {name:?} (see stderr)"
+            ));
+        }
+        Ok(())
     }
 
     /// Removes every fault not yet triggered.

@@ -8,23 +8,26 @@
 //! `cuMemFreeHost`, `cuMemHostUnregister` and `cuMemFree_v2` return only once all work queued on the device
 //! has finished, and meanwhile hold back the driver calls of every other thread (a copy enqueued by another
 //! thread waited as long): so such a call is a hidden wait on whichever thread it is made, the crate's own
-//! included. The simulator's calls wait the same way (`api.rs`) and report the call when the wait included
-//! work that does not touch the memory being released, unless a crate function on the stack documents that it
-//! waits for the device ([`documented_wait`]). `cuCtxSynchronize`, `cuStreamSynchronize` and
+//! included. `cuModuleUnload` is treated the same way. The simulator's calls wait the same way (`api.rs`) and
+//! report the call when the wait included work unrelated to what it releases (work that does not touch the
+//! memory being released; work other than the launches of the module being unloaded), unless a crate
+//! function on the stack documents that it waits for the device ([`documented_wait`]). `cuCtxSynchronize`, `cuStreamSynchronize` and
 //! `cuEventSynchronize` wait on purpose for what they name: never reported.
 //!
 //! False dependencies. At `cuStreamWaitEvent(S, E)`, if E's record is still queued on another stream T, the
-//! wait is for the last work ahead of the record on T (work: a copy, a memset, a host function, a
+//! wait is for the last work ahead of the record on T (work: a copy, a memset, a host function, a kernel, a
 //! stream-ordered allocation or free; records and waits take no time of their own). If there is none, the
 //! wait costs nothing and is forgotten. Otherwise S remembers it, and S's next operation that touches memory
-//! (a copy, a memset, a stream-ordered free) is judged: each remembered work must touch one of the
-//! allocations that operation touches (allocations, not byte ranges: the crate tracks whole allocations, so
-//! two views of one buffer are one) if both come from the same call into the crate (see `same_call`) on the same
-//! thread (another thread's operation on the stream is not what the wait was made for). A host
-//! function next forgets them unjudged (what it touches is unknown); a stream-ordered allocation next neither
-//! judges nor forgets them: it needs no earlier work, the wait delays it no more than the operation after it,
-//! and a wait made for that later operation is judged there. A host function *awaited* counts as touching no
-//! memory: it is how the tests stand in for kernels, and those that stand in for kernels using memory end
+//! (a copy, a memset, a stream-ordered free, a kernel given pointers) is judged: each remembered work must
+//! touch one of the allocations that operation touches (allocations, not byte ranges: the crate tracks whole
+//! allocations, so two views of one buffer are one) if both come from the same call into the crate (see
+//! `same_call`) on the same thread (another thread's operation on the stream is not what the wait was made
+//! for). A kernel touches the allocations that contain the value of one of its 8-byte parameters at its
+//! launch (the pointers it was given); a kernel given none, like a host function, next forgets them unjudged
+//! (what it touches is unknown); a stream-ordered allocation next neither judges nor forgets them: it needs
+//! no earlier work, the wait delays it no more than the operation after it, and a wait made for that later
+//! operation is judged there. A host function *awaited* counts as touching no memory: it is how the tests
+//! stand in for kernels, and those that stand in for kernels using memory end
 //! with work on that memory (tests/common).
 
 use std::backtrace::Backtrace;
@@ -64,11 +67,16 @@ pub(crate) struct DeviceSync {
 }
 
 impl DeviceSync {
-    /// What a call synchronizing `device` (every device where `None`) waits for now; `releasing` is the
-    /// allocation the call releases, whose own users are reported otherwise (as memory freed under queued
-    /// work). The stream whose host function makes the call, if one does, is left out: it cannot finish
-    /// before the call returns.
-    pub(crate) fn now(state: &State, device: Option<i32>, releasing: u64) -> DeviceSync {
+    /// What a call synchronizing `device` (every device where `None`) waits for now; `related` tells the
+    /// queued operations that concern what the call releases (the users of the memory freed, reported
+    /// otherwise as memory freed under queued work; the launches of the module unloaded), which it does not
+    /// count as unrelated work. The stream whose host function makes the call, if one does, is left out: it
+    /// cannot finish before the call returns.
+    pub(crate) fn now(
+        state: &State,
+        device: Option<i32>,
+        related: impl Fn(&Op) -> bool,
+    ) -> DeviceSync {
         let own = stream::current_worker();
         let mut streams: Vec<_> = state
             .streams
@@ -88,7 +96,7 @@ impl DeviceSync {
             let work: Vec<String> = s
                 .queue
                 .iter()
-                .filter(|op| op.is_work() && !op.footprint().contains(&releasing))
+                .filter(|op| op.is_work() && !related(op))
                 .map(Op::describe)
                 .collect();
             if !work.is_empty() {
@@ -204,7 +212,7 @@ impl FalseDependency {
 
 /// Judges `op`, about to be queued on stream `handle`, against the work the stream was made to wait for since
 /// its last operation that touches memory, and forgets that work where `op` touches memory or may (a host
-/// function). What it finds, to be reported with [`FalseDependency::report`].
+/// function, a kernel given no pointers). What it finds, to be reported with [`FalseDependency::report`].
 pub(crate) fn judge(state: &mut State, handle: usize, op: &Op) -> Vec<FalseDependency> {
     let thread = std::thread::current().id();
     let Some(stream) = state.streams.get_mut(&handle) else {
@@ -216,7 +224,11 @@ pub(crate) fn judge(state: &mut State, handle: usize, op: &Op) -> Vec<FalseDepen
             stream.depends.retain(|d| d.thread != thread);
             return Vec::new();
         }
-        Op::Copy { .. } | Op::Set { .. } | Op::Free { .. } => {}
+        Op::Kernel(launch) if launch.allocations.is_empty() => {
+            stream.depends.retain(|d| d.thread != thread);
+            return Vec::new();
+        }
+        Op::Copy { .. } | Op::Set { .. } | Op::Free { .. } | Op::Kernel(_) => {}
     }
     // Waits other threads made on this stream are for their own operations, judged when those come.
     let (depends, others) = std::mem::take(&mut stream.depends)

@@ -43,18 +43,25 @@
 //! [`Control::violations`].
 //!
 //! It also reports what is right but costs time, as violations that fail no call: a *hidden wait*, a call
-//! that synchronizes the whole device (`cuMemFreeHost`, `cuMemHostUnregister`, `cuMemFree_v2`, which wait here
-//! for every operation queued on the device, as the driver's do) made on a thread other than `cuda-pinned`'s
+//! that synchronizes the whole device (`cuMemFreeHost`, `cuMemHostUnregister`, `cuMemFree_v2`, `cuModuleUnload`,
+//! which wait here for every operation queued on the device, as the driver's do) made on a thread other than `cuda-pinned`'s
 //! service threads (`cuda-pinned-*`) while unrelated work is queued; and a *false dependency*, a stream made to
 //! wait for work that does not touch the memory of the operation the same call then enqueues on it. Both name
 //! the `cuda-pinned` functions on the caller's stack.
+//!
+//! Kernels run as *stand-ins*: Rust functions a test registers by kernel name ([`Control::register_kernel`]).
+//! Any image loads as a module (`cuModuleLoadData`), its kernels are the stand-ins of their names, and a launch
+//! (`cuLaunchKernel`) runs its stand-in in stream order, which reads and writes device memory and mapped host
+//! memory by device address ([`KernelCall`]). An access outside every live allocation, and a panic of a
+//! stand-in, are violations.
 //!
 //! Faults on demand: [`Control::fail`] (`cuMemAlloc_v2:3:CUDA_ERROR_OUT_OF_MEMORY` fails the third call from
 //! now), [`Settings::faults`], [`Settings::device_memory`] and [`Settings::pinned_limit`]. [`Control::live`]
 //! counts what is still allocated, for leak checks; [`Control::trace_start`] records the calls made.
 //!
 //! It is a test double. It never replaces runs on a real GPU: its timing, its memory model and its errors
-//! are only as faithful as its source, and kernels (which run through the CUDA runtime) are not simulated.
+//! are only as faithful as its source, and a kernel's stand-in is only as faithful as the test that wrote it
+//! (it runs once per launch, on the host, not once per thread).
 //! Calls on the null stream run at once in the caller's thread, after the blocking streams.
 //!
 //! The exported driver functions are not `unsafe` to call from Rust only because no Rust code calls them:
@@ -67,13 +74,14 @@ mod config;
 mod control;
 mod detect;
 mod faults;
+mod kernel;
 mod runtime;
 mod sim;
 mod stream;
 mod testkit;
 
 pub use control::{Control, Exclusive, Live, library_path};
-pub use testkit::{Error, Settings, install, install_with};
+pub use testkit::{Error, KernelCall, Settings, install, install_with};
 
 /// The types and constants of cuda.h.
 use cuda_pinned_sys as sys;

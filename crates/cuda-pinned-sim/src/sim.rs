@@ -4,12 +4,13 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::c_void;
-use std::sync::{Condvar, LazyLock, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::config::Config;
 use crate::faults::Faults;
+use crate::kernel::{Launch, StandIn};
 use crate::sys::CUresult;
 
 /// The one simulated driver of the process.
@@ -188,7 +189,7 @@ pub(crate) struct HostCall {
 }
 
 /// What a stream does, in order.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) enum Op {
     Copy {
         dst: Loc,
@@ -216,20 +217,29 @@ pub(crate) enum Op {
     Free {
         id: u64,
     },
+    /// A kernel launch (`cuLaunchKernel`): its stand-in runs.
+    Kernel(Arc<Launch>),
 }
 
 impl Op {
-    /// The allocations the operation touches.
-    pub(crate) fn allocations(&self) -> impl Iterator<Item = u64> + use<> {
+    /// The allocations the operation touches: a kernel's are those that contained the value of an 8-byte
+    /// parameter when it was launched (see [`Launch::allocations`]).
+    pub(crate) fn allocations(&self) -> std::vec::IntoIter<u64> {
         let locs = match *self {
             Op::Copy { dst, src, .. } => [Some(dst), Some(src)],
             Op::Set { dst, .. } => [Some(dst), None],
+            Op::Kernel(ref launch) => return launch.allocations.clone().into_iter(),
             _ => [None, None],
         };
-        locs.into_iter().flatten().filter_map(|loc| match loc {
-            Loc::Alloc { id, .. } => Some(id),
-            Loc::Pageable(_) => None,
-        })
+        let ids: Vec<u64> = locs
+            .into_iter()
+            .flatten()
+            .filter_map(|loc| match loc {
+                Loc::Alloc { id, .. } => Some(id),
+                Loc::Pageable(_) => None,
+            })
+            .collect();
+        ids.into_iter()
     }
 
     /// The allocations the operation touches or makes, for the false-dependency detector: those of
@@ -255,6 +265,7 @@ impl Op {
             Op::Host(_) => "a host function".into(),
             Op::Allocate { .. } => "a stream-ordered allocation".into(),
             Op::Free { .. } => "a stream-ordered free".into(),
+            Op::Kernel(launch) => format!("kernel `{}`", launch.kernel.name()),
         }
     }
 }
@@ -303,6 +314,22 @@ pub(crate) struct EventData {
     pub(crate) refs: usize,
 }
 
+/// A loaded module (`cuModuleLoadData`).
+pub(crate) struct ModuleData {
+    /// The device of the context it was loaded into.
+    pub(crate) device: i32,
+    /// The functions got from it so far, by name: the same name gives the same handle.
+    pub(crate) functions: HashMap<Vec<u8>, usize>,
+}
+
+/// A function of a module (`cuModuleGetFunction`).
+pub(crate) struct FunctionData {
+    pub(crate) module: usize,
+    pub(crate) device: i32,
+    /// The stand-in registered under its name when it was got.
+    pub(crate) kernel: Arc<StandIn>,
+}
+
 /// A device's primary context.
 #[derive(Default)]
 pub(crate) struct Primary {
@@ -333,6 +360,10 @@ pub(crate) struct State {
     /// Operations each stream has finished, by handle.
     pub(crate) finished: HashMap<usize, u64>,
     pub(crate) events: HashMap<usize, EventData>,
+    /// Loaded modules, by handle.
+    pub(crate) modules: HashMap<usize, ModuleData>,
+    /// Functions of loaded modules, by handle.
+    pub(crate) functions: HashMap<usize, FunctionData>,
     pub(crate) next_handle: usize,
 }
 
@@ -354,6 +385,8 @@ impl State {
             streams: HashMap::new(),
             finished: HashMap::new(),
             events: HashMap::new(),
+            modules: HashMap::new(),
+            functions: HashMap::new(),
             next_handle: 0x5100,
         }
     }
@@ -371,7 +404,7 @@ impl State {
         self.violations.push(message);
     }
 
-    /// A fresh handle value for a stream or an event (never null, never reused).
+    /// A fresh handle value for a stream, an event, a module or a function (never null, never reused).
     pub(crate) fn handle(&mut self) -> usize {
         self.next_handle += 0x10;
         self.next_handle

@@ -148,7 +148,7 @@ fn worker(handle: usize, seed: u64) {
             let stream = &s.streams[&handle];
             !stream.queue.is_empty() || stream.destroyed
         });
-        let Some(op) = state.streams[&handle].queue.front().copied() else {
+        let Some(op) = state.streams[&handle].queue.front().cloned() else {
             // Destroyed and drained.
             state.streams.remove(&handle);
             state.finished.remove(&handle);
@@ -227,7 +227,8 @@ fn done_with(state: &mut State, places: &[&Option<Place>]) {
     }
 }
 
-/// Carries out `op` (with the lock held except while moving bytes or calling a host function).
+/// Carries out `op` (with the lock held except while moving bytes or calling a host function or a kernel's
+/// stand-in).
 fn execute<'a>(mut state: MutexGuard<'a, State>, op: &Op, stream: usize) -> MutexGuard<'a, State> {
     match *op {
         Op::Copy { dst, src, bytes } => {
@@ -292,6 +293,14 @@ fn execute<'a>(mut state: MutexGuard<'a, State>, op: &Op, stream: usize) -> Mute
         Op::Allocate { id } => {
             if let Some(allocation) = state.allocations.get_mut(&id) {
                 allocation.ready = true;
+            }
+        }
+        Op::Kernel(ref launch) => {
+            drop(state);
+            let violations = crate::kernel::run(launch, stream);
+            state = SIM.lock();
+            for violation in violations {
+                state.violation(violation);
             }
         }
         Op::Free { id } => {

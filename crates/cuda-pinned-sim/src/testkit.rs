@@ -1,6 +1,8 @@
 //! The simulator as a test sees it: [`install`] points `cuda-pinned` at it, [`Settings`] choose its seed,
-//! devices, memory and faults, and the returned [`Control`] reads what it found.
+//! devices, memory and faults, and the returned [`Control`] reads what it found and registers kernels'
+//! stand-ins, which see each launch as a [`KernelCall`].
 
+use std::ffi::c_void;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -9,6 +11,7 @@ use std::time::Duration;
 use cuda_pinned_sys::Library;
 
 use crate::control::{Control, library_path};
+use crate::kernel::SimKernelCall;
 
 /// Settings of the simulated driver, chosen in code before its first use (the first CUDA call of the process, or
 /// the first query through [`Control`]); each one not chosen is taken from its environment variable, else its
@@ -166,4 +169,166 @@ fn open() -> Result<(Control, PathBuf), Error> {
     // SAFETY: a library that `library_path` has opened already and found to be the simulator.
     let control = unsafe { Control::open(&path) }.map_err(Error)?;
     Ok((control, path))
+}
+
+/// A kernel launch as its stand-in sees it (see [`Control::register_kernel`]): the launch's shape, its
+/// arguments, and the memory it reads and writes by device address: device memory, and pinned or registered
+/// host memory at its host address (unified addressing). An access outside every live allocation (freed
+/// memory, past an allocation's end, stream-ordered memory not allocated yet) reads zeros and writes
+/// nothing, and is reported as a violation of the launch, as a panic of the stand-in is.
+pub struct KernelCall<'a> {
+    raw: &'a SimKernelCall,
+}
+
+impl<'a> KernelCall<'a> {
+    /// Wraps the library's description of a launch.
+    ///
+    /// # Safety
+    /// `raw`'s pointers are valid as [`SimKernelCall`] says, for `'a`.
+    unsafe fn new(raw: &'a SimKernelCall) -> KernelCall<'a> {
+        KernelCall { raw }
+    }
+
+    /// The parameters' offsets and sizes.
+    fn layout(&self) -> (&[usize], &[usize]) {
+        if self.raw.count == 0 {
+            return (&[], &[]);
+        }
+        // SAFETY: the library passes `count` offsets and sizes, valid during the call (`new`).
+        unsafe {
+            (
+                std::slice::from_raw_parts(self.raw.offsets, self.raw.count),
+                std::slice::from_raw_parts(self.raw.sizes, self.raw.count),
+            )
+        }
+    }
+
+    /// The parameters' bytes.
+    fn params(&self) -> &[u8] {
+        if self.raw.params_len == 0 {
+            return &[];
+        }
+        // SAFETY: the library passes `params_len` bytes, valid during the call (`new`).
+        unsafe { std::slice::from_raw_parts(self.raw.params, self.raw.params_len) }
+    }
+
+    /// The kernel's name.
+    pub fn name(&self) -> &str {
+        // SAFETY: the library passes the name's `name_len` bytes, valid during the call (`new`).
+        let bytes =
+            unsafe { std::slice::from_raw_parts(self.raw.name.cast::<u8>(), self.raw.name_len) };
+        // Names are registered from `&str`.
+        std::str::from_utf8(bytes).unwrap_or("?")
+    }
+
+    /// The grid's dimensions in blocks, x, y, z.
+    pub fn grid(&self) -> [u32; 3] {
+        self.raw.grid
+    }
+
+    /// A block's dimensions in threads, x, y, z.
+    pub fn block(&self) -> [u32; 3] {
+        self.raw.block
+    }
+
+    /// Bytes of dynamic shared memory the launch asked for.
+    pub fn shared_bytes(&self) -> u32 {
+        self.raw.shared
+    }
+
+    /// How many parameters the kernel has.
+    pub fn arg_count(&self) -> usize {
+        self.raw.count
+    }
+
+    /// Argument `index`, as the launch passed it (a device pointer is a `u64`).
+    ///
+    /// # Panics
+    /// Where the kernel has no parameter `index`, or it is not `size_of::<T>()` bytes: the panic is caught
+    /// and reported as a violation of the launch.
+    pub fn arg<T: bytemuck::Pod>(&self, index: usize) -> T {
+        let (offsets, sizes) = self.layout();
+        assert!(
+            index < sizes.len(),
+            "kernel `{}` has {} parameters: there is no parameter {index}",
+            self.name(),
+            sizes.len()
+        );
+        let (offset, size) = (offsets[index], sizes[index]);
+        assert_eq!(
+            size,
+            std::mem::size_of::<T>(),
+            "kernel `{}`: parameter {index} has {size} bytes, not the {} of {}",
+            self.name(),
+            std::mem::size_of::<T>(),
+            std::any::type_name::<T>()
+        );
+        bytemuck::pod_read_unaligned(&self.params()[offset..offset + size])
+    }
+
+    /// `len` values of `T` at device address `address`; zeros (and a violation) where they are not all inside
+    /// one live allocation.
+    pub fn read<T: bytemuck::Pod>(&self, address: u64, len: usize) -> Vec<T> {
+        let mut values = vec![T::zeroed(); len];
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut values);
+        // SAFETY: the callback and its argument are the library's, valid during the call (`new`); `bytes` has
+        // `bytes.len()` writable bytes.
+        unsafe {
+            (self.raw.read)(self.raw.memory, address, bytes.as_mut_ptr(), bytes.len());
+        }
+        values
+    }
+
+    /// Writes `data` at device address `address`; nothing (and a violation) where it does not fit inside one
+    /// live allocation.
+    pub fn write<T: bytemuck::Pod>(&mut self, address: u64, data: &[T]) {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        // SAFETY: the callback and its argument are the library's, valid during the call (`new`); `bytes` has
+        // `bytes.len()` readable bytes.
+        unsafe {
+            (self.raw.write)(self.raw.memory, address, bytes.as_ptr(), bytes.len());
+        }
+    }
+}
+
+impl fmt::Debug for KernelCall<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KernelCall")
+            .field("name", &self.name())
+            .field("grid", &self.grid())
+            .field("block", &self.block())
+            .field("shared_bytes", &self.shared_bytes())
+            .field("arg_count", &self.arg_count())
+            .finish()
+    }
+}
+
+/// What the library calls for a launch of a stand-in `F` (registered by [`Control::register_kernel`] with a
+/// leaked `F` as `ctx`): runs it, and reports a panic through the launch's callback rather than unwinding
+/// into the library.
+///
+/// # Safety
+/// `ctx` is a live `F`; `call` is a valid [`SimKernelCall`] during the call.
+pub(crate) unsafe extern "C" fn trampoline<F>(ctx: *const c_void, call: *const SimKernelCall)
+where
+    F: Fn(&mut KernelCall<'_>) + Send + Sync + 'static,
+{
+    // SAFETY: as the caller promises.
+    let (stand_in, raw) = unsafe { (&*ctx.cast::<F>(), &*call) };
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: `raw` is valid during this call.
+        let mut call = unsafe { KernelCall::new(raw) };
+        stand_in(&mut call);
+    }));
+    if let Err(payload) = ran {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic with a payload that is not text".into());
+        // SAFETY: the library's callback and argument, valid during the call; `message` has `len` bytes.
+        unsafe { (raw.panicked)(raw.memory, message.as_ptr(), message.len()) };
+        // Dropping the payload may panic in turn, which must not unwind into the library either.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(payload)));
+    }
 }
