@@ -1,0 +1,570 @@
+//! Users' kernels and other code's work in the tracking: a kernel of a user's module launched with
+//! [`Stream::launch`], and work enqueued through a stream's raw handle declared with
+//! [`Stream::enqueue_foreign`], wait for what they conflict with, make later work and host access wait, and
+//! keep their buffers alive. Each rule beside a control: the same work left undeclared, which goes wrong.
+//!
+//! On a GPU (feature `gpu`) the kernels are `cuda/test_kernels.cu`, compiled by build.rs into a fatbin; on the
+//! simulated driver (two devices here) Rust stand-ins of the same names run in stream order.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Serial, data, hold, serial, spin};
+use cuda_pinned::{
+    Arg, Context, DeviceBuffer, Error, Kernel, LaunchConfig, Module, Pinned, PinnedBuilder, Stream,
+    Use,
+};
+
+/// The test kernels' image: the fatbin build.rs compiled, or on the simulated driver any image (the
+/// kernels are the stand-ins registered in [`setup`]).
+#[cfg(feature = "gpu")]
+const IMAGE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/test_kernels.fatbin"));
+#[cfg(not(feature = "gpu"))]
+const IMAGE: &[u8] = b"// the simulated driver runs the stand-ins registered by the tests\n";
+
+const N: usize = 1 << 16;
+
+/// One test at a time; on the simulated driver, two devices and the stand-ins of `cuda/test_kernels.cu`.
+fn setup() -> Serial {
+    #[cfg(not(feature = "gpu"))]
+    {
+        use std::sync::Once;
+        static STAND_INS: Once = Once::new();
+        STAND_INS.call_once(|| {
+            let sim = cuda_pinned_sim::install_with(cuda_pinned_sim::Settings::new().devices(2))
+                .unwrap_or_else(|e| panic!("{e}"));
+            // The threads a launch runs: a kernel touches only elements below it.
+            fn threads(call: &cuda_pinned_sim::KernelCall<'_>) -> usize {
+                let (g, b) = (call.grid(), call.block());
+                (g.iter().chain(&b)).map(|&d| d as usize).product()
+            }
+            sim.register_kernel("scale", &[8, 8, 4, 4], |call| {
+                let (x, y, a, n) = (
+                    call.arg::<u64>(0),
+                    call.arg::<u64>(1),
+                    call.arg::<f32>(2),
+                    call.arg::<u32>(3),
+                );
+                let n = (n as usize).min(threads(call));
+                let scaled: Vec<f32> = call.read::<f32>(x, n).iter().map(|v| a * v).collect();
+                call.write(y, &scaled);
+            })
+            .unwrap();
+            sim.register_kernel("fill_u32", &[8, 4, 4], |call| {
+                let (out, value, n) = (call.arg::<u64>(0), call.arg::<u32>(1), call.arg::<u32>(2));
+                let n = (n as usize).min(threads(call));
+                call.write(out, &vec![value; n]);
+            })
+            .unwrap();
+        });
+    }
+    serial()
+}
+
+fn context() -> Context {
+    Context::on(0).expect("device 0")
+}
+
+fn kernel(context: &Context, name: &str) -> Kernel {
+    Module::load(context, IMAGE).unwrap().kernel(name).unwrap()
+}
+
+fn floats(len: usize, seed: u64) -> Vec<f32> {
+    data(len, seed)
+        .into_iter()
+        .map(|x| (x % 1000) as f32)
+        .collect()
+}
+
+/// Enqueues `scale(x, y, a, n)` on `stream` through the raw handle, as another library would: untracked.
+///
+/// # Safety
+/// `x` and `y` must be `n` floats of live device memory of `stream`'s context.
+unsafe fn raw_scale(
+    stream: cuda_pinned::sys::CUstream,
+    scale: &Kernel,
+    x: u64,
+    y: u64,
+    a: f32,
+    n: u32,
+) {
+    let (mut x, mut y, mut a, mut n) = (x, y, a, n);
+    let mut params = [
+        (&raw mut x).cast(),
+        (&raw mut y).cast(),
+        (&raw mut a).cast(),
+        (&raw mut n).cast(),
+    ];
+    let grid = (n as usize).div_ceil(256) as u32;
+    // SAFETY: four parameters of scale's types; the memory as the caller guarantees.
+    unsafe {
+        cuda_pinned::driver_call!(cuLaunchKernel(
+            scale.as_raw(),
+            grid,
+            1,
+            1,
+            256,
+            1,
+            1,
+            0,
+            stream,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ))
+    }
+    .unwrap();
+}
+
+/// `x` uploaded on one stream behind 300 ms of other work, then `scale` launched on another stream reading
+/// it: with `declared`, the launch waits for the upload on the device and computes from the uploaded data.
+/// Returns what `y` holds and what it should.
+fn kernel_after_an_upload_on_another_stream(declared: bool) -> (Vec<f32>, Vec<f32>) {
+    let ctx = context();
+    let (upload, compute) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let scale = kernel(&ctx, "scale");
+    let values = floats(N, 1);
+    let host = Pinned::from_slice(&ctx, &values).unwrap();
+    let mut x = DeviceBuffer::<f32>::zeroed(&upload, N).unwrap();
+    let mut y = DeviceBuffer::<f32>::zeroed(&compute, N).unwrap();
+    upload.synchronize().unwrap();
+    compute.synchronize().unwrap();
+    spin(&upload, 300);
+    upload.upload(&host, &mut x).unwrap();
+    let n = N as u32;
+    if declared {
+        // SAFETY: scale(const float*, float*, float, unsigned) reads x[..n], writes y[..n].
+        unsafe {
+            compute
+                .launch(
+                    &scale,
+                    LaunchConfig::for_elements(N, 256).unwrap(),
+                    &[
+                        Arg::read(&x),
+                        Arg::write(&mut y),
+                        Arg::value(&3.0f32),
+                        Arg::value(&n),
+                    ],
+                )
+                .unwrap();
+        }
+    } else {
+        let (xp, yp) = (x.as_raw(), y.as_raw());
+        // The control: `x` left out of the declaration.
+        // SAFETY: as above, but x's use undeclared: the kernel may read it before the upload.
+        unsafe {
+            compute
+                .enqueue_foreign(&[Use::write(&mut y)], |raw| {
+                    raw_scale(raw, &scale, xp, yp, 3.0, n)
+                })
+                .unwrap();
+        }
+    }
+    let mut out = Pinned::<f32>::zeroed(&ctx, N).unwrap();
+    compute.download(&y, &mut out).unwrap();
+    let got = out.as_slice().unwrap().to_vec();
+    upload.synchronize().unwrap();
+    (got, values.iter().map(|v| 3.0 * v).collect())
+}
+
+#[test]
+fn a_kernel_reading_a_buffer_another_stream_uploads_waits_for_the_upload() {
+    let _serial = setup();
+    let (got, want) = kernel_after_an_upload_on_another_stream(true);
+    assert!(
+        got == want,
+        "the kernel read `x` before the upload had written it"
+    );
+}
+
+#[test]
+fn control_a_kernel_whose_read_is_undeclared_runs_before_the_upload() {
+    let _serial = setup();
+    let (got, want) = kernel_after_an_upload_on_another_stream(false);
+    assert!(
+        got != want,
+        "an undeclared read waited for the upload: this control cannot show the rule"
+    );
+}
+
+/// `fill_u32` launched behind other work writing mapped pinned memory, declared as a write (`as_write`) or,
+/// for the control, as a read: whether a host read found the memory busy meanwhile, and what it held after.
+fn host_read_while_a_kernel_writes_mapped_memory(as_write: bool) -> (bool, Vec<u32>) {
+    let ctx = context();
+    let stream = Stream::new(&ctx).unwrap();
+    let fill = kernel(&ctx, "fill_u32");
+    let mut out = PinnedBuilder::new(&ctx)
+        .device_mapped(true)
+        .zeroed::<u32>(N)
+        .unwrap();
+    let n = N as u32;
+    let held = hold(&stream, Duration::from_millis(500));
+    let used = if as_write {
+        Arg::write_host(&mut out)
+    } else {
+        Arg::read_host(&out)
+    };
+    // SAFETY: fill_u32(unsigned*, unsigned, unsigned) writes out[..n] (declared as a read in the control).
+    unsafe {
+        stream
+            .launch(
+                &fill,
+                LaunchConfig::for_elements(N, 256).unwrap(),
+                &[used, Arg::value(&7u32), Arg::value(&n)],
+            )
+            .unwrap();
+    }
+    let busy = out.try_as_slice().unwrap().is_none();
+    drop(held);
+    stream.synchronize().unwrap();
+    (busy, out.as_slice().unwrap().to_vec())
+}
+
+#[test]
+fn a_kernel_writing_mapped_pinned_memory_makes_host_access_wait() {
+    let _serial = setup();
+    let (busy, got) = host_read_while_a_kernel_writes_mapped_memory(true);
+    assert!(
+        busy,
+        "a host read did not wait for the kernel writing the memory"
+    );
+    assert!(
+        got.iter().all(|&v| v == 7),
+        "the kernel's writes are missing"
+    );
+}
+
+#[test]
+fn control_mapped_memory_declared_as_read_lets_host_reads_through() {
+    let _serial = setup();
+    let (busy, _) = host_read_while_a_kernel_writes_mapped_memory(false);
+    assert!(
+        !busy,
+        "a declared read made the host wait: this control cannot show the rule"
+    );
+}
+
+/// Other code's memset of `y` on one stream behind 300 ms of work, declared (or, for the control, not), then
+/// a download of `y` on another stream: what it read.
+fn download_after_foreign_work(declared: bool) -> Vec<u32> {
+    let ctx = context();
+    let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let mut y = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+    a.synchronize().unwrap();
+    spin(&a, 300);
+    let yp = y.as_raw();
+    let memset = |raw| {
+        // SAFETY: N words of live device memory of the stream's context.
+        unsafe { cuda_pinned::driver_call!(cuMemsetD32Async(yp, 7, N, raw)) }.unwrap();
+    };
+    let uses = if declared {
+        vec![Use::write(&mut y)]
+    } else {
+        vec![]
+    };
+    // SAFETY: the memset touches y alone, on the stream it is given; the control leaves it undeclared.
+    unsafe { a.enqueue_foreign(&uses, memset) }.unwrap();
+    drop(uses);
+    let mut out = Pinned::<u32>::zeroed(&ctx, N).unwrap();
+    b.download(&y, &mut out).unwrap();
+    let got = out.as_slice().unwrap().to_vec();
+    a.synchronize().unwrap();
+    got
+}
+
+#[test]
+fn a_foreign_work_declaration_orders_a_later_download_after_it() {
+    let _serial = setup();
+    let got = download_after_foreign_work(true);
+    assert!(
+        got.iter().all(|&v| v == 7),
+        "the download ran before the declared memset"
+    );
+}
+
+#[test]
+fn control_undeclared_foreign_work_is_not_waited_for() {
+    let _serial = setup();
+    let got = download_after_foreign_work(false);
+    assert!(
+        got.iter().any(|&v| v != 7),
+        "the download waited for undeclared work: this control cannot show the rule"
+    );
+}
+
+/// `x` made on stream `b`, read by `scale` on stream `a` behind 300 ms of work, and dropped at once; with
+/// `declared`, its memory is freed only after the kernel. Returns `y` and what it should hold, and on a GPU
+/// whether a buffer allocated on `b` right after the drop got `x`'s memory (and filled it with other data).
+fn drop_while_a_kernel_reads(
+    declared: bool,
+    serial: &mut Serial,
+) -> (Vec<f32>, Vec<f32>, Vec<String>) {
+    let ctx = context();
+    let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let scale = kernel(&ctx, "scale");
+    let values = floats(N, 2);
+    let host = Pinned::from_slice(&ctx, &values).unwrap();
+    let mut x = DeviceBuffer::<f32>::uninit(&b, N).unwrap();
+    b.upload(&host, &mut x).unwrap();
+    b.synchronize().unwrap();
+    let mut y = DeviceBuffer::<f32>::zeroed(&a, N).unwrap();
+    spin(&a, 300);
+    let n = N as u32;
+    if declared {
+        // SAFETY: scale reads x[..n], writes y[..n].
+        unsafe {
+            a.launch(
+                &scale,
+                LaunchConfig::for_elements(N, 256).unwrap(),
+                &[
+                    Arg::read(&x),
+                    Arg::write(&mut y),
+                    Arg::value(&2.0f32),
+                    Arg::value(&n),
+                ],
+            )
+            .unwrap();
+        }
+    } else {
+        let (xp, yp) = (x.as_raw(), y.as_raw());
+        // SAFETY: as above, with x's read undeclared (the control).
+        unsafe {
+            a.enqueue_foreign(&[Use::write(&mut y)], |raw| {
+                raw_scale(raw, &scale, xp, yp, 2.0, n)
+            })
+            .unwrap();
+        }
+    }
+    drop(x);
+    if common::SIMULATED && !declared {
+        // The simulated driver reports the early free (and the kernel's read of freed memory) as violations,
+        // and fails the next driver call after each with CUDA_ERROR_ILLEGAL_ADDRESS, as a GPU would fail its
+        // context: let those calls fail, then take what it found.
+        for _ in 0..4 {
+            if a.synchronize().is_ok() && b.synchronize().is_ok() {
+                break;
+            }
+        }
+        return (Vec::new(), Vec::new(), serial.take_violations());
+    }
+    // Other data in whatever memory `b` allocates next: where that is x's, a kernel still to read x sees it.
+    let other = Pinned::from_slice(&ctx, &vec![-1.0f32; N]).unwrap();
+    let mut z = DeviceBuffer::<f32>::uninit(&b, N).unwrap();
+    b.upload(&other, &mut z).unwrap();
+    b.synchronize().unwrap();
+    let mut out = Pinned::<f32>::zeroed(&ctx, N).unwrap();
+    a.download(&y, &mut out).unwrap();
+    let got = out.as_slice().unwrap().to_vec();
+    drop(z);
+    ctx.synchronize().unwrap();
+    let violations = serial.take_violations();
+    (got, values.iter().map(|v| 2.0 * v).collect(), violations)
+}
+
+#[test]
+fn a_buffer_dropped_while_a_kernel_reads_it_is_freed_after_the_kernel() {
+    let mut serial = setup();
+    let (got, want, violations) = drop_while_a_kernel_reads(true, &mut serial);
+    assert!(violations.is_empty(), "{violations:#?}");
+    assert!(
+        got == want,
+        "the kernel read memory that was freed and reused under it"
+    );
+}
+
+#[test]
+fn control_a_buffer_whose_read_is_undeclared_is_freed_under_the_kernel() {
+    let mut serial = setup();
+    let (got, want, violations) = drop_while_a_kernel_reads(false, &mut serial);
+    if common::SIMULATED {
+        assert!(
+            violations.iter().any(|v| v.contains("free")),
+            "the simulator saw no early free: {violations:#?}"
+        );
+    } else {
+        assert!(
+            got != want,
+            "the kernel read the data after an undeclared drop: this control cannot show the rule"
+        );
+    }
+}
+
+fn invalid(result: cuda_pinned::Result<()>, says: &str) {
+    match result {
+        Err(e @ Error::InvalidArgument { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains(says), "{text:?} does not say {says:?}");
+            assert!(text.contains("nothing was enqueued"), "{text:?}");
+        }
+        other => panic!("expected an invalid-argument error saying {says:?}, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_launches_are_errors_before_anything_is_enqueued() {
+    let _serial = setup();
+    let ctx = context();
+    let stream = Stream::new(&ctx).unwrap();
+    let scale = kernel(&ctx, "scale");
+    assert_eq!(scale.param_sizes(), Some(&[8, 8, 4, 4][..]));
+    let x = DeviceBuffer::<f32>::zeroed(&stream, N).unwrap();
+    let mut y = DeviceBuffer::<f32>::zeroed(&stream, N).unwrap();
+    let (a, n, wide) = (1.0f32, N as u32, N as u64);
+    let fine = LaunchConfig::for_elements(N, 256).unwrap();
+    // SAFETY: every launch below that is accepted passes scale its parameters with their types.
+    unsafe {
+        invalid(
+            stream.launch(
+                &scale,
+                fine,
+                &[Arg::read(&x), Arg::write(&mut y), Arg::value(&a)],
+            ),
+            "3 arguments for 4 parameters",
+        );
+        invalid(
+            stream.launch(
+                &scale,
+                fine,
+                &[
+                    Arg::read(&x),
+                    Arg::write(&mut y),
+                    Arg::value(&a),
+                    Arg::value(&wide),
+                ],
+            ),
+            "argument 3 is 8 bytes and the parameter 4",
+        );
+        let mut bad = |config: LaunchConfig, says: &str| {
+            let args = [
+                Arg::read(&x),
+                Arg::write(&mut y),
+                Arg::value(&a),
+                Arg::value(&n),
+            ];
+            invalid(stream.launch(&scale, config, &args), says);
+        };
+        bad(LaunchConfig::new(1, 2048), "block");
+        bad(LaunchConfig::new(0, 256), "at least 1");
+        let mut tall = fine;
+        tall.block = [32, 32, 2];
+        bad(tall, "threads per block");
+        let mut shared = fine;
+        shared.shared_memory = 16 << 20;
+        bad(shared, "shared memory");
+        // The twin: the same launch, right.
+        let args = [
+            Arg::read(&x),
+            Arg::write(&mut y),
+            Arg::value(&a),
+            Arg::value(&n),
+        ];
+        stream.launch(&scale, fine, &args).unwrap();
+    }
+    stream.synchronize().unwrap();
+
+    let module = Module::load(&ctx, IMAGE).unwrap();
+    let missing = module.kernel("no_such_kernel").unwrap_err();
+    assert_eq!(
+        missing.driver_code(),
+        Some(cuda_pinned::sys::CUresult::CUDA_ERROR_NOT_FOUND),
+        "{missing}"
+    );
+    assert!(missing.to_string().contains("no_such_kernel"), "{missing}");
+    assert!(matches!(
+        Module::load(&ctx, b""),
+        Err(Error::InvalidArgument { .. })
+    ));
+}
+
+/// Buffers and modules of another device's context are refused. Needs two devices: the simulated driver has
+/// them here; on a GPU machine with one, this test fails rather than pass unseen.
+#[test]
+fn buffers_and_kernels_of_another_context_are_refused() {
+    let _serial = setup();
+    assert!(
+        cuda_pinned::Device::count().unwrap() >= 2,
+        "this test needs two devices"
+    );
+    let (ctx0, ctx1) = (Context::on(0).unwrap(), Context::on(1).unwrap());
+    let (s0, s1) = (Stream::new(&ctx0).unwrap(), Stream::new(&ctx1).unwrap());
+    let scale0 = kernel(&ctx0, "scale");
+    let x1 = DeviceBuffer::<f32>::zeroed(&s1, N).unwrap();
+    let mut y0 = DeviceBuffer::<f32>::zeroed(&s0, N).unwrap();
+    let mut y1 = DeviceBuffer::<f32>::zeroed(&s1, N).unwrap();
+    let (a, n) = (1.0f32, N as u32);
+    let fine = LaunchConfig::for_elements(N, 256).unwrap();
+    // SAFETY: scale's parameter types; every launch but the last is refused before the driver sees it.
+    unsafe {
+        invalid(
+            s0.launch(
+                &scale0,
+                fine,
+                &[
+                    Arg::read(&x1),
+                    Arg::write(&mut y0),
+                    Arg::value(&a),
+                    Arg::value(&n),
+                ],
+            ),
+            "a buffer of device 1 used on a stream of device 0",
+        );
+        invalid(
+            s1.launch(
+                &scale0,
+                fine,
+                &[
+                    Arg::read(&x1),
+                    Arg::write(&mut y1),
+                    Arg::value(&a),
+                    Arg::value(&n),
+                ],
+            ),
+            "the kernel's module is loaded on device 0",
+        );
+        let refused = s0.enqueue_foreign::<()>(&[Use::read(&x1)], |_| unreachable!("not run"));
+        invalid(refused.map(drop), "a buffer of device 1");
+        let x0 = DeviceBuffer::<f32>::zeroed(&s0, N).unwrap();
+        s0.launch(
+            &scale0,
+            fine,
+            &[
+                Arg::read(&x0),
+                Arg::write(&mut y0),
+                Arg::value(&a),
+                Arg::value(&n),
+            ],
+        )
+        .unwrap();
+    }
+    s0.synchronize().unwrap();
+}
+
+/// A launch and a foreign declaration on one stream record no event (stream order covers them), and a
+/// module dropped while its kernel runs is unloaded only after.
+#[test]
+fn a_module_dropped_while_its_kernel_runs_is_unloaded_after() {
+    let _serial = setup();
+    let ctx = context();
+    let stream = Stream::new(&ctx).unwrap();
+    let mut y = DeviceBuffer::<u32>::zeroed(&stream, N).unwrap();
+    let n = N as u32;
+    {
+        let fill = kernel(&ctx, "fill_u32");
+        spin(&stream, 200);
+        // SAFETY: fill_u32(unsigned*, unsigned, unsigned) writes y[..n].
+        unsafe {
+            stream
+                .launch(
+                    &fill,
+                    LaunchConfig::for_elements(N, 256).unwrap(),
+                    &[Arg::write(&mut y), Arg::value(&9u32), Arg::value(&n)],
+                )
+                .unwrap();
+        }
+        // The kernel and its module drop here, with the launch still queued.
+    }
+    let mut out = vec![0u32; N];
+    stream.download_pageable(&y, &mut out).unwrap();
+    assert!(out.iter().all(|&v| v == 9));
+    ctx.synchronize().unwrap();
+}
