@@ -152,7 +152,9 @@ fn compile_test_kernels(toolkit: &Path, sms: &[&str]) {
         nvcc.arg(format!("-gencode=arch=compute_{sm},code=sm_{sm}"));
     }
     if let Some(newest) = sms.iter().max_by_key(|sm| sm.parse::<u32>().unwrap_or(0)) {
-        nvcc.arg(format!("-gencode=arch=compute_{newest},code=compute_{newest}"));
+        nvcc.arg(format!(
+            "-gencode=arch=compute_{newest},code=compute_{newest}"
+        ));
     }
     match nvcc.status() {
         Ok(status) if status.success() => {}
