@@ -748,7 +748,8 @@ pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
             .device_map
             .get(&dptr)
             .copied()
-            .filter(|id| state.allocations[id].kind == Kind::Device)
+            // cuda.h: cuMemFree also frees what cuMemAllocAsync allocated (without waiting for anything).
+            .filter(|id| matches!(state.allocations[id].kind, Kind::Device | Kind::DeviceAsync))
             .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
         drop(free_now(state, id, "cuMemFree_v2"));
         Ok(())

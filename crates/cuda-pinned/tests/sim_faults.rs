@@ -18,8 +18,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use common::{LIMIT, Serial, bounded, serial, sim};
 use cuda_pinned::sys::CUdevice_attribute;
 use cuda_pinned::{
-    Context, Device, DeviceBuffer, Event, Ledger, Pinned, PinnedPool, Pinning, Prefetcher,
-    Registered, Result, Stream, WhenFull,
+    Arg, Context, Device, DeviceBuffer, Event, LaunchConfig, Ledger, Module, Pinned, PinnedPool,
+    Pinning, Prefetcher, Registered, Result, Stream, Use, WhenFull,
 };
 
 /// Calls that release something: when one fails, its object stays.
@@ -31,6 +31,7 @@ const RELEASES: &[&str] = &[
     "cuStreamDestroy_v2",
     "cuEventDestroy_v2",
     "cuDevicePrimaryCtxRelease_v2",
+    "cuModuleUnload",
 ];
 
 /// Calls that order work or find out whether it is done: when one fails before a release, the crate cannot
@@ -404,6 +405,72 @@ fault_tests! {
         bounded!(drop((batches, pool)));
         Ok(())
     };
+    user_kernel_launches: |f| {
+        stand_ins();
+        let module = bounded!(Module::load(&f.ctx, b"// the stand-ins run"))?;
+        let scale = bounded!(module.kernel("scale"))?;
+        let want: Vec<f32> = common::data(1000, 5).into_iter().map(|v| (v % 100) as f32).collect();
+        let host = bounded!(Pinned::from_slice(&f.ctx, &want))?;
+        let mut x = bounded!(DeviceBuffer::<f32>::uninit(&f.a, want.len()))?;
+        bounded!(f.a.upload(&host, &mut x))?;
+        let mut y = bounded!(DeviceBuffer::<f32>::zeroed(&f.b, want.len()))?;
+        let n = want.len() as u32;
+        let grid = LaunchConfig::for_elements(want.len(), 256)?;
+        // SAFETY: scale(const float*, float*, float, unsigned) reads x[..n] and writes y[..n].
+        bounded!(unsafe {
+            f.b.launch(&scale, grid, &[Arg::read(&x), Arg::write(&mut y), Arg::value(&2.0f32), Arg::value(&n)])
+        })?;
+        drop((module, scale, x));
+        let mut out = bounded!(Pinned::<f32>::zeroed(&f.ctx, want.len()))?;
+        bounded!(f.a.download(&y, &mut out))?;
+        let got = bounded!(out.as_slice())?;
+        assert!(got.iter().zip(&want).all(|(g, w)| *g == 2.0 * w), "wrong data after a launch");
+        Ok(())
+    };
+    foreign_work_and_raw_handover: |f| {
+        let mut y = bounded!(DeviceBuffer::<u32>::zeroed(&f.a, 1000))?;
+        let yp = y.as_raw();
+        // SAFETY: a memset of y[..1000] on the stream given, as declared.
+        bounded!(unsafe {
+            f.a.enqueue_foreign(&[Use::write(&mut y)], |raw| {
+                cuda_pinned::driver_call!(cuMemsetD32Async(yp, 9, 1000, raw))
+            })
+        })??;
+        let (ptr, len) = bounded!(y.into_raw())?;
+        // SAFETY: the allocation into_raw gave up, with no work pending, owned by nobody else.
+        let y = unsafe { DeviceBuffer::<u32>::from_raw(&f.b, ptr, len) };
+        let mut out = bounded!(Pinned::<u32>::zeroed(&f.ctx, len))?;
+        bounded!(f.b.download(&y, &mut out))?;
+        assert!(bounded!(out.as_slice())?.iter().all(|&v| v == 9));
+        let (host, len, flags) = bounded!(out.into_raw())?;
+        // SAFETY: the allocation Pinned::into_raw gave up, with its flags.
+        let out = unsafe { Pinned::from_raw(&f.ctx, host, len, flags) };
+        bounded!(drop((y, out)));
+        Ok(())
+    };
+}
+
+/// Registers the stand-in of `scale(const float* x, float* y, float a, unsigned n)`, once.
+fn stand_ins() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let sim = sim().expect("the simulated driver");
+        sim.register_kernel("scale", &[8, 8, 4, 4], |call| {
+            let (x, y, a, n) = (
+                call.arg::<u64>(0),
+                call.arg::<u64>(1),
+                call.arg::<f32>(2),
+                call.arg::<u32>(3),
+            );
+            let scaled: Vec<f32> = call
+                .read::<f32>(x, n as usize)
+                .iter()
+                .map(|v| a * v)
+                .collect();
+            call.write(y, &scaled);
+        })
+        .unwrap();
+    });
 }
 
 /// Set in the environment of the child process that `a_hung_call_aborts_the_process_naming_it` starts.
