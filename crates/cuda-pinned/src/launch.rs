@@ -71,8 +71,12 @@ impl Module {
     /// Loads `image` into `context`: PTX text (NUL-terminated or not: the crate adds the NUL), or a cubin or
     /// fatbin image as nvcc writes them (`include_bytes!` of what a build script compiled).
     ///
-    /// Blocks while the driver loads (and, for PTX, compiles) the image; load modules before the work that
-    /// needs them, not in a loop.
+    /// Blocks while the driver loads (and, for PTX, compiles) the image. Loading may also wait for device work
+    /// already running, whoever enqueued it (the driver can synchronize the device to load code, at this call
+    /// or, with lazy loading, at a kernel's first launch): load modules and launch each kernel once before the
+    /// work that must not be held up, not in a loop. This is the one place where the crate lets the driver
+    /// wait for unrelated work on the caller's thread, because the caller asked for the module and needs it
+    /// loaded.
     ///
     /// # Errors
     /// An invalid-argument error for an empty image; the driver's (`CUDA_ERROR_INVALID_PTX`,

@@ -57,7 +57,8 @@
 //!    freeing a buffer used on several streams makes none of them wait; the driver calls that wait for the
 //!    whole device (unpinning, the synchronous free, loading the kernels) run on threads of the crate's own.
 //!    The exceptions say so: the pageable copies wait for their own stream, [`Registered::into_vec`] and
-//!    [`Context::synchronize`] for the context.
+//!    [`Context::synchronize`] for the context, `into_raw` for the buffer's own work, and [`Module::load`]
+//!    for whatever the driver waits for to load code.
 //! 7. **No hangs.** Every wait ends: with the work done, with an `Err`, or at a deadline.
 //! 8. **Open to other GPU code.** A user's kernels ([`Module`], [`Stream::launch`]) and other libraries' work
 //!    on the crate's streams ([`Stream::enqueue_foreign`]) declare what they read and write ([`Arg`], [`Use`]),
