@@ -187,6 +187,77 @@ fn control_a_kernel_whose_read_is_undeclared_runs_before_the_upload() {
     );
 }
 
+/// `scale` on stream `a`, behind 300 ms of other work, reading `x`; then an upload of other values into `x` on
+/// stream `b`: with `declared`, the upload waits for the kernel's read on the device. Returns what the kernel
+/// computed and what it should have (from the first values).
+fn upload_over_a_buffer_a_kernel_reads(declared: bool) -> (Vec<f32>, Vec<f32>) {
+    let ctx = context();
+    let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let scale = kernel(&ctx, "scale");
+    let (first, second) = (floats(N, 3), floats(N, 4));
+    let (host1, host2) = (
+        Pinned::from_slice(&ctx, &first).unwrap(),
+        Pinned::from_slice(&ctx, &second).unwrap(),
+    );
+    let mut x = DeviceBuffer::<f32>::uninit(&b, N).unwrap();
+    b.upload(&host1, &mut x).unwrap();
+    b.synchronize().unwrap();
+    let mut y = DeviceBuffer::<f32>::zeroed(&a, N).unwrap();
+    spin(&a, 300);
+    let n = N as u32;
+    if declared {
+        // SAFETY: scale reads x[..n], writes y[..n].
+        unsafe {
+            a.launch(
+                &scale,
+                LaunchConfig::for_elements(N, 256).unwrap(),
+                &[
+                    Arg::read(&x),
+                    Arg::write(&mut y),
+                    Arg::value(&2.0f32),
+                    Arg::value(&n),
+                ],
+            )
+            .unwrap();
+        }
+    } else {
+        let (xp, yp) = (x.as_raw(), y.as_raw());
+        // SAFETY: as above, with x's read undeclared (the control).
+        unsafe {
+            a.enqueue_foreign(&[Use::write(&mut y)], |raw| {
+                raw_scale(raw, &scale, xp, yp, 2.0, n)
+            })
+            .unwrap();
+        }
+    }
+    b.upload(&host2, &mut x).unwrap();
+    let mut out = Pinned::<f32>::zeroed(&ctx, N).unwrap();
+    a.download(&y, &mut out).unwrap();
+    let got = out.as_slice().unwrap().to_vec();
+    b.synchronize().unwrap();
+    (got, first.iter().map(|v| 2.0 * v).collect())
+}
+
+#[test]
+fn an_upload_into_a_buffer_a_kernel_reads_waits_for_the_kernel() {
+    let _serial = setup();
+    let (got, want) = upload_over_a_buffer_a_kernel_reads(true);
+    assert!(
+        got == want,
+        "the upload overwrote `x` before the kernel read it"
+    );
+}
+
+#[test]
+fn control_an_upload_into_a_buffer_an_undeclared_kernel_reads_runs_first() {
+    let _serial = setup();
+    let (got, want) = upload_over_a_buffer_a_kernel_reads(false);
+    assert!(
+        got != want,
+        "the upload waited for an undeclared read: this control cannot show the rule"
+    );
+}
+
 /// `fill_u32` launched behind other work writing mapped pinned memory, declared as a write (`as_write`) or,
 /// for the control, as a read: whether a host read found the memory busy meanwhile, and what it held after.
 fn host_read_while_a_kernel_writes_mapped_memory(as_write: bool) -> (bool, Vec<u32>) {
