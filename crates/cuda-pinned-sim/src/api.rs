@@ -1091,6 +1091,15 @@ pub extern "C" fn cuPointerGetAttribute(
             CUpointer_attribute::CU_POINTER_ATTRIBUTE_HOST_POINTER => {
                 Err(CUresult::CUDA_ERROR_INVALID_VALUE)
             }
+            // The pool of a stream-ordered allocation (the device's default pool), null for any other.
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE => {
+                let pool = if allocation.kind == Kind::DeviceAsync {
+                    pool_handle(allocation.device as usize)
+                } else {
+                    std::ptr::null_mut()
+                };
+                put(data.cast::<CUmemoryPool>(), pool)
+            }
             _ => Err(CUresult::CUDA_ERROR_NOT_SUPPORTED),
         }
     })

@@ -13,9 +13,11 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let cuda = cudarc::driver::CudaContext::new(0)?;
 //! let theirs: Arc<cudarc::driver::CudaStream> = cuda.new_stream()?;
-//! let ours = Stream::from_cudarc(&theirs)?; // the same stream, tracked
+//! // SAFETY: `theirs` is never captured into a graph.
+//! let ours = unsafe { Stream::from_cudarc(&theirs) }?; // the same stream, tracked
 //! let slice = theirs.clone_htod(&[1u32, 2, 3])?;
-//! let buffer = DeviceBuffer::from_cudarc(slice, &ours)?; // ready once cudarc's work on it is
+//! // SAFETY: as above.
+//! let buffer = unsafe { DeviceBuffer::from_cudarc(slice, &ours) }?; // ready once cudarc's work on it is
 //! let mut host = Pinned::<u32>::zeroed(ours.context(), 3)?;
 //! ours.download(&buffer, &mut host)?;
 //! assert_eq!(host.as_slice()?, [1, 2, 3]);
@@ -56,7 +58,12 @@ impl Stream {
     /// # Errors
     /// An invalid-argument error for cudarc's default (null) stream, or a stream of a context that is not the
     /// device's primary context; the driver's, from retaining the primary context.
-    pub fn from_cudarc(stream: &Arc<CudaStream>) -> Result<Stream> {
+    ///
+    /// # Safety
+    /// The stream must not be captured into a graph (cudarc's `begin_capture`) while the returned handle, a
+    /// clone of it, or a buffer with work recorded on it lives: captured work leaves the stream, and the crate
+    /// would take it for done. (cudarc's capture methods are safe; the crate's tracking cannot see them.)
+    pub unsafe fn from_cudarc(stream: &Arc<CudaStream>) -> Result<Stream> {
         let context = primary_context(stream.context(), "Stream::from_cudarc")?;
         // SAFETY: a non-blocking stream of `context` (cudarc makes its streams with CU_STREAM_NON_BLOCKING and
         // the null stream is refused by from_raw_keeping), kept alive by the Arc the handle holds.
@@ -79,8 +86,19 @@ impl<T: bytemuck::Pod> DeviceBuffer<T> {
     ///
     /// # Errors
     /// An invalid-argument error for a slice of a context other than `stream`'s; the driver's.
-    pub fn from_cudarc(slice: CudaSlice<T>, stream: &Stream) -> Result<DeviceBuffer<T>> {
-        let home = Stream::from_cudarc(slice.stream())?;
+    ///
+    /// # Safety
+    /// The slice's stream must not be being captured into a graph during this call (the crate records an event
+    /// on it, which a capture would take off the stream).
+    pub unsafe fn from_cudarc(slice: CudaSlice<T>, stream: &Stream) -> Result<DeviceBuffer<T>> {
+        // The slice's stream as one of the crate's: `stream` itself where it is the same driver stream.
+        let home = if stream.as_raw().cast::<()>() == slice.stream().cu_stream().cast::<()>() {
+            stream.clone()
+        } else {
+            // SAFETY: the handle is used for this call only (the tracker keeps it, for a mark closed below with
+            // an event recorded outside any capture, as the caller guarantees).
+            unsafe { Stream::from_cudarc(slice.stream()) }?
+        };
         if home.context() != stream.context() {
             return Err(Error::invalid(format_args!(
                 "DeviceBuffer::from_cudarc: a slice of device {} for a stream of device {}",
@@ -91,15 +109,17 @@ impl<T: bytemuck::Pod> DeviceBuffer<T> {
         let len = slice.len();
         // cudarc makes the slice's stream wait for the slice's own pending reads and writes.
         let ptr = slice.leak();
-        // SAFETY: a whole allocation of `len` Ts of the context (cuMemAllocAsync or cuMemAlloc: cuMemFree frees
-        // either), owned by nobody else now; work still pending on it is on `home`, recorded just below as a
-        // write before the buffer is used.
+        // SAFETY: a whole allocation of `len` Ts of the context (cuMemAllocAsync or cuMemAlloc: from_raw asks
+        // the driver which, to free it the same way), owned by nobody else now; work still pending on it is on
+        // `home`, recorded just below as a write before the buffer is used.
         let buffer = unsafe { DeviceBuffer::from_raw(stream, ptr, len) };
         home.tracked_uses(
             Work::Untimed,
             &mut [(buffer.track(), Access::Write)],
             || Ok(()),
         )?;
+        // What cudarc enqueues on `home` from now on must not delay the buffer's users.
+        home.close_segment()?;
         Ok(buffer)
     }
 
@@ -118,10 +138,22 @@ impl<T: bytemuck::Pod> DeviceBuffer<T> {
                 context.device().ordinal()
             )));
         }
+        if self.is_empty() {
+            return Err(Error::invalid(
+                "DeviceBuffer::into_cudarc: an empty buffer has no allocation to give (make an empty slice with \
+                 cudarc)",
+            ));
+        }
+        // cudarc frees with cuMemFreeAsync on devices with memory pools, else cuMemFree.
+        if self.is_pool_memory() != context.has_memory_pools() {
+            return Err(Error::invalid(
+                "DeviceBuffer::into_cudarc: memory from cuMemAlloc on a device with memory pools, which cudarc \
+                 would free with cuMemFreeAsync; copy it into a buffer the crate allocated",
+            ));
+        }
         let (ptr, len) = self.into_raw()?;
         // SAFETY: a whole allocation of `len` valid Ts in the stream's context, with no work pending, owned by
-        // nobody else; cudarc frees it as its own allocations (cuMemFreeAsync where the device has memory
-        // pools, which is where the crate allocated with cuMemAllocAsync, else cuMemFree).
+        // nobody else; cudarc frees it as its own allocations, which matches how it was allocated (checked).
         Ok(unsafe { stream.upgrade_device_ptr(ptr, len) })
     }
 }

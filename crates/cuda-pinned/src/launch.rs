@@ -68,39 +68,72 @@ unsafe impl Send for ModuleInner {}
 unsafe impl Sync for ModuleInner {}
 
 impl Module {
-    /// Loads `image` into `context`: PTX text (NUL-terminated or not: the crate adds the NUL), or a cubin or
-    /// fatbin image as nvcc writes them (`include_bytes!` of what a build script compiled).
+    /// Loads PTX text (as `nvcc --ptx` writes it, NUL-terminated or not) into `context`: the driver
+    /// compiles it for the device. For a cubin or fatbin, see [`Module::load_binary`].
     ///
-    /// Blocks while the driver loads (and, for PTX, compiles) the image. Loading may also wait for device work
-    /// already running, whoever enqueued it (the driver can synchronize the device to load code, at this call
-    /// or, with lazy loading, at a kernel's first launch): load modules and launch each kernel once before the
-    /// work that must not be held up, not in a loop. This is the one place where the crate lets the driver
-    /// wait for unrelated work on the caller's thread, because the caller asked for the module and needs it
-    /// loaded.
+    /// Blocks while the driver loads and compiles the code. Loading may also wait for device work already
+    /// running, whoever enqueued it (the driver can synchronize the device to load code, at this call or, with
+    /// lazy loading, at a kernel's first launch): load modules and launch each kernel once before the work that
+    /// must not be held up, not in a loop. This is the one place where the crate lets the driver wait for
+    /// unrelated work on the caller's thread, because the caller asked for the module and needs it loaded.
     ///
     /// # Errors
-    /// An invalid-argument error for an empty image; the driver's (`CUDA_ERROR_INVALID_PTX`,
-    /// `CUDA_ERROR_INVALID_IMAGE`, `CUDA_ERROR_NO_BINARY_FOR_GPU`, ...), naming what was loaded.
+    /// An invalid-argument error for an empty image or one that is not text (a binary image goes to
+    /// [`Module::load_binary`]); the driver's (`CUDA_ERROR_INVALID_PTX`, `CUDA_ERROR_NO_BINARY_FOR_GPU`, ...).
     #[doc(alias = "cuModuleLoadData")]
-    pub fn load(context: &Context, image: &[u8]) -> Result<Module> {
-        let describe = describe_image(image);
-        if image.is_empty() {
-            return Err(Error::invalid("Module::load: the image is empty"));
+    pub fn load(context: &Context, ptx: &[u8]) -> Result<Module> {
+        // The driver reads PTX up to its NUL, and takes an image that starts with a binary's magic number for
+        // that binary, whose length it reads from headers the crate cannot check: only text that ends at a
+        // NUL within the slice is passed.
+        let text = ptx.split(|&b| b == 0).next().unwrap_or_default();
+        let is_text = |b: &u8| b.is_ascii_graphic() || b" \t\n\r".contains(b);
+        if text.is_empty() || !text.iter().all(is_text) {
+            return Err(Error::invalid(format_args!(
+                "Module::load: {} is not PTX text (a cubin or fatbin loads with the unsafe Module::load_binary)",
+                describe_image(ptx)
+            )));
         }
-        // cuModuleLoadData finds a binary's length in its headers, but reads PTX up to a NUL: a PTX image
-        // without one is copied with one added.
-        let owned;
-        let bytes = if is_ptx(image) && !image.contains(&0) {
-            owned = [image, &[0]].concat();
-            &owned[..]
-        } else {
-            image
-        };
+        let owned = [text, &[0]].concat();
+        // SAFETY: NUL-terminated text within `owned`, which the driver reads up to the NUL.
+        unsafe { Module::load_image(context, &owned, "PTX", text.len()) }
+    }
+
+    /// Loads a cubin or fatbin image, as nvcc writes them (`nvcc --cubin` / `--fatbin`, e.g.
+    /// `include_bytes!` of what a build script compiled), into `context`. Blocks as [`Module::load`] does.
+    ///
+    /// # Errors
+    /// An invalid-argument error for an empty image; the driver's (`CUDA_ERROR_INVALID_IMAGE`,
+    /// `CUDA_ERROR_NO_BINARY_FOR_GPU`, ...).
+    ///
+    /// # Safety
+    /// `image` must be a whole, well-formed cubin (ELF) or fatbin as the CUDA toolkit writes them: the driver
+    /// takes the image's length and the offsets of its parts from the image's own headers, and reads wherever
+    /// they point, so a truncated or forged image makes it read outside the slice.
+    #[doc(alias = "cuModuleLoadData")]
+    pub unsafe fn load_binary(context: &Context, image: &[u8]) -> Result<Module> {
+        if image.is_empty() {
+            return Err(Error::invalid("Module::load_binary: the image is empty"));
+        }
+        // SAFETY: as the caller guarantees.
+        unsafe { Module::load_image(context, image, "a binary image", image.len()) }
+    }
+
+    /// # Safety
+    /// As [`calls::module_load_data`], for `image`.
+    unsafe fn load_image(
+        context: &Context,
+        image: &[u8],
+        kind: &str,
+        bytes: usize,
+    ) -> Result<Module> {
         let _current = context.enter()?;
-        // SAFETY: a whole image (a binary's length is in its headers; PTX is NUL-terminated above), read during
-        // the call only. Unloaded in ModuleInner's Drop.
-        let raw = unsafe { calls::module_load_data(bytes.as_ptr().cast()) }
-            .map_err(|e| e.context(format_args!("loading a module from {describe}")))?;
+        // SAFETY: as the caller guarantees; the image is read during the call only. Unloaded in ModuleInner's
+        // Drop.
+        let raw = unsafe { calls::module_load_data(image.as_ptr().cast()) }.map_err(|e| {
+            e.context(format_args!(
+                "loading a module from {kind} of {bytes} bytes"
+            ))
+        })?;
         Ok(Module(Arc::new(ModuleInner {
             raw,
             context: context.clone(),
@@ -171,21 +204,16 @@ impl Drop for ModuleInner {
     }
 }
 
-/// Whether `image` looks like PTX text rather than a binary (cubin and fatbin images start with magic
-/// numbers that are not text).
-fn is_ptx(image: &[u8]) -> bool {
+/// What an image looks like, for messages.
+fn describe_image(image: &[u8]) -> String {
     const ELF: &[u8] = b"\x7fELF";
     const FATBIN: [u8; 4] = 0xBA55_ED50_u32.to_le_bytes();
-    const FATBIN_WRAPPER: [u8; 4] = 0x4662_43B1_u32.to_le_bytes();
-    !(image.starts_with(ELF) || image.starts_with(&FATBIN) || image.starts_with(&FATBIN_WRAPPER))
-}
-
-/// What an image is, for messages.
-fn describe_image(image: &[u8]) -> String {
-    let kind = if is_ptx(image) {
-        "PTX"
+    let kind = if image.starts_with(ELF) {
+        "a cubin (ELF) image"
+    } else if image.starts_with(&FATBIN) {
+        "a fatbin image"
     } else {
-        "a binary image"
+        "an image"
     };
     format!("{kind} of {} bytes", image.len())
 }
@@ -385,7 +413,15 @@ impl LaunchConfig {
                 limits.threads_per_block
             ));
         }
-        if self.shared_memory > limits.dynamic_shared {
+        // The limit read at lookup may have been raised since (cuFuncSetAttribute on `Kernel::as_raw`): read it
+        // again before refusing.
+        let over_limit = self.shared_memory > limits.dynamic_shared
+            && calls::func_get_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                kernel.raw,
+            )
+            .map_or(true, |now| i64::from(self.shared_memory) > i64::from(now));
+        if over_limit {
             return fail(format!(
                 "{} bytes of dynamic shared memory, over the kernel's limit of {} (raise it with \
                  cuFuncSetAttribute and CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)",
@@ -403,6 +439,8 @@ enum Place<'a> {
     Device(CUdeviceptr, &'a Context),
     /// Page-locked host memory, reached by the device through its mapping.
     Host(*mut c_void),
+    /// The code of a loaded module, which work launched from it reads.
+    Module(&'a Context),
 }
 
 /// A buffer that device work reads or writes, as declared to the tracking: a [`Stream::launch`] argument
@@ -424,7 +462,7 @@ impl<'a> Use<'a> {
     }
 
     /// Device memory that the work writes (and may read).
-    pub fn write<T>(buffer: &'a mut impl DeviceDestination<T>) -> Use<'a> {
+    pub fn write<T: Pod>(buffer: &'a mut impl DeviceDestination<T>) -> Use<'a> {
         Use::device(&*buffer, Access::Write, size_of::<T>())
     }
 
@@ -436,8 +474,19 @@ impl<'a> Use<'a> {
     }
 
     /// Page-locked host memory that the work writes through its device mapping: host accessors wait for it.
-    pub fn write_host<T>(buffer: &'a mut impl PinnedDestination<T>) -> Use<'a> {
+    pub fn write_host<T: Pod>(buffer: &'a mut impl PinnedDestination<T>) -> Use<'a> {
         Use::host(&*buffer, Access::Write, size_of::<T>())
+    }
+
+    /// The code of `module`, which a kernel of it launched through its raw handle (inside
+    /// [`Stream::enqueue_foreign`]) reads: the module stays loaded until that work has run.
+    pub fn module(module: &'a Module) -> Use<'a> {
+        Use {
+            place: Place::Module(module.context()),
+            bytes: 0,
+            track: &module.0.track,
+            access: Access::Read,
+        }
     }
 
     fn device(buffer: &'a impl sealed::DeviceMemory, access: Access, element: usize) -> Use<'a> {
@@ -464,7 +513,7 @@ impl<'a> Use<'a> {
     pub fn device_ptr(&self) -> Option<CUdeviceptr> {
         match self.place {
             Place::Device(ptr, _) => Some(ptr),
-            Place::Host(_) => None,
+            Place::Host(_) | Place::Module(_) => None,
         }
     }
 
@@ -491,6 +540,12 @@ impl<'a> Use<'a> {
                     stream.context().device().ordinal()
                 )))
             }
+            Place::Module(owner) if owner != stream.context() => Err(Error::invalid(format_args!(
+                "{}: a module loaded on device {} declared on a stream of device {}; nothing was enqueued",
+                what(),
+                owner.device().ordinal(),
+                stream.context().device().ordinal()
+            ))),
             _ => Ok(()),
         }
     }
@@ -499,6 +554,9 @@ impl<'a> Use<'a> {
     fn address(&self, kernel: &str) -> Result<CUdeviceptr> {
         match self.place {
             Place::Device(ptr, _) => Ok(ptr),
+            // Nothing to look up, and nothing the kernel may touch: an empty buffer passes a null pointer.
+            Place::Host(_) if self.bytes == 0 => Ok(0),
+            Place::Module(_) => Ok(0),
             Place::Host(host) => calls::mem_host_get_device_pointer(host).map_err(|e| {
                 e.context(format_args!(
                     "passing page-locked host memory to `{kernel}`: it is not mapped into the device's address \
@@ -536,7 +594,7 @@ impl<'a> Arg<'a> {
     }
 
     /// A pointer to device memory that the kernel writes (`T*`).
-    pub fn write<T>(buffer: &'a mut impl DeviceDestination<T>) -> Arg<'a> {
+    pub fn write<T: Pod>(buffer: &'a mut impl DeviceDestination<T>) -> Arg<'a> {
         Arg(ArgKind::Memory(Use::write(buffer)))
     }
 
@@ -546,7 +604,7 @@ impl<'a> Arg<'a> {
     }
 
     /// A pointer to mapped page-locked host memory that the kernel writes ([`Use::write_host`]).
-    pub fn write_host<T>(buffer: &'a mut impl PinnedDestination<T>) -> Arg<'a> {
+    pub fn write_host<T: Pod>(buffer: &'a mut impl PinnedDestination<T>) -> Arg<'a> {
         Arg(ArgKind::Memory(Use::write_host(buffer)))
     }
 
@@ -692,8 +750,15 @@ impl Stream {
                 }
             }
         }
-        for arg in args {
+        for (index, arg) in args.iter().enumerate() {
             if let ArgKind::Memory(used) = &arg.0 {
+                if let Place::Module(_) = used.place {
+                    return Err(Error::invalid(format_args!(
+                        "{}: argument {index} is a module, not a buffer (a launch of a kernel declares its module \
+                         itself); nothing was enqueued",
+                        what()
+                    )));
+                }
                 used.check_context(self, what)?;
             }
         }
@@ -706,17 +771,24 @@ impl Stream {
     /// for it, exactly as for the crate's own copies. Returns `enqueue`'s value once it returns (the work
     /// itself runs on the device later).
     ///
-    /// `enqueue` runs with the trackers of the declared buffers locked: it must not use those buffers through
-    /// the crate (that would wait for itself); other buffers and other crate calls are fine.
+    /// `enqueue` runs with no lock of the crate held: it may call the crate (the declared buffers are
+    /// borrowed by `uses`, so only reads of those declared read). The uses are recorded once it returns, or
+    /// unwinds: work it enqueued before a panic is waited for all the same. A stream's ledger
+    /// ([`Stream::with_ledger`]) does not time this work; wrap it in [`Stream::profile`] for that.
     ///
     /// # Errors
-    /// An invalid-argument error, with `enqueue` not run, for device memory of another context; the driver's,
-    /// from ordering the work (`enqueue` is not run then).
+    /// An invalid-argument error, with `enqueue` not run, for device memory or a module of another context;
+    /// the driver's, from ordering the work (`enqueue` is not run then, or, for an error while recording the
+    /// order of what came before, nothing of it is lost: the uses are still recorded).
     ///
     /// # Safety
-    /// The work `enqueue` enqueues must be on the stream it is given (not on another stream, and not still
-    /// running on the host after `enqueue` returns), touch only the memory declared in `uses`, within its
-    /// bounds, and write only what is declared written.
+    /// The work `enqueue` enqueues must be on the stream it is given, and on no other stream; it must touch
+    /// only the memory declared in `uses`, within its bounds, writing only what is declared written (and only
+    /// valid values of the buffer's element type); it must finish on its own (not wait for work that waits for
+    /// it, nor for a value or event nobody will write); and `enqueue` must not begin or end a stream capture
+    /// (`cuStreamBeginCapture`), which would take the work off the stream while the crate counts on it. A
+    /// kernel of a [`Module`] launched through its raw handle is declared with [`Use::module`], so that the
+    /// module stays loaded until it has run.
     pub unsafe fn enqueue_foreign<R>(
         &self,
         uses: &[Use<'_>],
@@ -726,8 +798,7 @@ impl Stream {
             used.check_context(self, || "declaring other code's work".into())?;
         }
         let mut tracks: Vec<(&Track, Access)> = uses.iter().map(|u| (u.track, u.access)).collect();
-        let work = Work::Timed(Category::Kernel, "foreign", 0);
-        self.tracked_uses(work, &mut tracks, || Ok(enqueue(self.as_raw())))
+        self.declared(&mut tracks, || enqueue(self.as_raw()))
             .map_err(|e| e.context("declaring other code's work"))
     }
 }

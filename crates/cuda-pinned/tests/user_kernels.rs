@@ -66,8 +66,18 @@ fn context() -> Context {
     Context::on(0).expect("device 0")
 }
 
+/// The test kernels' module: the fatbin, or on the simulated driver a text image.
+fn module(context: &Context) -> Module {
+    #[cfg(feature = "gpu")]
+    // SAFETY: the fatbin nvcc wrote, whole.
+    let module = unsafe { Module::load_binary(context, IMAGE) };
+    #[cfg(not(feature = "gpu"))]
+    let module = Module::load(context, IMAGE);
+    module.unwrap()
+}
+
 fn kernel(context: &Context, name: &str) -> Kernel {
-    Module::load(context, IMAGE).unwrap().kernel(name).unwrap()
+    module(context).kernel(name).unwrap()
 }
 
 fn floats(len: usize, seed: u64) -> Vec<f32> {
@@ -533,18 +543,24 @@ fn bad_launches_are_errors_before_anything_is_enqueued() {
     }
     stream.synchronize().unwrap();
 
-    let module = Module::load(&ctx, IMAGE).unwrap();
-    let missing = module.kernel("no_such_kernel").unwrap_err();
+    let missing = module(&ctx).kernel("no_such_kernel").unwrap_err();
     assert_eq!(
         missing.driver_code(),
         Some(cuda_pinned::sys::CUresult::CUDA_ERROR_NOT_FOUND),
         "{missing}"
     );
     assert!(missing.to_string().contains("no_such_kernel"), "{missing}");
+    // Only text loads safely: an empty image, and a binary's magic number, are refused before the driver
+    // sees them.
     assert!(matches!(
         Module::load(&ctx, b""),
         Err(Error::InvalidArgument { .. })
     ));
+    let forged = Module::load(&ctx, b"\x7fELF\x02\x01\x01").unwrap_err();
+    assert!(forged.to_string().contains("load_binary"), "{forged}");
+    // SAFETY: an empty image is refused before the driver sees it.
+    let empty = unsafe { Module::load_binary(&ctx, b"") };
+    assert!(matches!(empty, Err(Error::InvalidArgument { .. })));
 }
 
 /// Buffers and modules of another device's context are refused. Needs two devices: the simulated driver has
@@ -638,4 +654,171 @@ fn a_module_dropped_while_its_kernel_runs_is_unloaded_after() {
     stream.download_pageable(&y, &mut out).unwrap();
     assert!(out.iter().all(|&v| v == 9));
     ctx.synchronize().unwrap();
+}
+
+/// A declared foreign enqueue that panics after enqueueing: the work it enqueued is still recorded, so a
+/// download on another stream waits for it (and, on the simulated driver, dropping the buffer frees nothing
+/// under it). The control declares nothing and reads too early.
+fn download_after_a_panicking_enqueue(declared: bool) -> Vec<u32> {
+    let ctx = context();
+    let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let mut y = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+    a.synchronize().unwrap();
+    spin(&a, 300);
+    let yp = y.as_raw();
+    let uses = if declared {
+        vec![Use::write(&mut y)]
+    } else {
+        vec![]
+    };
+    let memset_then_panic = |raw| {
+        // SAFETY: N words of live device memory of the stream's context.
+        unsafe { cuda_pinned::driver_call!(cuMemsetD32Async(yp, 5, N, raw)) }.unwrap();
+        panic!("other code panics after enqueueing");
+    };
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: a memset of y[..N] on the stream given (undeclared in the control), then a panic.
+        let _ = unsafe { a.enqueue_foreign(&uses, memset_then_panic) };
+    }));
+    assert!(panicked.is_err(), "the closure's panic reaches the caller");
+    drop(uses);
+    let mut out = Pinned::<u32>::zeroed(&ctx, N).unwrap();
+    b.download(&y, &mut out).unwrap();
+    let got = out.as_slice().unwrap().to_vec();
+    if declared {
+        // Freed only after the memset, which the tracking knows of.
+        drop(y);
+        a.synchronize().unwrap();
+    } else {
+        // The control's memset is unknown to the tracking: keep the buffer until it has run.
+        a.synchronize().unwrap();
+        drop(y);
+    }
+    got
+}
+
+#[test]
+fn work_enqueued_before_a_panic_in_a_declared_enqueue_is_still_waited_for() {
+    let _serial = setup();
+    let got = download_after_a_panicking_enqueue(true);
+    assert!(
+        got.iter().all(|&v| v == 5),
+        "the download ran before the memset"
+    );
+}
+
+#[test]
+fn control_undeclared_work_before_a_panic_is_not_waited_for() {
+    let _serial = setup();
+    let got = download_after_a_panicking_enqueue(false);
+    assert!(
+        got.iter().any(|&v| v != 5),
+        "the download waited for undeclared work: this control cannot show the rule"
+    );
+}
+
+/// A declared enqueue's closure may call the crate, on its own stream and from other threads it waits for,
+/// with memory waiting to be released meanwhile: nothing hangs (each case bounded by a thread with a limit).
+#[test]
+fn a_declared_enqueue_may_call_the_crate_and_wait_for_threads_that_do() {
+    let _serial = setup();
+    let ((), _) = common::on_a_thread("crate calls inside enqueue_foreign", common::LIMIT, || {
+        let ctx = context();
+        let (s, s2) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+        let host = Pinned::from_slice(&ctx, &data(N, 9)).unwrap();
+        let mut x = DeviceBuffer::<u32>::zeroed(&s, N).unwrap();
+        let mut z = DeviceBuffer::<u32>::zeroed(&s2, N).unwrap();
+        let mut w = DeviceBuffer::<u32>::zeroed(&s2, N).unwrap();
+        let y = DeviceBuffer::<u32>::zeroed(&s, N).unwrap();
+        // Memory for the release thread, which takes the device's gate for writing when it frees it.
+        drop(Pinned::<u8>::zeroed(&ctx, 1 << 20).unwrap());
+        // SAFETY: the closure enqueues no work of other code: it only calls the crate.
+        unsafe {
+            s.enqueue_foreign(&[Use::read(&y)], |_| {
+                // On this stream, from this thread and from another one this thread waits for.
+                s.upload(&host, &mut x).unwrap();
+                std::thread::scope(|scope| {
+                    scope.spawn(|| s.copy(&y, &mut w).unwrap());
+                    scope.spawn(|| s2.copy(&y, &mut z).unwrap());
+                });
+            })
+        }
+        .unwrap();
+        ctx.synchronize().unwrap();
+    });
+}
+
+/// Device memory given to `from_raw` and dropped while another stream is busy: the bytes freed by the time
+/// the buffer's own stream has finished. Simulated driver only (a GPU's pool keeps freed memory for reuse).
+#[cfg(not(feature = "gpu"))]
+fn freed_while_the_device_is_busy(from_a_pool: bool) -> usize {
+    let ctx = context();
+    let (a, busy) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let bytes = N * size_of::<u32>();
+    let ptr = if from_a_pool {
+        let (ptr, _) = DeviceBuffer::<u32>::zeroed(&a, N)
+            .unwrap()
+            .into_raw()
+            .unwrap();
+        ptr
+    } else {
+        let mut ptr = 0;
+        // SAFETY: the context made current for the allocation, then popped; an out-pointer to a local.
+        unsafe {
+            cuda_pinned::driver_call!(cuCtxPushCurrent_v2(ctx.as_raw())).unwrap();
+            cuda_pinned::driver_call!(cuMemAlloc_v2(&mut ptr, bytes)).unwrap();
+            cuda_pinned::driver_call!(cuCtxPopCurrent_v2(&mut std::ptr::null_mut())).unwrap();
+        }
+        ptr
+    };
+    // SAFETY: a whole allocation of N words of this context, with no work pending, owned by nobody else.
+    let buffer = unsafe { DeviceBuffer::<u32>::from_raw(&a, ptr, N) };
+    let held = hold(&busy, Duration::from_secs(10));
+    let (before, _) = ctx.memory_info().unwrap();
+    drop(buffer);
+    a.synchronize().unwrap();
+    let (after, _) = ctx.memory_info().unwrap();
+    drop(held);
+    ctx.synchronize().unwrap();
+    after - before
+}
+
+#[cfg(not(feature = "gpu"))]
+#[test]
+fn pool_memory_from_raw_is_freed_after_its_use_while_the_device_is_busy() {
+    let _serial = setup();
+    assert_eq!(freed_while_the_device_is_busy(true), N * size_of::<u32>());
+}
+
+#[cfg(not(feature = "gpu"))]
+#[test]
+fn control_memory_of_cu_mem_alloc_from_raw_waits_for_an_idle_device() {
+    let _serial = setup();
+    // cuMemFree waits for the whole device: the crate frees such memory only once the device is idle.
+    assert_eq!(freed_while_the_device_is_busy(false), 0);
+}
+
+/// An empty mapped host buffer is a null pointer argument, not an error.
+#[test]
+fn an_empty_host_buffer_argument_is_a_null_pointer() {
+    let _serial = setup();
+    let ctx = context();
+    let stream = Stream::new(&ctx).unwrap();
+    let fill = kernel(&ctx, "fill_u32");
+    let mut empty = Pinned::<u32>::zeroed(&ctx, 0).unwrap();
+    // SAFETY: fill_u32 writes out[..0]: nothing.
+    unsafe {
+        stream
+            .launch(
+                &fill,
+                LaunchConfig::new(1, 32),
+                &[
+                    Arg::write_host(&mut empty),
+                    Arg::value(&1u32),
+                    Arg::value(&0u32),
+                ],
+            )
+            .unwrap();
+    }
+    stream.synchronize().unwrap();
 }

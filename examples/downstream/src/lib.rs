@@ -13,9 +13,9 @@ use cuda_pinned::{Arg, Context, DeviceBuffer, Kernel, LaunchConfig, Module, Pinn
 /// Threads per block of both kernels, and the elements each block sum covers.
 pub const BLOCK: usize = 256;
 
-/// The kernels' image: the fatbin build.rs compiled from `cuda/pipeline.cu`.
+/// The kernels' PTX, which build.rs compiled from `cuda/pipeline.cu`.
 #[cfg(feature = "gpu")]
-pub const KERNELS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/pipeline.fatbin"));
+pub const KERNELS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/pipeline.ptx"));
 /// Without feature `gpu` there is no compiled image: the simulated driver runs the stand-ins the tests
 /// register under the kernels' names, whatever the image.
 #[cfg(not(feature = "gpu"))]

@@ -498,3 +498,18 @@ pub(crate) unsafe fn launch_kernel(
         ))
     }
 }
+
+/// `cuPointerGetAttribute` with `CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE`: whether device memory at `ptr` came
+/// from a memory pool (`cuMemAllocAsync`), and is freed stream-ordered.
+pub(crate) fn pointer_is_pool_memory(ptr: CUdeviceptr) -> Result<bool> {
+    let mut pool: crate::sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: an out-pointer to a local of the attribute's type; the driver only looks the address up.
+    unsafe {
+        driver_call!(cuPointerGetAttribute(
+            (&raw mut pool).cast(),
+            crate::sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+            ptr
+        ))
+    }?;
+    Ok(!pool.is_null())
+}

@@ -354,7 +354,8 @@ impl Context {
     }
 
     /// Holds the gate of `device` (see [`Context::enqueue_gate`]) for writing, if the crate has made a context
-    /// on it: no work of the crate is being enqueued on the device until the guard drops. The calling thread
+    /// on it and the gate is free within about a millisecond (`None` otherwise): no work of the crate is being
+    /// enqueued on the device until the guard drops. The calling thread
     /// counts as holding a gate meanwhile, so that what it does under the guard (dropping a stream's last
     /// handle, say) does not try to take it for reading, which would never end.
     pub(crate) fn close_gate(device: Device) -> Option<ClosedGate> {
@@ -362,7 +363,23 @@ impl Context {
             .iter()
             .find(|d| d.device.ordinal() == device.ordinal())
             .map(|d| d.gate)?;
-        let write = gate.write().unwrap_or_else(PoisonError::into_inner);
+        // Never queued as a waiting writer: std's RwLock lets no new reader in while a writer waits, so a
+        // thread enqueueing inside a user's closure (which holds the gate for reading) and waiting for another
+        // thread's enqueue would hang. Readers hold the gate for an enqueue's length; a few tries over about a
+        // millisecond find it free unless the device is busy, and the caller tries again in its next round.
+        let started = std::time::Instant::now();
+        let write = loop {
+            match gate.try_write() {
+                Ok(write) => break write,
+                Err(std::sync::TryLockError::Poisoned(poisoned)) => break poisoned.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock)
+                    if started.elapsed() < std::time::Duration::from_millis(1) =>
+                {
+                    std::thread::yield_now();
+                }
+                Err(std::sync::TryLockError::WouldBlock) => return None,
+            }
+        };
         GATES_HELD.set(GATES_HELD.get() + 1);
         Some(ClosedGate { _write: write })
     }

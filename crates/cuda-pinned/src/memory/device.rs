@@ -150,10 +150,12 @@ impl<T> DeviceBuffer<T> {
     /// Gives the allocation up to the caller, once every piece of device work recorded on it has completed
     /// (blocks until then): returns its device address and length in elements.
     ///
-    /// The memory stays allocated until the caller frees it, with `cuMemFree` (or `cuMemFreeAsync` on a stream
-    /// after its last use); it came from `cuMemAllocAsync` on devices with memory pools, else from
-    /// `cuMemAlloc`. It belongs to the device's primary context, so it stays valid while that context is
-    /// retained (keep a [`Context`] of the device). Hand it back with [`DeviceBuffer::from_raw`].
+    /// The memory stays allocated until the caller frees it with `cuMemFree`, which frees it whether it came
+    /// from `cuMemAllocAsync` (the crate's allocations on devices with memory pools) or from `cuMemAlloc`, or
+    /// with `cuMemFreeAsync` on a stream after its last use where it came from `cuMemAllocAsync`
+    /// (`cuPointerGetAttribute` with `CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE` tells). It belongs to the device's
+    /// primary context, so it stays valid while that context is retained (keep a [`Context`] of the device).
+    /// Hand it back with [`DeviceBuffer::from_raw`].
     ///
     /// # Errors
     /// The driver's, from waiting for the work; the buffer is dropped then (its memory freed after that work,
@@ -168,21 +170,44 @@ impl<T> DeviceBuffer<T> {
         Ok(raw)
     }
 
+    /// Whether the memory came from `cuMemAllocAsync` (and is freed stream-ordered).
+    #[cfg(feature = "cudarc")]
+    pub(crate) fn is_pool_memory(&self) -> bool {
+        self.ordered
+    }
+
     /// Takes ownership of `len` elements of device memory at `ptr`, which from now on are tracked like any
-    /// buffer's and freed (with `cuMemFree`, on the crate's release thread, once every use has completed) when
-    /// the buffer is dropped. Returns at once.
+    /// buffer's and freed when the buffer is dropped, once every use has completed: stream-ordered
+    /// (`cuMemFreeAsync`) where the memory came from a memory pool, as `cuMemAllocAsync` allocates, else with
+    /// `cuMemFree` on the crate's release thread, which waits until the device is idle. Returns at once.
     ///
     /// # Safety
-    /// `ptr` must be a whole allocation of at least `len * size_of::<T>()` bytes made by `cuMemAlloc` (or
-    /// `cuMemAllocAsync`, complete) in `stream`'s context, aligned for `T`, holding valid `T`s, and ready for
-    /// work on `stream`: no work elsewhere may still use it. Nothing else may use or free it afterwards (a
-    /// pointer from [`DeviceBuffer::into_raw`] qualifies).
+    /// `ptr` must be a whole allocation of at least `len * size_of::<T>()` bytes made by `cuMemAlloc` or
+    /// `cuMemAllocAsync` in `stream`'s context, aligned for `T`, holding valid `T`s, and ready for work on
+    /// `stream`: no work elsewhere may still use it (an allocation on another stream must have completed).
+    /// Nothing else may use or free it afterwards (a pointer from [`DeviceBuffer::into_raw`] qualifies).
     pub unsafe fn from_raw(stream: &Stream, ptr: CUdeviceptr, len: usize) -> DeviceBuffer<T> {
+        // Where the driver cannot tell, `cuMemFree`, which frees either kind, once the device is idle.
+        let ordered = ptr != 0 && calls::pointer_is_pool_memory(ptr).unwrap_or(false);
+        // SAFETY: as the caller guarantees, and `ordered` as the driver says.
+        unsafe { DeviceBuffer::from_raw_parts(stream, ptr, len, ordered) }
+    }
+
+    /// [`DeviceBuffer::from_raw`] with the allocator known: `ordered` for `cuMemAllocAsync`.
+    ///
+    /// # Safety
+    /// As [`DeviceBuffer::from_raw`], with `ordered` true only for memory of a memory pool.
+    pub(crate) unsafe fn from_raw_parts(
+        stream: &Stream,
+        ptr: CUdeviceptr,
+        len: usize,
+        ordered: bool,
+    ) -> DeviceBuffer<T> {
         DeviceBuffer {
             ptr,
             len,
             stream: stream.clone(),
-            ordered: false,
+            ordered,
             track: Track::default(),
             _elements: PhantomData,
         }

@@ -228,8 +228,9 @@ fn release_idle(held: Vec<Pending>) -> Vec<Pending> {
             .into_iter()
             .partition(|p| p.context.device() == device);
         ready = others;
-        let _closed = Context::close_gate(device);
-        if Context::device_is_idle(device) {
+        // Work is being enqueued on the device right now if the gate cannot be closed: not idle.
+        let closed = Context::close_gate(device);
+        if closed.is_some() && Context::device_is_idle(device) {
             mine.into_iter().for_each(run);
         } else {
             kept.extend(mine);

@@ -136,12 +136,28 @@ impl Stream {
     }
 }
 
+/// Locks the trackers of `uses` in address order, one per allocation (where one appears several times, through
+/// views, it counts as written if any use writes it): two threads locking the same trackers cannot deadlock, and
+/// every tracker of a write is borrowed exclusively, so no other thread holds its lock. Sorts `uses` in place.
+fn lock_uses<'t>(uses: &mut [(&'t Track, Access)]) -> Vec<(MutexGuard<'t, GpuTracker>, Access)> {
+    uses.sort_unstable_by_key(|&(track, _)| std::ptr::from_ref(track) as usize);
+    let mut locked = Vec::with_capacity(uses.len());
+    for (i, &(track, access)) in uses.iter().enumerate() {
+        if i > 0 && std::ptr::eq(uses[i - 1].0, track) {
+            continue;
+        }
+        let written = uses[i..]
+            .iter()
+            .take_while(|(t, _)| std::ptr::eq(*t, track))
+            .any(|&(_, a)| a == Access::Write);
+        locked.push((lock(track), if written { Access::Write } else { access }));
+    }
+    locked
+}
+
 impl Stream {
-    /// [`Stream::tracked_as`] for work that uses any number of buffers, each read or written (`uses`, where one
-    /// allocation may appear several times, through views: it counts as written if any use writes it).
-    ///
-    /// The trackers are locked in address order, so two threads whose work shares buffers cannot deadlock;
-    /// every buffer it writes is borrowed exclusively, so no other thread holds its lock.
+    /// [`Stream::tracked_as`] for work that uses any number of buffers, each read or written (`uses`, sorted in
+    /// place). `enqueue` is the crate's own code and runs with the trackers and the stream's segment locked.
     pub(crate) fn tracked_uses<R>(
         &self,
         work: Work,
@@ -149,24 +165,7 @@ impl Stream {
         enqueue: impl FnOnce() -> Result<R>,
     ) -> Result<R> {
         let _gate = self.context().enqueue_gate();
-        // In address order, one entry per allocation (a write if any use writes it), in place.
-        uses.sort_unstable_by_key(|&(track, _)| std::ptr::from_ref(track) as usize);
-        let mut locked: Vec<(MutexGuard<'_, GpuTracker>, Access)> = Vec::with_capacity(uses.len());
-        for (i, &(track, access)) in uses.iter().enumerate() {
-            if i > 0 && std::ptr::eq(uses[i - 1].0, track) {
-                continue;
-            }
-            let access = if uses[i..]
-                .iter()
-                .take_while(|(t, _)| std::ptr::eq(*t, track))
-                .any(|&(_, a)| a == Access::Write)
-            {
-                Access::Write
-            } else {
-                access
-            };
-            locked.push((lock(track), access));
-        }
+        let mut locked = lock_uses(uses);
         for (tracker, access) in &mut locked {
             tracker.prepare(&Gpu, self, *access)?;
         }
@@ -186,5 +185,41 @@ impl Stream {
             tracker.record_use(self, &mark, *access);
         }
         enqueued
+    }
+
+    /// Runs `enqueue`, a user's code that enqueues work on this stream using the buffers of `uses`, between
+    /// the waits for conflicting work and the record of the uses, as [`Stream::tracked_uses`] does, but with no
+    /// lock of the crate held while it runs (it may call the crate, and block), only the device's gate for
+    /// reading. That is sound because the uses borrow their buffers: nobody writes a declared buffer meanwhile
+    /// and nobody frees one. The uses are recorded at the stream's end after `enqueue` returns (possibly later
+    /// than the work itself: never earlier), and also if it unwinds, so that work it enqueued before a panic is
+    /// still waited for.
+    pub(crate) fn declared<R>(
+        &self,
+        uses: &mut [(&Track, Access)],
+        enqueue: impl FnOnce() -> R,
+    ) -> Result<R> {
+        let _gate = self.context().enqueue_gate();
+        {
+            let mut locked = lock_uses(uses);
+            for (tracker, access) in &mut locked {
+                tracker.prepare(&Gpu, self, *access)?;
+            }
+            // The crate's earlier work on this stream keeps an event of its own, not delayed by what follows.
+            self.close_segment()?;
+        }
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(enqueue));
+        {
+            let mut locked = lock_uses(uses);
+            let segment = self.segment();
+            let mark = segment.mark();
+            for (tracker, access) in &mut locked {
+                tracker.record_use(self, &mark, *access);
+            }
+        }
+        match ran {
+            Ok(value) => Ok(value),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
     }
 }
