@@ -59,6 +59,9 @@ impl Stream {
     /// An invalid-argument error for cudarc's default (null) stream, or a stream of a context that is not the
     /// device's primary context; the driver's, from retaining the primary context.
     ///
+    /// When the last of the crate's handles drops, so does its reference to cudarc's stream; where that was the
+    /// last reference, cudarc destroys the stream and makes its context current on the dropping thread.
+    ///
     /// # Safety
     /// The stream must not be captured into a graph (cudarc's `begin_capture`) while the returned handle, a
     /// clone of it, or a buffer with work recorded on it lives: captured work leaves the stream, and the crate
