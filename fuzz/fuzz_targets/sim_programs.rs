@@ -139,7 +139,7 @@ fn size(r: &mut Reader) -> Option<usize> {
 }
 
 fn op(r: &mut Reader) -> Op {
-    match r.byte() % 14 {
+    match r.byte() % 15 {
         0 => Op::Upload {
             stream: stream(r),
             from: pinned(r),
@@ -190,6 +190,13 @@ fn op(r: &mut Reader) -> Op {
         11 => Op::TryHostWrite {
             index: pinned(r),
             pick: pick(r),
+        },
+        14 => Op::Launch {
+            stream: stream(r),
+            from: device(r),
+            step: 1 + usize::from(r.byte()) % (DEVICE_BUFFERS - 1),
+            pick: pick(r),
+            add: r.u32_le(),
         },
         12 => {
             let (stream, index, size, flags) = (stream(r), device(r), size(r), r.byte());

@@ -17,3 +17,11 @@ extern "C" __global__ void fill_u32(unsigned* out, unsigned value, unsigned n) {
         out[i] = value;
     }
 }
+
+// y[i] = x[i] + add (wrapping) for i < n: the random programs' kernel (tests/common/program.rs).
+extern "C" __global__ void add_u32(const unsigned* x, unsigned* y, unsigned add, unsigned n) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        y[i] = x[i] + add;
+    }
+}

@@ -48,6 +48,9 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(stream, from, pick)| Op::DownloadPageable { stream, from, pick }),
         3 => (stream.clone(), device.clone(), pick)
             .prop_map(|(stream, to, pick)| Op::Fill { stream, to, pick }),
+        3 => (stream.clone(), device.clone(), step.clone(), pick, any::<u32>()).prop_map(
+            |(stream, from, step, pick, add)| Op::Launch { stream, from, step, pick, add }
+        ),
         7 => (stream.clone(), 1..=MAX_SPIN_US)
             .prop_map(|(stream, micros)| Op::Spin { stream, micros }),
         1 => (stream.clone(), 1..MAX_STREAMS)

@@ -16,48 +16,14 @@ use cuda_pinned::{
     Use,
 };
 
-/// The test kernels' image: the fatbin build.rs compiled, or on the simulated driver any image (the
-/// kernels are the stand-ins registered in [`setup`]).
-#[cfg(feature = "gpu")]
-const IMAGE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/test_kernels.fatbin"));
-#[cfg(not(feature = "gpu"))]
-const IMAGE: &[u8] = b"// the simulated driver runs the stand-ins registered by the tests\n";
-
 const N: usize = 1 << 16;
 
-/// One test at a time; on the simulated driver, two devices and the stand-ins of `cuda/test_kernels.cu`.
+/// One test at a time; on the simulated driver, two devices.
 fn setup() -> Serial {
     #[cfg(not(feature = "gpu"))]
     {
-        use std::sync::Once;
-        static STAND_INS: Once = Once::new();
-        STAND_INS.call_once(|| {
-            let sim = cuda_pinned_sim::install_with(cuda_pinned_sim::Settings::new().devices(2))
-                .unwrap_or_else(|e| panic!("{e}"));
-            // The threads a launch runs: a kernel touches only elements below it.
-            fn threads(call: &cuda_pinned_sim::KernelCall<'_>) -> usize {
-                let (g, b) = (call.grid(), call.block());
-                (g.iter().chain(&b)).map(|&d| d as usize).product()
-            }
-            sim.register_kernel("scale", &[8, 8, 4, 4], |call| {
-                let (x, y, a, n) = (
-                    call.arg::<u64>(0),
-                    call.arg::<u64>(1),
-                    call.arg::<f32>(2),
-                    call.arg::<u32>(3),
-                );
-                let n = (n as usize).min(threads(call));
-                let scaled: Vec<f32> = call.read::<f32>(x, n).iter().map(|v| a * v).collect();
-                call.write(y, &scaled);
-            })
-            .unwrap();
-            sim.register_kernel("fill_u32", &[8, 4, 4], |call| {
-                let (out, value, n) = (call.arg::<u64>(0), call.arg::<u32>(1), call.arg::<u32>(2));
-                let n = (n as usize).min(threads(call));
-                call.write(out, &vec![value; n]);
-            })
-            .unwrap();
-        });
+        cuda_pinned_sim::install_with(cuda_pinned_sim::Settings::new().devices(2))
+            .unwrap_or_else(|e| panic!("{e}"));
     }
     serial()
 }
@@ -66,14 +32,8 @@ fn context() -> Context {
     Context::on(0).expect("device 0")
 }
 
-/// The test kernels' module: the fatbin, or on the simulated driver a text image.
 fn module(context: &Context) -> Module {
-    #[cfg(feature = "gpu")]
-    // SAFETY: the fatbin nvcc wrote, whole.
-    let module = unsafe { Module::load_binary(context, IMAGE) };
-    #[cfg(not(feature = "gpu"))]
-    let module = Module::load(context, IMAGE);
-    module.unwrap()
+    common::test_kernels(context)
 }
 
 fn kernel(context: &Context, name: &str) -> Kernel {

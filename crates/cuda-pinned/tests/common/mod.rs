@@ -255,6 +255,70 @@ impl NoSimulator {
     }
 }
 
+/// The tests' user module, `cuda/test_kernels.cu`: on a GPU the fatbin build.rs compiled; on the simulated
+/// driver a text image, with Rust stand-ins of its kernels registered (once) under their names.
+pub fn test_kernels(context: &cuda_pinned::Context) -> cuda_pinned::Module {
+    #[cfg(feature = "gpu")]
+    {
+        const FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/test_kernels.fatbin"));
+        // SAFETY: the whole fatbin nvcc wrote.
+        unsafe { cuda_pinned::Module::load_binary(context, FATBIN) }.expect("the test kernels load")
+    }
+    #[cfg(not(feature = "gpu"))]
+    {
+        static STAND_INS: Once = Once::new();
+        STAND_INS.call_once(register_stand_ins);
+        cuda_pinned::Module::load(context, b"// stand-ins of cuda/test_kernels.cu\n")
+            .expect("the test kernels load")
+    }
+}
+
+/// The stand-ins of `cuda/test_kernels.cu`, each touching only elements below its grid's thread count.
+#[cfg(not(feature = "gpu"))]
+fn register_stand_ins() {
+    use cuda_pinned_sim::KernelCall;
+    let sim = sim().expect("the simulated driver");
+    fn threads(call: &KernelCall<'_>) -> usize {
+        (call.grid().iter().chain(&call.block()))
+            .map(|&d| d as usize)
+            .fold(1usize, usize::saturating_mul)
+    }
+    sim.register_kernel("scale", &[8, 8, 4, 4], |call| {
+        let (x, y, a, n) = (
+            call.arg::<u64>(0),
+            call.arg::<u64>(1),
+            call.arg::<f32>(2),
+            call.arg::<u32>(3),
+        );
+        let n = (n as usize).min(threads(call));
+        let scaled: Vec<f32> = call.read::<f32>(x, n).iter().map(|v| a * v).collect();
+        call.write(y, &scaled);
+    })
+    .unwrap();
+    sim.register_kernel("fill_u32", &[8, 4, 4], |call| {
+        let (out, value, n) = (call.arg::<u64>(0), call.arg::<u32>(1), call.arg::<u32>(2));
+        let n = (n as usize).min(threads(call));
+        call.write(out, &vec![value; n]);
+    })
+    .unwrap();
+    sim.register_kernel("add_u32", &[8, 8, 4, 4], |call| {
+        let (x, y, add, n) = (
+            call.arg::<u64>(0),
+            call.arg::<u64>(1),
+            call.arg::<u32>(2),
+            call.arg::<u32>(3),
+        );
+        let n = (n as usize).min(threads(call));
+        let sums: Vec<u32> = call
+            .read::<u32>(x, n)
+            .iter()
+            .map(|v| v.wrapping_add(add))
+            .collect();
+        call.write(y, &sums);
+    })
+    .unwrap();
+}
+
 /// Keeps `stream` busy for `ms` milliseconds: work queued behind it waits, so a missing wait shows. On a GPU
 /// a kernel spins; on the simulated driver a host function sleeps. Enqueued through [`Stream::profile`], as a
 /// user's kernel is, so that the crate knows of it (and a ledger times it as a kernel named `spin`).

@@ -17,7 +17,7 @@ use crate::common::kernels;
 use crate::common::{SplitMix64, compare};
 #[cfg(feature = "gpu")]
 use cuda_pinned::kernels;
-use cuda_pinned::{Context, DeviceBuffer, Event, Pinned, Stream};
+use cuda_pinned::{Arg, Context, DeviceBuffer, Event, LaunchConfig, Pinned, Stream};
 
 /// Lengths of buffers, in `u32` elements: odd ones, one past a power of two, and 4 MiB.
 pub const SIZES: [usize; 5] = [1, 7, 4096, 65_537, 1 << 20];
@@ -175,6 +175,15 @@ pub enum Op {
     },
     /// `kernels::fill(stream, device[to], fresh value)`.
     Fill { stream: usize, to: usize, pick: u64 },
+    /// `stream.launch(add_u32, device[from] read, device[(from + step) % 4] written, add)`: a user's kernel,
+    /// `y[i] = x[i] + add`.
+    Launch {
+        stream: usize,
+        from: usize,
+        step: usize,
+        pick: u64,
+        add: u32,
+    },
     /// `kernels::spin(stream, micros)`: holds back what follows on the stream.
     Spin { stream: usize, micros: u64 },
     /// An event recorded on one stream and waited for by another: extra ordering, harmless.
@@ -240,6 +249,8 @@ struct Run<'a> {
     pinned_model: Vec<Vec<u32>>,
     rng: SplitMix64,
     log: Vec<String>,
+    /// `add_u32` of the tests' user module (`cuda/test_kernels.cu`).
+    add: cuda_pinned::Kernel,
 }
 
 impl Run<'_> {
@@ -314,6 +325,53 @@ impl Run<'_> {
                 }))?;
                 let moved = self.device_model[from][sp.src].to_vec();
                 self.device_model[to][sp.dst].copy_from_slice(&moved);
+            }
+            Op::Launch {
+                stream,
+                from,
+                step,
+                pick,
+                add,
+            } => {
+                let to = (from + step) % DEVICE_BUFFERS;
+                let s = &self.streams[stream % n];
+                let [src, dst] = self
+                    .device
+                    .get_disjoint_mut([from, to])
+                    .expect("distinct indices");
+                let sp = span(pick, src.len(), dst.len());
+                self.log.push(format!(
+                    "s{} launch add_u32({}, {}, {add})",
+                    stream % n,
+                    operand('d', from, sp.src_shape, &sp.src),
+                    operand('d', to, sp.dst_shape, &sp.dst)
+                ));
+                let count = sp.src.len();
+                let (config, n) = (gpu(LaunchConfig::for_elements(count, 256))?, count as u32);
+                let kernel = &self.add;
+                gpu(as_source!(sp.src_shape, src, sp.src.clone(), |x| {
+                    as_destination!(sp.dst_shape, dst, sp.dst.clone(), |y| {
+                        // SAFETY: add_u32(const unsigned*, unsigned*, unsigned, unsigned) reads x[..n] and
+                        // writes y[..n], the two spans of `count` elements.
+                        unsafe {
+                            s.launch(
+                                kernel,
+                                config,
+                                &[
+                                    Arg::read(x),
+                                    Arg::write(y),
+                                    Arg::value(&add),
+                                    Arg::value(&n),
+                                ],
+                            )
+                        }
+                    })
+                }))?;
+                let sums: Vec<u32> = self.device_model[from][sp.src]
+                    .iter()
+                    .map(|v| v.wrapping_add(add))
+                    .collect();
+                self.device_model[to][sp.dst].copy_from_slice(&sums);
             }
             Op::UploadPageable { stream, to, pick } => {
                 let s = &self.streams[stream % n];
@@ -533,6 +591,7 @@ pub fn run_program(ctx: &Context, program: &Program) -> Result<(), String> {
         pinned_model: Vec::new(),
         rng: SplitMix64(0),
         log: Vec::new(),
+        add: gpu(crate::common::test_kernels(ctx).kernel("add_u32"))?,
     };
     for i in 0..DEVICE_BUFFERS {
         let len = program.len_of(i);
