@@ -652,15 +652,27 @@ impl Stream {
         args: &[Arg<'_>],
     ) -> Result<()> {
         self.check_launch(kernel, &config, args)?;
-        let mut uses: Vec<(&Track, Access)> = Vec::with_capacity(args.len() + 1);
-        uses.push((&kernel.module.0.track, Access::Read));
+        // The uses and the parameters live on the stack for launches of up to INLINE arguments (nearly all), on
+        // the heap beyond: a launch costs the host little more than the driver's call.
+        const INLINE: usize = 16;
+        let module = (&kernel.module.0.track, Access::Read);
+        let (mut inline_uses, mut heap_uses) = ([module; INLINE + 1], Vec::new());
+        let uses: &mut [(&Track, Access)] = if args.len() <= INLINE {
+            &mut inline_uses[..=args.len()]
+        } else {
+            heap_uses.resize(args.len() + 1, module);
+            &mut heap_uses
+        };
+        let mut count = 1;
         let mut host = 0;
         for arg in args {
             if let ArgKind::Memory(used) = &arg.0 {
-                uses.push((used.track, used.access));
+                uses[count] = (used.track, used.access);
+                count += 1;
                 host += usize::from(matches!(used.place, Place::Host(_)));
             }
         }
+        let uses = &mut uses[..count];
         // Host memory's device address is looked up in the stream's context, into a vector that never grows
         // (the parameters point into it).
         let mut host_addresses = Vec::with_capacity(host);
@@ -683,9 +695,15 @@ impl Stream {
         let mut next_host = host_addresses.iter();
         // Each parameter points at its value: a value argument's bytes, a device buffer's address inside its
         // `Arg`, a host buffer's looked-up address; all outlive the launch call.
-        let mut params: Vec<*mut c_void> = args
-            .iter()
-            .map(|arg| match &arg.0 {
+        let (mut inline_params, mut heap_params) = ([std::ptr::null_mut(); INLINE], Vec::new());
+        let params: &mut [*mut c_void] = if args.len() <= INLINE {
+            &mut inline_params[..args.len()]
+        } else {
+            heap_params.resize(args.len(), std::ptr::null_mut());
+            &mut heap_params
+        };
+        for (param, arg) in params.iter_mut().zip(args) {
+            *param = match &arg.0 {
                 ArgKind::Value(bytes) => bytes.as_ptr().cast_mut().cast(),
                 ArgKind::Memory(Use {
                     place: Place::Device(address, _),
@@ -695,10 +713,10 @@ impl Stream {
                     let address = next_host.next().expect("one address per host buffer");
                     std::ptr::from_ref(address).cast_mut().cast()
                 }
-            })
-            .collect();
+            };
+        }
         let work = Work::Timed(Category::Kernel, "kernel", 0);
-        self.tracked_uses(work, &mut uses, || {
+        self.tracked_uses(work, uses, || {
             // SAFETY: one pointer per parameter, each to a value of its size (checked against the driver's
             // parameter info where it has it) that outlives the call; the kernel's types and footprint are the
             // caller's promise; the trackers ordered the launch after conflicting work and keep its buffers
@@ -710,7 +728,7 @@ impl Stream {
                     config.block,
                     config.shared_memory,
                     self.as_raw(),
-                    &mut params,
+                    params,
                 )
             }
         })

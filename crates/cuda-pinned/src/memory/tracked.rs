@@ -140,7 +140,17 @@ impl Stream {
 /// views, it counts as written if any use writes it): two threads locking the same trackers cannot deadlock, and
 /// every tracker of a write is borrowed exclusively, so no other thread holds its lock. Sorts `uses` in place.
 fn lock_uses<'t>(uses: &mut [(&'t Track, Access)]) -> Vec<(MutexGuard<'t, GpuTracker>, Access)> {
-    uses.sort_unstable_by_key(|&(track, _)| std::ptr::from_ref(track) as usize);
+    // Usually a few elements: insertion sort, without the general sort's set-up.
+    if uses.len() > 16 {
+        uses.sort_unstable_by_key(|&(track, _)| std::ptr::from_ref(track) as usize);
+    }
+    for i in 1..uses.len() {
+        let mut j = i;
+        while j > 0 && (uses[j - 1].0 as *const Track) > (uses[j].0 as *const Track) {
+            uses.swap(j - 1, j);
+            j -= 1;
+        }
+    }
     let mut locked = Vec::with_capacity(uses.len());
     for (i, &(track, access)) in uses.iter().enumerate() {
         if i > 0 && std::ptr::eq(uses[i - 1].0, track) {
