@@ -655,7 +655,12 @@ impl Stream {
         // The uses and the parameters live on the stack for launches of up to INLINE arguments (nearly all), on
         // the heap beyond: a launch costs the host little more than the driver's call.
         const INLINE: usize = 16;
+        // The module is unloaded on the release thread, once the device is idle: no kernel of it runs then on a
+        // stream the crate made, which the thread sees until its work is done even after its last handle drops.
+        // A stream of other code's is seen only while a handle lives, so a launch there records a read of the
+        // module, whose tracker then keeps the handle until the kernel has run.
         let module = (&kernel.module.0.track, Access::Read);
+        let first = usize::from(!self.is_owned());
         let (mut inline_uses, mut heap_uses) = ([module; INLINE + 1], Vec::new());
         let uses: &mut [(&Track, Access)] = if args.len() <= INLINE {
             &mut inline_uses[..=args.len()]
@@ -663,7 +668,7 @@ impl Stream {
             heap_uses.resize(args.len() + 1, module);
             &mut heap_uses
         };
-        let mut count = 1;
+        let mut count = first;
         let mut host = 0;
         for arg in args {
             if let ArgKind::Memory(used) = &arg.0 {

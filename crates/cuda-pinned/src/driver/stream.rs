@@ -246,6 +246,12 @@ impl Stream {
         }))
     }
 
+    /// Whether the crate created the stream: it stays visible to the release thread until its work is done,
+    /// even after its last handle drops (see [`Context::retire_stream`]).
+    pub(crate) fn is_owned(&self) -> bool {
+        self.0.owned
+    }
+
     /// The driver's handle, valid while any clone of this stream lives.
     #[must_use]
     pub fn as_raw(&self) -> CUstream {

@@ -139,9 +139,9 @@ impl Stream {
 /// Locks the trackers of `uses` in address order, one per allocation (where one appears several times, through
 /// views, it counts as written if any use writes it): two threads locking the same trackers cannot deadlock, and
 /// every tracker of a write is borrowed exclusively, so no other thread holds its lock. Sorts `uses` in place.
-fn lock_uses<'t>(uses: &mut [(&'t Track, Access)]) -> Vec<(MutexGuard<'t, GpuTracker>, Access)> {
+fn lock_uses<'t>(uses: &mut [(&'t Track, Access)]) -> Locked<'t> {
     // Usually a few elements: insertion sort, without the general sort's set-up.
-    if uses.len() > 16 {
+    if uses.len() > INLINE {
         uses.sort_unstable_by_key(|&(track, _)| std::ptr::from_ref(track) as usize);
     }
     for i in 1..uses.len() {
@@ -151,7 +151,11 @@ fn lock_uses<'t>(uses: &mut [(&'t Track, Access)]) -> Vec<(MutexGuard<'t, GpuTra
             j -= 1;
         }
     }
-    let mut locked = Vec::with_capacity(uses.len());
+    let mut locked = if uses.len() <= INLINE {
+        Locked::Inline(Default::default())
+    } else {
+        Locked::Heap(Vec::new())
+    };
     for (i, &(track, access)) in uses.iter().enumerate() {
         if i > 0 && std::ptr::eq(uses[i - 1].0, track) {
             continue;
@@ -160,9 +164,36 @@ fn lock_uses<'t>(uses: &mut [(&'t Track, Access)]) -> Vec<(MutexGuard<'t, GpuTra
             .iter()
             .take_while(|(t, _)| std::ptr::eq(*t, track))
             .any(|&(_, a)| a == Access::Write);
-        locked.push((lock(track), if written { Access::Write } else { access }));
+        let entry = (lock(track), if written { Access::Write } else { access });
+        match &mut locked {
+            Locked::Inline(slots) => slots[i] = Some(entry),
+            Locked::Heap(list) => list.push(Some(entry)),
+        }
     }
     locked
+}
+
+/// How many trackers [`lock_uses`] holds without allocating.
+const INLINE: usize = 16;
+
+/// The trackers [`lock_uses`] locked, each with how the work uses it: on the stack for up to [`INLINE`].
+#[allow(
+    clippy::large_enum_variant,
+    reason = "on the stack on purpose: one short-lived value per enqueue, which must not allocate"
+)]
+enum Locked<'t> {
+    Inline([Option<(MutexGuard<'t, GpuTracker>, Access)>; INLINE]),
+    Heap(Vec<Option<(MutexGuard<'t, GpuTracker>, Access)>>),
+}
+
+impl<'t> Locked<'t> {
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut (MutexGuard<'t, GpuTracker>, Access)> {
+        let slots: &mut [Option<_>] = match self {
+            Locked::Inline(slots) => slots,
+            Locked::Heap(list) => list,
+        };
+        slots.iter_mut().flatten()
+    }
 }
 
 impl Stream {
@@ -176,12 +207,12 @@ impl Stream {
     ) -> Result<R> {
         let _gate = self.context().enqueue_gate();
         let mut locked = lock_uses(uses);
-        for (tracker, access) in &mut locked {
+        for (tracker, access) in locked.iter_mut() {
             tracker.prepare(&Gpu, self, *access)?;
         }
         let segment = self.begin(|current| {
             locked
-                .iter()
+                .iter_mut()
                 .map(|(tracker, access)| tracker.replaced_at(self, current, *access))
                 .sum()
         })?;
@@ -191,7 +222,7 @@ impl Stream {
             Work::Untimed => enqueue(),
         };
         let mark = segment.mark();
-        for (tracker, access) in &mut locked {
+        for (tracker, access) in locked.iter_mut() {
             tracker.record_use(self, &mark, *access);
         }
         enqueued
@@ -212,7 +243,7 @@ impl Stream {
         let _gate = self.context().enqueue_gate();
         {
             let mut locked = lock_uses(uses);
-            for (tracker, access) in &mut locked {
+            for (tracker, access) in locked.iter_mut() {
                 tracker.prepare(&Gpu, self, *access)?;
             }
             // The crate's earlier work on this stream keeps an event of its own, not delayed by what follows.
@@ -223,7 +254,7 @@ impl Stream {
             let mut locked = lock_uses(uses);
             let segment = self.segment();
             let mark = segment.mark();
-            for (tracker, access) in &mut locked {
+            for (tracker, access) in locked.iter_mut() {
                 tracker.record_use(self, &mark, *access);
             }
         }
