@@ -402,34 +402,12 @@ mod tests {
         "kernel_launch_verified",
     ];
 
-    /// Keys that `docs/bench/h100.json` may lack, by the path of their object: the run it holds predates the
-    /// kernel-launch figures. Where the file has them, they are compared like any other.
-    const NEWER_THAN_THE_H100_RUN: [(&str, &[&str]); 1] = [(
-        "document.enqueue",
-        &[
-            "kernel_launch_raw_seconds",
-            "kernel_launch_seconds",
-            "kernel_launch_ratio_to_raw",
-            "kernel_launch_over_raw_seconds",
-            "kernel_launch_verified",
-        ],
-    )];
-
-    /// Asserts that every object in `ours` has the keys of the object at the same place in `theirs` (and no others
-    /// but those of [`NEWER_THAN_THE_H100_RUN`] that `theirs` lacks), descending into objects and into the first
-    /// element of arrays (the elements of an array share one shape).
+    /// Asserts that every object in `ours` has the keys of the object at the same place in `theirs`, and no others,
+    /// descending into objects and into the first element of arrays (the elements of an array share one shape).
     fn same_shape(ours: &Value, theirs: &Value, at: &str) {
         match (ours, theirs) {
             (Value::Object(a), Value::Object(b)) => {
-                let newer: &[&str] = NEWER_THAN_THE_H100_RUN
-                    .iter()
-                    .find(|(path, _)| *path == at)
-                    .map_or(&[], |(_, keys)| keys);
-                let expected: Vec<&str> = keys(ours)
-                    .into_iter()
-                    .filter(|key| b.contains_key(*key) || !newer.contains(key))
-                    .collect();
-                assert_eq!(expected, keys(theirs), "keys of {at}");
+                assert_eq!(keys(ours), keys(theirs), "keys of {at}");
                 for (key, value) in a {
                     if let Some(theirs) = b.get(key) {
                         same_shape(value, theirs, &format!("{at}.{key}"));
