@@ -354,7 +354,7 @@ impl Context {
     }
 
     /// Holds the gate of `device` (see [`Context::enqueue_gate`]) for writing, if the crate has made a context
-    /// on it and the gate is free within about a millisecond (`None` otherwise): no work of the crate is being
+    /// on it and the gate comes free within 20 ms (`None` otherwise): no work of the crate is being
     /// enqueued on the device until the guard drops. The calling thread
     /// counts as holding a gate meanwhile, so that what it does under the guard (dropping a stream's last
     /// handle, say) does not try to take it for reading, which would never end.
@@ -365,17 +365,21 @@ impl Context {
             .map(|d| d.gate)?;
         // Never queued as a waiting writer: std's RwLock lets no new reader in while a writer waits, so a
         // thread enqueueing inside a user's closure (which holds the gate for reading) and waiting for another
-        // thread's enqueue would hang. Readers hold the gate for an enqueue's length; a few tries over about a
-        // millisecond find it free unless the device is busy, and the caller tries again in its next round.
+        // thread's enqueue would hang. Readers hold the gate for an enqueue's length: polled for up to 20 ms
+        // (the release thread's own time), it is free unless a user's closure holds it, and the caller tries
+        // again in its next round.
+        const PATIENCE: std::time::Duration = std::time::Duration::from_millis(20);
         let started = std::time::Instant::now();
         let write = loop {
             match gate.try_write() {
                 Ok(write) => break write,
                 Err(std::sync::TryLockError::Poisoned(poisoned)) => break poisoned.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock)
-                    if started.elapsed() < std::time::Duration::from_millis(1) =>
-                {
-                    std::thread::yield_now();
+                Err(std::sync::TryLockError::WouldBlock) if started.elapsed() < PATIENCE => {
+                    if started.elapsed() < std::time::Duration::from_micros(100) {
+                        std::thread::yield_now();
+                    } else {
+                        std::thread::sleep(std::time::Duration::from_micros(20));
+                    }
                 }
                 Err(std::sync::TryLockError::WouldBlock) => return None,
             }
