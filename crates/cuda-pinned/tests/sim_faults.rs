@@ -18,8 +18,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use common::{LIMIT, Serial, bounded, serial, sim};
 use cuda_pinned::sys::CUdevice_attribute;
 use cuda_pinned::{
-    Arg, Context, Device, DeviceBuffer, Event, LaunchConfig, Ledger, Module, Pinned, PinnedPool,
-    Pinning, Prefetcher, Registered, Result, Stream, Use, WhenFull,
+    Arg, Context, Device, DeviceBuffer, Event, LaunchConfig, Ledger, Pinned, PinnedPool, Pinning,
+    Prefetcher, Registered, Result, Stream, Use, WhenFull,
 };
 
 /// Calls that release something: when one fails, its object stays.
@@ -409,8 +409,7 @@ fault_tests! {
         Ok(())
     };
     user_kernel_launches: |f| {
-        stand_ins();
-        let module = bounded!(Module::load(&f.ctx, b"// the stand-ins run"))?;
+        let module = bounded!(common::test_kernels(&f.ctx))?;
         let scale = bounded!(module.kernel("scale"))?;
         let want: Vec<f32> = common::data(1000, 5).into_iter().map(|v| (v % 100) as f32).collect();
         let host = bounded!(Pinned::from_slice(&f.ctx, &want))?;
@@ -451,29 +450,6 @@ fault_tests! {
         bounded!(drop((y, out)));
         Ok(())
     };
-}
-
-/// Registers the stand-in of `scale(const float* x, float* y, float a, unsigned n)`, once.
-fn stand_ins() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let sim = sim().expect("the simulated driver");
-        sim.register_kernel("scale", &[8, 8, 4, 4], |call| {
-            let (x, y, a, n) = (
-                call.arg::<u64>(0),
-                call.arg::<u64>(1),
-                call.arg::<f32>(2),
-                call.arg::<u32>(3),
-            );
-            let scaled: Vec<f32> = call
-                .read::<f32>(x, n as usize)
-                .iter()
-                .map(|v| a * v)
-                .collect();
-            call.write(y, &scaled);
-        })
-        .unwrap();
-    });
 }
 
 /// Set in the environment of the child process that `a_hung_call_aborts_the_process_naming_it` starts.

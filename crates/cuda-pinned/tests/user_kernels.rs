@@ -33,7 +33,7 @@ fn context() -> Context {
 }
 
 fn module(context: &Context) -> Module {
-    common::test_kernels(context)
+    common::test_kernels(context).unwrap()
 }
 
 fn kernel(context: &Context, name: &str) -> Kernel {
@@ -86,6 +86,39 @@ unsafe fn raw_scale(
     .unwrap();
 }
 
+/// `y = a * x` by `scale` on `stream`, launched with both buffers declared, or, for a control (`x_declared`
+/// false), through the raw handle with only `y` declared: the kernel may then read `x` out of order.
+fn launch_scale(
+    stream: &Stream,
+    scale: &Kernel,
+    x: &DeviceBuffer<f32>,
+    y: &mut DeviceBuffer<f32>,
+    a: f32,
+    x_declared: bool,
+) {
+    let n = u32::try_from(x.len()).unwrap();
+    if x_declared {
+        // SAFETY: scale(const float*, float*, float, unsigned) reads x[..n], writes y[..n].
+        unsafe {
+            stream.launch(
+                scale,
+                LaunchConfig::for_elements(x.len(), 256).unwrap(),
+                &[Arg::read(x), Arg::write(y), Arg::value(&a), Arg::value(&n)],
+            )
+        }
+        .unwrap();
+    } else {
+        let (xp, yp) = (x.as_raw(), y.as_raw());
+        // SAFETY: as above, with x's read undeclared (the control): live buffers of n floats each.
+        unsafe {
+            stream.enqueue_foreign(&[Use::write(y)], |raw| {
+                raw_scale(raw, scale, xp, yp, a, n);
+            })
+        }
+        .unwrap();
+    }
+}
+
 /// `x` uploaded on one stream behind 300 ms of other work, then `scale` launched on another stream reading
 /// it: with `declared`, the launch waits for the upload on the device and computes from the uploaded data.
 /// Returns what `y` holds and what it should.
@@ -101,35 +134,7 @@ fn kernel_after_an_upload_on_another_stream(declared: bool) -> (Vec<f32>, Vec<f3
     compute.synchronize().unwrap();
     spin(&upload, 300);
     upload.upload(&host, &mut x).unwrap();
-    let n = N as u32;
-    if declared {
-        // SAFETY: scale(const float*, float*, float, unsigned) reads x[..n], writes y[..n].
-        unsafe {
-            compute
-                .launch(
-                    &scale,
-                    LaunchConfig::for_elements(N, 256).unwrap(),
-                    &[
-                        Arg::read(&x),
-                        Arg::write(&mut y),
-                        Arg::value(&3.0f32),
-                        Arg::value(&n),
-                    ],
-                )
-                .unwrap();
-        }
-    } else {
-        let (xp, yp) = (x.as_raw(), y.as_raw());
-        // The control: `x` left out of the declaration.
-        // SAFETY: as above, but x's use undeclared: the kernel may read it before the upload.
-        unsafe {
-            compute
-                .enqueue_foreign(&[Use::write(&mut y)], |raw| {
-                    raw_scale(raw, &scale, xp, yp, 3.0, n)
-                })
-                .unwrap();
-        }
-    }
+    launch_scale(&compute, &scale, &x, &mut y, 3.0, declared);
     let mut out = Pinned::<f32>::zeroed(&ctx, N).unwrap();
     compute.download(&y, &mut out).unwrap();
     let got = out.as_slice().unwrap().to_vec();
@@ -174,32 +179,7 @@ fn upload_over_a_buffer_a_kernel_reads(declared: bool) -> (Vec<f32>, Vec<f32>) {
     b.synchronize().unwrap();
     let mut y = DeviceBuffer::<f32>::zeroed(&a, N).unwrap();
     spin(&a, 300);
-    let n = N as u32;
-    if declared {
-        // SAFETY: scale reads x[..n], writes y[..n].
-        unsafe {
-            a.launch(
-                &scale,
-                LaunchConfig::for_elements(N, 256).unwrap(),
-                &[
-                    Arg::read(&x),
-                    Arg::write(&mut y),
-                    Arg::value(&2.0f32),
-                    Arg::value(&n),
-                ],
-            )
-            .unwrap();
-        }
-    } else {
-        let (xp, yp) = (x.as_raw(), y.as_raw());
-        // SAFETY: as above, with x's read undeclared (the control).
-        unsafe {
-            a.enqueue_foreign(&[Use::write(&mut y)], |raw| {
-                raw_scale(raw, &scale, xp, yp, 2.0, n)
-            })
-            .unwrap();
-        }
-    }
+    launch_scale(&a, &scale, &x, &mut y, 2.0, declared);
     b.upload(&host2, &mut x).unwrap();
     let mut out = Pinned::<f32>::zeroed(&ctx, N).unwrap();
     a.download(&y, &mut out).unwrap();
@@ -350,32 +330,7 @@ fn drop_while_a_kernel_reads(
     b.synchronize().unwrap();
     let mut y = DeviceBuffer::<f32>::zeroed(&a, N).unwrap();
     spin(&a, 300);
-    let n = N as u32;
-    if declared {
-        // SAFETY: scale reads x[..n], writes y[..n].
-        unsafe {
-            a.launch(
-                &scale,
-                LaunchConfig::for_elements(N, 256).unwrap(),
-                &[
-                    Arg::read(&x),
-                    Arg::write(&mut y),
-                    Arg::value(&2.0f32),
-                    Arg::value(&n),
-                ],
-            )
-            .unwrap();
-        }
-    } else {
-        let (xp, yp) = (x.as_raw(), y.as_raw());
-        // SAFETY: as above, with x's read undeclared (the control).
-        unsafe {
-            a.enqueue_foreign(&[Use::write(&mut y)], |raw| {
-                raw_scale(raw, &scale, xp, yp, 2.0, n)
-            })
-            .unwrap();
-        }
-    }
+    launch_scale(&a, &scale, &x, &mut y, 2.0, declared);
     drop(x);
     if common::SIMULATED && !declared {
         // The simulated driver reports the early free (and the kernel's read of freed memory) as violations,

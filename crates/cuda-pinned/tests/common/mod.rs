@@ -257,19 +257,18 @@ impl NoSimulator {
 
 /// The tests' user module, `cuda/test_kernels.cu`: on a GPU the fatbin build.rs compiled; on the simulated
 /// driver a text image, with Rust stand-ins of its kernels registered (once) under their names.
-pub fn test_kernels(context: &cuda_pinned::Context) -> cuda_pinned::Module {
+pub fn test_kernels(context: &cuda_pinned::Context) -> cuda_pinned::Result<cuda_pinned::Module> {
     #[cfg(feature = "gpu")]
     {
         const FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/test_kernels.fatbin"));
         // SAFETY: the whole fatbin nvcc wrote.
-        unsafe { cuda_pinned::Module::load_binary(context, FATBIN) }.expect("the test kernels load")
+        unsafe { cuda_pinned::Module::load_binary(context, FATBIN) }
     }
     #[cfg(not(feature = "gpu"))]
     {
         static STAND_INS: Once = Once::new();
         STAND_INS.call_once(register_stand_ins);
         cuda_pinned::Module::load(context, b"// stand-ins of cuda/test_kernels.cu\n")
-            .expect("the test kernels load")
     }
 }
 

@@ -591,7 +591,7 @@ pub fn run_program(ctx: &Context, program: &Program) -> Result<(), String> {
         pinned_model: Vec::new(),
         rng: SplitMix64(0),
         log: Vec::new(),
-        add: gpu(crate::common::test_kernels(ctx).kernel("add_u32"))?,
+        add: gpu(crate::common::test_kernels(ctx).and_then(|module| module.kernel("add_u32")))?,
     };
     for i in 0..DEVICE_BUFFERS {
         let len = program.len_of(i);
