@@ -25,3 +25,17 @@ extern "C" __global__ void add_u32(const unsigned* x, unsigned* y, unsigned add,
         y[i] = x[i] + add;
     }
 }
+
+// out[i] = the sum (wrapping) of a0[i] .. a16[i] for i < n: more buffers than a launch tracks on the stack.
+extern "C" __global__ void sum17_u32(const unsigned* a0, const unsigned* a1, const unsigned* a2,
+                                     const unsigned* a3, const unsigned* a4, const unsigned* a5,
+                                     const unsigned* a6, const unsigned* a7, const unsigned* a8,
+                                     const unsigned* a9, const unsigned* a10, const unsigned* a11,
+                                     const unsigned* a12, const unsigned* a13, const unsigned* a14,
+                                     const unsigned* a15, const unsigned* a16, unsigned* out, unsigned n) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        out[i] = a0[i] + a1[i] + a2[i] + a3[i] + a4[i] + a5[i] + a6[i] + a7[i] + a8[i] + a9[i] + a10[i] +
+                 a11[i] + a12[i] + a13[i] + a14[i] + a15[i] + a16[i];
+    }
+}

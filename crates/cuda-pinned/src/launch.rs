@@ -37,11 +37,12 @@ use std::fmt;
 use std::sync::Arc;
 
 use bytemuck::Pod;
+use smallvec::SmallVec;
 
 use crate::copy::{DeviceDestination, DeviceSource, PinnedDestination, PinnedSource, sealed};
 use crate::driver::{Category, Context, Stream, calls};
 use crate::error::{Error, Result};
-use crate::memory::{Track, Work, lock, release_host};
+use crate::memory::{INLINE, Track, Work, lock, release_host};
 use crate::sys::{
     CUdevice_attribute, CUdeviceptr, CUfunction, CUfunction_attribute, CUmodule, CUresult, CUstream,
 };
@@ -381,6 +382,25 @@ impl LaunchConfig {
     /// Checks the launch against the kernel's and device's limits.
     fn check(&self, kernel: &Kernel) -> Result<()> {
         let limits = &kernel.limits;
+        let within = |dims: [u32; 3], max: [u32; 3]| {
+            dims.iter().zip(max).all(|(&d, m)| (1..=m).contains(&d))
+        };
+        let threads = self.block.iter().map(|&d| u64::from(d)).product::<u64>();
+        if within(self.grid, limits.grid)
+            && within(self.block, limits.block)
+            && threads <= u64::from(limits.threads_per_block)
+            && self.shared_memory <= limits.dynamic_shared
+        {
+            return Ok(());
+        }
+        self.refuse(kernel)
+    }
+
+    /// What [`LaunchConfig::check`] found over a limit, as an error (or nothing, where a raised shared-memory
+    /// limit allows the launch after all).
+    #[cold]
+    fn refuse(&self, kernel: &Kernel) -> Result<()> {
+        let limits = &kernel.limits;
         let name = &kernel.name;
         let fail = |what: String| {
             Err(Error::invalid(format_args!(
@@ -652,54 +672,41 @@ impl Stream {
         args: &[Arg<'_>],
     ) -> Result<()> {
         self.check_launch(kernel, &config, args)?;
-        // The uses and the parameters live on the stack for launches of up to INLINE arguments (nearly all), on
-        // the heap beyond: a launch costs the host little more than the driver's call.
-        const INLINE: usize = 16;
         // The module is unloaded on the release thread, once the device is idle: no kernel of it runs then on a
         // stream the crate made, which the thread sees until its work is done even after its last handle drops.
         // A stream of other code's is seen only while a handle lives, so a launch there records a read of the
         // module, whose tracker then keeps the handle until the kernel has run.
-        let module = (&kernel.module.0.track, Access::Read);
-        let first = usize::from(!self.is_owned());
-        let (mut inline_uses, mut heap_uses) = ([module; INLINE + 1], Vec::new());
-        let uses: &mut [(&Track, Access)] = if args.len() <= INLINE {
-            &mut inline_uses[..=args.len()]
-        } else {
-            heap_uses.resize(args.len() + 1, module);
-            &mut heap_uses
-        };
-        let mut count = first;
+        let mut uses: SmallVec<[(&Track, Access); INLINE]> = SmallVec::new();
+        if !self.is_owned() {
+            uses.push((&kernel.module.0.track, Access::Read));
+        }
         let mut host = 0;
         for arg in args {
             if let ArgKind::Memory(used) = &arg.0 {
-                uses[count] = (used.track, used.access);
-                count += 1;
+                uses.push((used.track, used.access));
                 host += usize::from(matches!(used.place, Place::Host(_)));
             }
         }
-        let uses = &mut uses[..count];
-        // Host memory's device address is looked up in the stream's context, into a vector that never grows
-        // (the parameters point into it).
-        let mut host_addresses = Vec::with_capacity(host);
-        let _current = if host > 0 {
-            Some(self.context().enter()?)
-        } else {
-            None
-        };
-        for arg in args {
-            if let ArgKind::Memory(
-                used @ Use {
-                    place: Place::Host(_),
-                    ..
-                },
-            ) = &arg.0
-            {
-                host_addresses.push(used.address(&kernel.name)?);
+        // Host memory's device address is looked up in the stream's context, before any parameter points at
+        // it (the list does not move after).
+        let mut host_addresses: SmallVec<[CUdeviceptr; 4]> = SmallVec::new();
+        if host > 0 {
+            let _current = self.context().enter()?;
+            for arg in args {
+                if let ArgKind::Memory(
+                    used @ Use {
+                        place: Place::Host(_),
+                        ..
+                    },
+                ) = &arg.0
+                {
+                    host_addresses.push(used.address(&kernel.name)?);
+                }
             }
         }
-        let mut next_host = host_addresses.iter();
         // Each parameter points at its value: a value argument's bytes, a device buffer's address inside its
         // `Arg`, a host buffer's looked-up address; all outlive the launch call.
+        let mut next_host = host_addresses.iter();
         let (mut inline_params, mut heap_params) = ([std::ptr::null_mut(); INLINE], Vec::new());
         let params: &mut [*mut c_void] = if args.len() <= INLINE {
             &mut inline_params[..args.len()]
@@ -721,7 +728,7 @@ impl Stream {
             };
         }
         let work = Work::Timed(Category::Kernel, "kernel", 0);
-        self.tracked_uses(work, uses, || {
+        self.tracked_uses(work, &mut uses, || {
             // SAFETY: one pointer per parameter, each to a value of its size (checked against the driver's
             // parameter info where it has it) that outlives the call; the kernel's types and footprint are the
             // caller's promise; the trackers ordered the launch after conflicting work and keep its buffers
@@ -742,6 +749,33 @@ impl Stream {
 
     /// Checks a launch before anything is enqueued.
     fn check_launch(&self, kernel: &Kernel, config: &LaunchConfig, args: &[Arg<'_>]) -> Result<()> {
+        config.check(kernel)?;
+        let context = self.context();
+        let sizes_match = kernel.params.as_ref().is_none_or(|sizes| {
+            sizes.len() == args.len()
+                && args
+                    .iter()
+                    .zip(sizes)
+                    .all(|(arg, &size)| arg.size() == size)
+        });
+        let contexts_match = kernel.module.context() == context
+            && args.iter().all(|arg| match &arg.0 {
+                ArgKind::Value(_) => true,
+                ArgKind::Memory(used) => match used.place {
+                    Place::Device(_, owner) => owner == context,
+                    Place::Host(_) => true,
+                    Place::Module(_) => false,
+                },
+            });
+        if sizes_match && contexts_match {
+            return Ok(());
+        }
+        self.refuse_launch(kernel, args)
+    }
+
+    /// What [`Stream::check_launch`] found wrong, as an error.
+    #[cold]
+    fn refuse_launch(&self, kernel: &Kernel, args: &[Arg<'_>]) -> Result<()> {
         // Built only for a message: the happy path allocates nothing here.
         let what = || format!("launching `{}`", kernel.name);
         if kernel.module.context() != self.context() {
@@ -753,7 +787,6 @@ impl Stream {
                 self.context().device().ordinal()
             )));
         }
-        config.check(kernel)?;
         if let Some(params) = &kernel.params {
             if params.len() != args.len() {
                 return Err(Error::invalid(format_args!(
@@ -820,7 +853,8 @@ impl Stream {
         for used in uses {
             used.check_context(self, || "declaring other code's work".into())?;
         }
-        let mut tracks: Vec<(&Track, Access)> = uses.iter().map(|u| (u.track, u.access)).collect();
+        let mut tracks: SmallVec<[(&Track, Access); INLINE]> =
+            uses.iter().map(|u| (u.track, u.access)).collect();
         self.declared(&mut tracks, || enqueue(self.as_raw()))
             .map_err(|e| e.context("declaring other code's work"))
     }

@@ -162,6 +162,103 @@ fn control_a_kernel_whose_read_is_undeclared_runs_before_the_upload() {
     );
 }
 
+/// Sixteen buffers uploaded on one stream behind 300 ms of other work, then `sum17_u32` launched on another
+/// stream reading all of them (the first twice: 17 reads and a write, more buffers and parameters than a launch
+/// keeps on the stack). With `declared`, the launch waits for every upload on the device. Returns the sums and
+/// what they should be.
+fn many_buffers_after_uploads(declared: bool) -> (Vec<u32>, Vec<u32>) {
+    const LEN: usize = 1 << 12;
+    let ctx = context();
+    let (upload, compute) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let sum17 = kernel(&ctx, "sum17_u32");
+    let values: Vec<Vec<u32>> = (0..16).map(|seed| data(LEN, 100 + seed)).collect();
+    let hosts: Vec<Pinned<u32>> = values
+        .iter()
+        .map(|v| Pinned::from_slice(&ctx, v).unwrap())
+        .collect();
+    let mut inputs: Vec<DeviceBuffer<u32>> = (0..16)
+        .map(|_| DeviceBuffer::zeroed(&upload, LEN).unwrap())
+        .collect();
+    let mut out = DeviceBuffer::<u32>::zeroed(&compute, LEN).unwrap();
+    upload.synchronize().unwrap();
+    compute.synchronize().unwrap();
+    spin(&upload, 300);
+    for (host, input) in hosts.iter().zip(&mut inputs) {
+        upload.upload(host, input).unwrap();
+    }
+    let n = LEN as u32;
+    let config = LaunchConfig::for_elements(LEN, 256).unwrap();
+    if declared {
+        let mut args: Vec<Arg<'_>> = inputs.iter().map(Arg::read).collect();
+        args.push(Arg::read(&inputs[0]));
+        args.push(Arg::write(&mut out));
+        args.push(Arg::value(&n));
+        // SAFETY: sum17_u32 takes 17 `const unsigned*`, an `unsigned*` and an `unsigned`; it reads [..n] of each
+        // input (n elements each) and writes out[..n].
+        unsafe { compute.launch(&sum17, config, &args) }.unwrap();
+    } else {
+        let mut addresses: Vec<u64> = inputs.iter().map(DeviceBuffer::as_raw).collect();
+        addresses.push(inputs[0].as_raw());
+        addresses.push(out.as_raw());
+        let mut n = n;
+        // SAFETY: as above, launched through the raw handle with only `out` declared (the control).
+        unsafe {
+            compute.enqueue_foreign(&[Use::write(&mut out)], |raw| {
+                let mut params: Vec<*mut std::ffi::c_void> = addresses
+                    .iter_mut()
+                    .map(|a| (a as *mut u64).cast())
+                    .collect();
+                params.push((&raw mut n).cast());
+                cuda_pinned::driver_call!(cuLaunchKernel(
+                    sum17.as_raw(),
+                    u32::try_from(LEN.div_ceil(256)).unwrap(),
+                    1,
+                    1,
+                    256,
+                    1,
+                    1,
+                    0,
+                    raw,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                ))
+                .unwrap();
+            })
+        }
+        .unwrap();
+    }
+    let mut got = Pinned::<u32>::zeroed(&ctx, LEN).unwrap();
+    compute.download(&out, &mut got).unwrap();
+    let got = got.as_slice().unwrap().to_vec();
+    upload.synchronize().unwrap();
+    let want = (0..LEN)
+        .map(|i| {
+            values
+                .iter()
+                .fold(values[0][i], |sum, v| sum.wrapping_add(v[i]))
+        })
+        .collect();
+    (got, want)
+}
+
+#[test]
+fn a_kernel_of_many_buffers_waits_for_each_of_them() {
+    let _serial = setup();
+    let (got, want) = many_buffers_after_uploads(true);
+    assert!(got == want, "the kernel read inputs before their uploads");
+}
+
+#[test]
+fn control_a_kernel_of_many_undeclared_buffers_runs_before_the_uploads() {
+    let mut serial = setup();
+    let (got, want) = many_buffers_after_uploads(false);
+    assert!(
+        got != want,
+        "undeclared reads waited for the uploads: this control cannot show the rule"
+    );
+    serial.take_violations();
+}
+
 /// `scale` on stream `a`, behind 300 ms of other work, reading `x`; then an upload of other values into `x` on
 /// stream `b`: with `declared`, the upload waits for the kernel's read on the device. Returns what the kernel
 /// computed and what it should have (from the first values).

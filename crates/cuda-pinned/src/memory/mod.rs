@@ -21,7 +21,7 @@ pub use pool::{PinnedPool, Pinning, PoolBuilder, PoolStats, WhenFull};
 pub use registered::Registered;
 pub(crate) use release::release_host;
 pub use tracked::Track;
-pub(crate) use tracked::{Gpu, Work, lock};
+pub(crate) use tracked::{Gpu, INLINE, Work, lock};
 pub use view::{DeviceView, DeviceViewMut, PinnedView, PinnedViewMut};
 // The pure parts the fuzz targets reach through `crate::fuzzing`.
 #[cfg(any(test, fuzzing))]

@@ -4,6 +4,8 @@
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use smallvec::SmallVec;
+
 use crate::driver::calls;
 use crate::driver::marks::Mark;
 use crate::driver::{Category, Stream};
@@ -136,63 +138,46 @@ impl Stream {
     }
 }
 
-/// Locks the trackers of `uses` in address order, one per allocation (where one appears several times, through
-/// views, it counts as written if any use writes it): two threads locking the same trackers cannot deadlock, and
-/// every tracker of a write is borrowed exclusively, so no other thread holds its lock. Sorts `uses` in place.
-fn lock_uses<'t>(uses: &mut [(&'t Track, Access)]) -> Locked<'t> {
-    // Usually a few elements: insertion sort, without the general sort's set-up.
-    if uses.len() > INLINE {
-        uses.sort_unstable_by_key(|&(track, _)| std::ptr::from_ref(track) as usize);
-    }
-    for i in 1..uses.len() {
-        let mut j = i;
-        while j > 0 && (uses[j - 1].0 as *const Track) > (uses[j].0 as *const Track) {
-            uses.swap(j - 1, j);
-            j -= 1;
-        }
-    }
-    let mut locked = if uses.len() <= INLINE {
-        Locked::Inline(Default::default())
-    } else {
-        Locked::Heap(Vec::new())
-    };
-    for (i, &(track, access)) in uses.iter().enumerate() {
-        if i > 0 && std::ptr::eq(uses[i - 1].0, track) {
-            continue;
-        }
-        let written = uses[i..]
-            .iter()
-            .take_while(|(t, _)| std::ptr::eq(*t, track))
-            .any(|&(_, a)| a == Access::Write);
-        let entry = (lock(track), if written { Access::Write } else { access });
-        match &mut locked {
-            Locked::Inline(slots) => slots[i] = Some(entry),
-            Locked::Heap(list) => list.push(Some(entry)),
-        }
-    }
-    locked
-}
+/// How many buffers an enqueue tracks without allocating: nearly every one.
+pub(crate) const INLINE: usize = 16;
 
-/// How many trackers [`lock_uses`] holds without allocating.
-const INLINE: usize = 16;
-
-/// The trackers [`lock_uses`] locked, each with how the work uses it: on the stack for up to [`INLINE`].
-#[allow(
-    clippy::large_enum_variant,
-    reason = "on the stack on purpose: one short-lived value per enqueue, which must not allocate"
-)]
-enum Locked<'t> {
-    Inline([Option<(MutexGuard<'t, GpuTracker>, Access)>; INLINE]),
-    Heap(Vec<Option<(MutexGuard<'t, GpuTracker>, Access)>>),
-}
+/// The trackers of a piece of work's buffers, locked (see [`Locked::lock`]), each with how the work uses it.
+struct Locked<'t>(SmallVec<[(MutexGuard<'t, GpuTracker>, Access); INLINE]>);
 
 impl<'t> Locked<'t> {
+    /// Locks the trackers of `uses` (none locked yet) in address order, one per allocation (where one appears several times,
+    /// through views, it counts as written if any use writes it): two threads locking the same trackers cannot
+    /// deadlock, and every tracker of a write is borrowed exclusively, so no other thread holds its lock. Sorts
+    /// `uses` in place.
+    fn lock(&mut self, uses: &mut [(&'t Track, Access)]) {
+        let address = |track: &Track| std::ptr::from_ref(track) as usize;
+        if uses.len() > INLINE {
+            uses.sort_unstable_by_key(|&(track, _)| address(track));
+        } else {
+            // A few elements: insertion sort, without the general sort's set-up.
+            for i in 1..uses.len() {
+                let mut j = i;
+                while j > 0 && address(uses[j - 1].0) > address(uses[j].0) {
+                    uses.swap(j - 1, j);
+                    j -= 1;
+                }
+            }
+        }
+        for (i, &(track, access)) in uses.iter().enumerate() {
+            if i > 0 && std::ptr::eq(uses[i - 1].0, track) {
+                continue;
+            }
+            let written = uses[i..]
+                .iter()
+                .take_while(|(t, _)| std::ptr::eq(*t, track))
+                .any(|&(_, a)| a == Access::Write);
+            self.0
+                .push((lock(track), if written { Access::Write } else { access }));
+        }
+    }
+
     fn iter_mut(&mut self) -> impl Iterator<Item = &mut (MutexGuard<'t, GpuTracker>, Access)> {
-        let slots: &mut [Option<_>] = match self {
-            Locked::Inline(slots) => slots,
-            Locked::Heap(list) => list,
-        };
-        slots.iter_mut().flatten()
+        self.0.iter_mut()
     }
 }
 
@@ -206,7 +191,8 @@ impl Stream {
         enqueue: impl FnOnce() -> Result<R>,
     ) -> Result<R> {
         let _gate = self.context().enqueue_gate();
-        let mut locked = lock_uses(uses);
+        let mut locked = Locked(SmallVec::new());
+        locked.lock(uses);
         for (tracker, access) in locked.iter_mut() {
             tracker.prepare(&Gpu, self, *access)?;
         }
@@ -242,7 +228,8 @@ impl Stream {
     ) -> Result<R> {
         let _gate = self.context().enqueue_gate();
         {
-            let mut locked = lock_uses(uses);
+            let mut locked = Locked(SmallVec::new());
+            locked.lock(uses);
             for (tracker, access) in locked.iter_mut() {
                 tracker.prepare(&Gpu, self, *access)?;
             }
@@ -251,7 +238,8 @@ impl Stream {
         }
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(enqueue));
         {
-            let mut locked = lock_uses(uses);
+            let mut locked = Locked(SmallVec::new());
+            locked.lock(uses);
             let segment = self.segment();
             let mark = segment.mark();
             for (tracker, access) in locked.iter_mut() {

@@ -316,6 +316,20 @@ fn register_stand_ins() {
         call.write(y, &sums);
     })
     .unwrap();
+    let mut sizes = [8; 19];
+    sizes[18] = 4;
+    sim.register_kernel("sum17_u32", &sizes, |call| {
+        let n = (call.arg::<u32>(18) as usize).min(threads(call));
+        let mut sums = vec![0u32; n];
+        for input in 0..17 {
+            let values = call.read::<u32>(call.arg::<u64>(input), n);
+            for (sum, v) in sums.iter_mut().zip(values) {
+                *sum = sum.wrapping_add(v);
+            }
+        }
+        call.write(call.arg::<u64>(17), &sums);
+    })
+    .unwrap();
 }
 
 /// Keeps `stream` busy for `ms` milliseconds: work queued behind it waits, so a missing wait shows. On a GPU
