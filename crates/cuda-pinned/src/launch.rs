@@ -671,7 +671,18 @@ impl Stream {
         config: LaunchConfig,
         args: &[Arg<'_>],
     ) -> Result<()> {
-        self.check_launch(kernel, &config, args)?;
+        config.check(kernel)?;
+        let context = self.context();
+        let sizes = kernel.params.as_deref();
+        if sizes.is_some_and(|sizes| sizes.len() != args.len())
+            || kernel.module.context() != context
+        {
+            return Err(self.refuse_launch(kernel, args));
+        }
+        // One pass checks each argument, collects the buffers' uses and points each parameter at its value (a
+        // value argument's bytes, a device buffer's address inside its `Arg`); host buffers' addresses are
+        // looked up after. The uses and parameters stay on the stack for up to INLINE of each.
+        //
         // The module is unloaded on the release thread, once the device is idle: no kernel of it runs then on a
         // stream the crate made, which the thread sees until its work is done even after its last handle drops.
         // A stream of other code's is seen only while a handle lives, so a launch there records a read of the
@@ -680,18 +691,39 @@ impl Stream {
         if !self.is_owned() {
             uses.push((&kernel.module.0.track, Access::Read));
         }
+        let (mut inline_params, mut heap_params) = ([std::ptr::null_mut(); INLINE], Vec::new());
+        let params: &mut [*mut c_void] = if args.len() <= INLINE {
+            &mut inline_params[..args.len()]
+        } else {
+            heap_params.resize(args.len(), std::ptr::null_mut());
+            &mut heap_params
+        };
         let mut host = 0;
-        for arg in args {
-            if let ArgKind::Memory(used) = &arg.0 {
-                uses.push((used.track, used.access));
-                host += usize::from(matches!(used.place, Place::Host(_)));
+        for (index, (param, arg)) in params.iter_mut().zip(args).enumerate() {
+            if sizes.is_some_and(|sizes| sizes[index] != arg.size()) {
+                return Err(self.refuse_launch(kernel, args));
+            }
+            match &arg.0 {
+                ArgKind::Value(bytes) => *param = bytes.as_ptr().cast_mut().cast(),
+                ArgKind::Memory(used) => {
+                    match &used.place {
+                        Place::Device(address, owner) if *owner == context => {
+                            *param = std::ptr::from_ref(address).cast_mut().cast();
+                        }
+                        Place::Host(_) => host += 1,
+                        Place::Device(..) | Place::Module(_) => {
+                            return Err(self.refuse_launch(kernel, args));
+                        }
+                    }
+                    uses.push((used.track, used.access));
+                }
             }
         }
-        // Host memory's device address is looked up in the stream's context, before any parameter points at
-        // it (the list does not move after).
+        // Host memory's device address is looked up in the stream's context, into a list that does not move
+        // once the parameters point into it.
         let mut host_addresses: SmallVec<[CUdeviceptr; 4]> = SmallVec::new();
         if host > 0 {
-            let _current = self.context().enter()?;
+            let _current = context.enter()?;
             for arg in args {
                 if let ArgKind::Memory(
                     used @ Use {
@@ -703,29 +735,17 @@ impl Stream {
                     host_addresses.push(used.address(&kernel.name)?);
                 }
             }
-        }
-        // Each parameter points at its value: a value argument's bytes, a device buffer's address inside its
-        // `Arg`, a host buffer's looked-up address; all outlive the launch call.
-        let mut next_host = host_addresses.iter();
-        let (mut inline_params, mut heap_params) = ([std::ptr::null_mut(); INLINE], Vec::new());
-        let params: &mut [*mut c_void] = if args.len() <= INLINE {
-            &mut inline_params[..args.len()]
-        } else {
-            heap_params.resize(args.len(), std::ptr::null_mut());
-            &mut heap_params
-        };
-        for (param, arg) in params.iter_mut().zip(args) {
-            *param = match &arg.0 {
-                ArgKind::Value(bytes) => bytes.as_ptr().cast_mut().cast(),
-                ArgKind::Memory(Use {
-                    place: Place::Device(address, _),
+            let mut next = host_addresses.iter();
+            for (param, arg) in params.iter_mut().zip(args) {
+                if let ArgKind::Memory(Use {
+                    place: Place::Host(_),
                     ..
-                }) => std::ptr::from_ref(address).cast_mut().cast(),
-                ArgKind::Memory(_) => {
-                    let address = next_host.next().expect("one address per host buffer");
-                    std::ptr::from_ref(address).cast_mut().cast()
+                }) = &arg.0
+                {
+                    let address = next.next().expect("one address per host buffer");
+                    *param = std::ptr::from_ref(address).cast_mut().cast();
                 }
-            };
+            }
         }
         let work = Work::Timed(Category::Kernel, "kernel", 0);
         self.tracked_uses(work, &mut uses, || {
@@ -747,78 +767,57 @@ impl Stream {
         .map_err(|e| e.context(format_args!("launching `{}`", kernel.name)))
     }
 
-    /// Checks a launch before anything is enqueued.
-    fn check_launch(&self, kernel: &Kernel, config: &LaunchConfig, args: &[Arg<'_>]) -> Result<()> {
-        config.check(kernel)?;
-        let context = self.context();
-        let sizes_match = kernel.params.as_ref().is_none_or(|sizes| {
-            sizes.len() == args.len()
-                && args
-                    .iter()
-                    .zip(sizes)
-                    .all(|(arg, &size)| arg.size() == size)
-        });
-        let contexts_match = kernel.module.context() == context
-            && args.iter().all(|arg| match &arg.0 {
-                ArgKind::Value(_) => true,
-                ArgKind::Memory(used) => match used.place {
-                    Place::Device(_, owner) => owner == context,
-                    Place::Host(_) => true,
-                    Place::Module(_) => false,
-                },
-            });
-        if sizes_match && contexts_match {
-            return Ok(());
-        }
-        self.refuse_launch(kernel, args)
-    }
-
-    /// What [`Stream::check_launch`] found wrong, as an error.
+    /// What [`Stream::launch`] found wrong with its kernel or arguments, as an error.
     #[cold]
-    fn refuse_launch(&self, kernel: &Kernel, args: &[Arg<'_>]) -> Result<()> {
+    fn refuse_launch(&self, kernel: &Kernel, args: &[Arg<'_>]) -> Error {
         // Built only for a message: the happy path allocates nothing here.
         let what = || format!("launching `{}`", kernel.name);
         if kernel.module.context() != self.context() {
-            return Err(Error::invalid(format_args!(
+            return Error::invalid(format_args!(
                 "{}: the kernel's module is loaded on device {} and the stream is of device {}; load it \
                  into the stream's context; nothing was enqueued",
                 what(),
                 kernel.module.context().device().ordinal(),
                 self.context().device().ordinal()
-            )));
+            ));
         }
         if let Some(params) = &kernel.params {
             if params.len() != args.len() {
-                return Err(Error::invalid(format_args!(
+                return Error::invalid(format_args!(
                     "{}: {} arguments for {} parameters; nothing was enqueued",
                     what(),
                     args.len(),
                     params.len()
-                )));
+                ));
             }
             for (index, (arg, &size)) in args.iter().zip(params).enumerate() {
                 if arg.size() != size {
-                    return Err(Error::invalid(format_args!(
+                    return Error::invalid(format_args!(
                         "{}: argument {index} is {} bytes and the parameter {size}; nothing was enqueued",
                         what(),
                         arg.size()
-                    )));
+                    ));
                 }
             }
         }
         for (index, arg) in args.iter().enumerate() {
             if let ArgKind::Memory(used) = &arg.0 {
                 if let Place::Module(_) = used.place {
-                    return Err(Error::invalid(format_args!(
+                    return Error::invalid(format_args!(
                         "{}: argument {index} is a module, not a buffer (a launch of a kernel declares its module \
                          itself); nothing was enqueued",
                         what()
-                    )));
+                    ));
                 }
-                used.check_context(self, what)?;
+                if let Err(e) = used.check_context(self, what) {
+                    return e;
+                }
             }
         }
-        Ok(())
+        Error::invalid(format_args!(
+            "{}: the arguments do not match the kernel; nothing was enqueued",
+            what()
+        ))
     }
 
     /// Runs `enqueue`, which enqueues other code's work (a library call, a kernel launched through another
