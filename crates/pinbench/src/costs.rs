@@ -90,9 +90,9 @@ pub fn estimate_allocation(plan: &Plan) -> f64 {
 
 /// The estimated seconds of [`enqueue`].
 pub fn estimate_enqueue(plan: &Plan) -> f64 {
-    let calls = (ENQUEUE_WARMUP + plan.enqueue_samples) as f64 * ENQUEUE_BATCH as f64;
+    let calls = |samples: usize| (ENQUEUE_WARMUP + samples) as f64 * ENQUEUE_BATCH as f64;
     // The copies; then loading the kernel's module (the driver compiles its PTX) and the two launch figures.
-    0.01 + 3.0 * calls * 4e-6 + 0.05 + 2.0 * calls * 4e-6
+    0.01 + 3.0 * calls(plan.enqueue_samples) * 4e-6 + 0.05 + 2.0 * calls(plan.launch_samples) * 4e-6
 }
 
 /// Host time of allocating pinned memory, of pinning a `Vec` in place, and of `PinnedPool::alloc` warm (from
@@ -317,7 +317,12 @@ pub fn enqueue(bench: &mut Bench) -> Outcome<Enqueue> {
             )
         }
     };
-    let launches = in_turns(&context, samples, &mut [&mut raw_launch, &mut safe_launch])?;
+    let launch_samples = bench.plan.launch_samples;
+    let launches = in_turns(
+        &context,
+        launch_samples,
+        &mut [&mut raw_launch, &mut safe_launch],
+    )?;
     let mut out = Pinned::<f32>::zeroed(&context, elements)?;
     stream.download(&y, &mut out)?;
     let launch_verified = out
@@ -336,6 +341,7 @@ pub fn enqueue(bench: &mut Bench) -> Outcome<Enqueue> {
         samples,
         raw_launch: launches[0],
         launch: launches[1],
+        launch_samples,
         launch_verified,
     })
 }

@@ -176,6 +176,8 @@ struct EnqueueJson {
     kernel_launch_ratio_to_raw: f64,
     /// `Stream::launch`'s time less the raw launch's.
     kernel_launch_over_raw_seconds: f64,
+    /// Batches (of `batch` launches) the two launch medians are taken over, each way.
+    kernel_launch_samples: usize,
     /// Whether the kernel's output was as expected.
     kernel_launch_verified: bool,
 }
@@ -288,6 +290,7 @@ pub fn document<'a>(report: &'a Report, plot: Option<&'a str>) -> Document<'a> {
             kernel_launch_seconds: e.launch,
             kernel_launch_ratio_to_raw: e.launch / e.raw_launch,
             kernel_launch_over_raw_seconds: e.launch - e.raw_launch,
+            kernel_launch_samples: e.launch_samples,
             kernel_launch_verified: e.launch_verified,
         },
         overlap: report.overlap.as_ref().map_or(
@@ -385,7 +388,7 @@ mod tests {
     }
 
     /// The enqueue section's keys, in the order the document writes them.
-    const ENQUEUE_KEYS: [&str; 14] = [
+    const ENQUEUE_KEYS: [&str; 15] = [
         "bytes",
         "raw_seconds",
         "same_stream_seconds",
@@ -399,6 +402,7 @@ mod tests {
         "kernel_launch_seconds",
         "kernel_launch_ratio_to_raw",
         "kernel_launch_over_raw_seconds",
+        "kernel_launch_samples",
         "kernel_launch_verified",
     ];
 

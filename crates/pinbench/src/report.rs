@@ -300,7 +300,7 @@ fn enqueue(out: &mut String, report: &Report) {
         "\nlaunching a kernel of 2 buffers and 2 values, 1 block of {} threads, on one stream (host time per \
          launch, median of {} batches of {}, raw and crate in turns):",
         costs::LAUNCH_THREADS,
-        e.samples,
+        e.launch_samples,
         e.batch
     );
     let _ = writeln!(

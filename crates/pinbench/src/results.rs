@@ -393,6 +393,8 @@ pub struct Enqueue {
     /// The same launch through `Stream::launch` (`Arg::read`, `Arg::write`, `Arg::value`), on the same stream,
     /// its batches taking turns with the raw ones'.
     pub launch: f64,
+    /// Batches the launch medians are taken over, each way.
+    pub launch_samples: usize,
     /// Whether the launched kernel's output was as expected, checked once after the timing.
     pub launch_verified: bool,
 }

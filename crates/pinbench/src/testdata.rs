@@ -185,6 +185,7 @@ pub fn sample_report() -> Report {
             samples: 10,
             raw_launch: 2e-6,
             launch: 2.25e-6,
+            launch_samples: 100,
             launch_verified: true,
         },
         overlap: None,

@@ -35,8 +35,11 @@ pub struct Plan {
     pub per_call_samples: usize,
     /// Timed batches of the warm pool allocation (each of `costs::POOL_WARM_BATCH` calls).
     pub pool_warm_samples: usize,
-    /// Batches of the enqueue-overhead figure.
+    /// Batches of the enqueue-overhead figures of copies.
     pub enqueue_samples: usize,
+    /// Batches of the kernel-launch figures, each way: a batch takes about 2 ms, and a median of many is what
+    /// tells differences of a tenth of a microsecond per launch apart from the host's jitter.
+    pub launch_samples: usize,
     /// Chunks of the overlap pipeline.
     pub overlap_chunks: usize,
     /// Bytes per chunk of the overlap pipeline.
@@ -68,6 +71,7 @@ impl Plan {
             per_call_samples: 20,
             pool_warm_samples: 25,
             enqueue_samples: 10,
+            launch_samples: 100,
             // 64 chunks: the first copy, which no kernel can overlap, is 1/64 of the pipeline.
             overlap_chunks: 64,
             overlap_chunk_bytes: 4 * MIB,
@@ -92,6 +96,7 @@ impl Plan {
             per_call_samples: 10,
             pool_warm_samples: 11,
             enqueue_samples: 5,
+            launch_samples: 40,
             overlap_chunks: 8,
             overlap_chunk_bytes: 16 * MIB,
             overlap_samples: 3,
