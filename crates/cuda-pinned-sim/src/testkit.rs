@@ -168,7 +168,41 @@ fn open() -> Result<(Control, PathBuf), Error> {
     })?;
     // SAFETY: a library that `library_path` has opened already and found to be the simulator.
     let control = unsafe { Control::open(&path) }.map_err(Error)?;
+    register_gather_kernels(&control).map_err(Error)?;
     Ok((control, path))
+}
+
+/// The stand-ins of cuda-pinned's own gather kernels (`cuda/gather.cu` of that crate, which its `Gatherer`
+/// loads as PTX): out row `k` (or `positions[k]`) is table row `indices[k]`, whatever the grid (the kernels
+/// stride over the whole batch).
+fn register_gather_kernels(control: &Control) -> Result<(), String> {
+    for width in [1u64, 2, 4, 8, 16] {
+        control.register_kernel(
+            &format!("cuda_pinned_gather_{width}"),
+            &[8; 6],
+            move |call| {
+                let (table, row_vecs, indices, positions, count, out) = (
+                    call.arg::<u64>(0),
+                    call.arg::<u64>(1),
+                    call.arg::<u64>(2),
+                    call.arg::<u64>(3),
+                    call.arg::<u64>(4),
+                    call.arg::<u64>(5),
+                );
+                let row_bytes = row_vecs * width;
+                let count = usize::try_from(count).unwrap_or(usize::MAX);
+                let indices = call.read::<u32>(indices, count);
+                let positions = (positions != 0).then(|| call.read::<u32>(positions, count));
+                for (k, &index) in indices.iter().enumerate() {
+                    let to = positions.as_ref().map_or(k as u64, |p| u64::from(p[k]));
+                    let row =
+                        call.read::<u8>(table + u64::from(index) * row_bytes, row_bytes as usize);
+                    call.write(out + to * row_bytes, &row);
+                }
+            },
+        )?;
+    }
+    Ok(())
 }
 
 /// A kernel launch as its stand-in sees it (see [`Control::register_kernel`]): the launch's shape, its

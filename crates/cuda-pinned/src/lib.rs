@@ -98,6 +98,7 @@ pub mod error;
 #[cfg(any(test, fuzzing))]
 #[doc(hidden)]
 pub mod fuzzing;
+mod gather;
 #[cfg(feature = "cudarc")]
 mod interop;
 pub mod kernels;
@@ -117,6 +118,7 @@ pub use bytemuck::{Pod, Zeroable};
 pub use copy::{DeviceDestination, DeviceSource, PinnedDestination, PinnedSource};
 pub use driver::{Context, Device, Event, Stream};
 pub use error::{Error, Result};
+pub use gather::{GatherOptions, Gatherer};
 pub use launch::{Arg, Kernel, LaunchConfig, Module, Use};
 pub use memory::{
     DeviceBuffer, DeviceView, DeviceViewMut, Pinned, PinnedBuilder, PinnedPool, PinnedView,

@@ -12,9 +12,12 @@ use super::tracked::{Gpu, Track, lock};
 use crate::driver::Context;
 use crate::driver::calls;
 use crate::error::Result;
+use crate::sys::CU_MEMHOSTREGISTER_DEVICEMAP;
 use crate::units::Bytes;
 
-/// A `Vec<T>` page-locked in place, so it can be the host side of asynchronous copies like [`crate::Pinned`].
+/// A `Vec<T>` page-locked in place, so it can be the host side of asynchronous copies like [`crate::Pinned`],
+/// and mapped into the device's address space, so kernels can read and write it in place ([`crate::Arg::read_host`],
+/// [`crate::Gatherer`]).
 /// (A `Vec<T>` is always aligned for `T`, so any element type is accepted.)
 ///
 /// It owns the `Vec` so that forgetting it leaks the memory rather than letting the program reuse memory that a
@@ -42,8 +45,12 @@ impl<T: Pod> Registered<T> {
         if bytes > 0 {
             let _current = context.enter()?;
             // SAFETY: `bytes` bytes of a live allocation, which the returned value owns and never grows, moves
-            // out or frees while it is registered.
-            unsafe { calls::mem_host_register(ptr.as_ptr().cast(), bytes, 0) }.map_err(|e| {
+            // out or frees while it is registered. Mapped into the device's address space, so that kernels
+            // can read it in place (a gather's table, a user's kernel).
+            unsafe {
+                calls::mem_host_register(ptr.as_ptr().cast(), bytes, CU_MEMHOSTREGISTER_DEVICEMAP)
+            }
+            .map_err(|e| {
                 e.context(format_args!(
                     "pinning {} of host memory in place",
                     Bytes(bytes)

@@ -10,6 +10,7 @@ use crate::driver::calls;
 use crate::error::{Error, Result};
 use crate::memory::release::release_host;
 use crate::memory::tracked::GpuTracker;
+use crate::sys::{CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTREGISTER_DEVICEMAP};
 use crate::units::Bytes;
 
 /// The page size the pool's classes are multiples of, and the alignment every block has at least.
@@ -45,8 +46,9 @@ impl Block {
         match how {
             Pinning::Auto => Block::pin(context, bytes, fastest_pinning(context)),
             Pinning::HostAlloc => {
-                // The caller's context is current. Freed in `release`.
-                let ptr = calls::mem_host_alloc(bytes, 0).map_err(|e| {
+                // The caller's context is current. Freed in `release`. Mapped, so that kernels can read pool
+                // buffers in place (the gather reads its indices so).
+                let ptr = calls::mem_host_alloc(bytes, CU_MEMHOSTALLOC_DEVICEMAP).map_err(|e| {
                     e.context(format_args!("pinning {} for the pool", Bytes(bytes)))
                 })?;
                 let ptr = NonNull::new(ptr.cast::<u8>())
@@ -73,7 +75,13 @@ impl Block {
                 // fast, and initialises them.
                 zero(ptr, bytes);
                 // SAFETY: `bytes` bytes of a live allocation owned by the block, unregistered in `release`.
-                let registered = unsafe { calls::mem_host_register(ptr.as_ptr().cast(), bytes, 0) };
+                let registered = unsafe {
+                    calls::mem_host_register(
+                        ptr.as_ptr().cast(),
+                        bytes,
+                        CU_MEMHOSTREGISTER_DEVICEMAP,
+                    )
+                };
                 if let Err(e) = registered {
                     // SAFETY: allocated above with `layout`, never registered.
                     unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };

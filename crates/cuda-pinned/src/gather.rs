@@ -1,0 +1,246 @@
+//! Gathering rows on the device: rows of a table in page-locked host memory copied into device memory by index,
+//! read by the device itself, so the host only says which rows.
+//!
+//! A training step that samples rows (embeddings, records of a dataset) would otherwise gather them on the CPU
+//! into pinned memory and upload that: every byte then crosses host memory twice, and the host's memory
+//! bandwidth bounds the feed. Here the table is page-locked once, in place ([`Registered`](crate::Registered)
+//! or [`Pinned`](crate::Pinned): both are mapped into the device's address space), and a kernel of the crate
+//! reads the rows it is given straight over the bus. Host writes to the table wait for gathers that read it,
+//! and the table is unpinned only after them, as for any copy.
+
+use std::fmt;
+
+use bytemuck::Pod;
+
+use crate::copy::{DeviceDestination, PinnedSource, sealed};
+use crate::driver::{Context, Stream};
+use crate::error::{Error, Result};
+use crate::launch::{Arg, Kernel, LaunchConfig, Module};
+use crate::memory::{Pinned, PinnedPool, WhenFull};
+
+/// The gather kernels (`cuda/gather.cu`, compiled to PTX by `scripts/gather-ptx.sh`): the driver compiles them
+/// for the device when [`Gatherer::new`] loads them, so building the crate needs no CUDA compiler.
+const GATHER_PTX: &str = include_str!("gather.ptx");
+
+/// The access widths of the kernels, widest first: `cuda_pinned_gather_{width}` moves `width` bytes per access.
+const WIDTHS: [usize; 5] = [16, 8, 4, 2, 1];
+
+/// Threads per block of the gather kernel.
+const BLOCK: u32 = 256;
+
+/// Blocks at most: the kernel strides over the rest. Enough to keep thousands of reads of host memory in
+/// flight on any current GPU, which is what the bandwidth over the bus needs.
+const MAX_BLOCKS: usize = 4096;
+
+/// Bytes the index staging of one [`Gatherer`] may pin: room for 4 Mi rows in flight, sorted (indices and
+/// positions). A gather that needs more waits for earlier ones to complete.
+const STAGING_BUDGET: usize = 32 << 20;
+
+/// How a gather is done.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GatherOptions {
+    /// Read the rows in ascending order of their index (the output keeps the batch's order). Reads of host
+    /// memory that are near each other are much faster over the bus than scattered ones (on an H100, 64-byte
+    /// rows: about 3 GB/s scattered against 40 GB/s sorted), for the cost of sorting the indices on the host.
+    pub sort: bool,
+}
+
+impl GatherOptions {
+    /// [`GatherOptions::sort`].
+    #[must_use]
+    pub fn sort(mut self, sort: bool) -> GatherOptions {
+        self.sort = sort;
+        self
+    }
+}
+
+/// The crate's gather kernels, loaded into one context, and the page-locked memory that hands them the
+/// indices. Make one per context, before the work it feeds starts (loading a module can wait for work already
+/// running on the device), and use it from any thread.
+pub struct Gatherer {
+    kernels: Vec<Kernel>,
+    /// Page-locked blocks the indices (and positions) of gathers in flight are staged in; each goes back
+    /// once its gather has run.
+    staging: PinnedPool,
+    context: Context,
+}
+
+impl Gatherer {
+    /// Loads the gather kernels into `context`.
+    ///
+    /// # Errors
+    /// The driver's, from loading the module (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION` from a driver older than
+    /// the PTX, which CUDA 13 (driver 580) writes).
+    pub fn new(context: &Context) -> Result<Gatherer> {
+        let module = Module::load(context, GATHER_PTX.as_bytes())
+            .map_err(|e| e.context("loading the crate's gather kernels"))?;
+        let kernels = WIDTHS
+            .iter()
+            .map(|width| module.kernel(&format!("cuda_pinned_gather_{width}")))
+            .collect::<Result<Vec<_>>>()?;
+        let staging = PinnedPool::builder(context, STAGING_BUDGET)
+            .when_full(WhenFull::Wait)
+            .build();
+        Ok(Gatherer {
+            kernels,
+            staging,
+            context: context.clone(),
+        })
+    }
+
+    /// The context the kernels are loaded in.
+    #[must_use]
+    pub fn context(&self) -> &Context {
+        &self.context
+    }
+
+    /// Enqueues on `stream` a copy of rows of `table` (rows of `row_len` elements, the last partial one not
+    /// counted) into `out`: out row `k` is table row `indices[k]`. `table` is page-locked host memory that the
+    /// device reads in place ([`Registered`](crate::Registered), [`Pinned`](crate::Pinned), or a view of
+    /// one). Returns once the gather is enqueued; it waits on the device for work on `table` and `out` it
+    /// conflicts with, and host access to either, like a copy, waits for it.
+    ///
+    /// # Errors
+    /// An invalid-argument error, with nothing enqueued, for a row length of 0, an `out` whose length is not
+    /// `indices.len() * row_len`, an index past the table's last row, or a stream, `out` or gatherer of
+    /// different contexts; the driver's (host memory that is not mapped into the device's address space).
+    pub fn gather<T: Pod>(
+        &self,
+        stream: &Stream,
+        table: &impl PinnedSource<T>,
+        row_len: usize,
+        indices: &[u32],
+        out: &mut impl DeviceDestination<T>,
+        options: GatherOptions,
+    ) -> Result<()> {
+        self.check(stream, table, row_len, indices, out)?;
+        if indices.is_empty() || size_of::<T>() == 0 {
+            return Ok(());
+        }
+        let row_bytes = row_len * size_of::<T>();
+        // The widest access that divides the row and both base addresses. A mapping keeps the offset within a
+        // page, so the host address's alignment is the device address's.
+        let table_address = sealed::PinnedMemory::host_ptr(table) as usize;
+        let out_address = usize::try_from(sealed::DeviceMemory::device_ptr(out))
+            .map_err(|_| Error::invalid("a device address beyond the host's address width"))?;
+        let slot = WIDTHS
+            .iter()
+            .position(|&w| (row_bytes | table_address | out_address).is_multiple_of(w))
+            .expect("every address is a multiple of 1");
+        let width = WIDTHS[slot];
+        let row_vecs = (row_bytes / width) as u64;
+        let count = indices.len() as u64;
+        let (staged, positions) = self.stage(indices, options)?;
+        let total = indices.len() * (row_bytes / width);
+        let blocks = total.div_ceil(BLOCK as usize).clamp(1, MAX_BLOCKS) as u32;
+        let null = 0u64;
+        let positions_arg = match &positions {
+            Some(p) => Arg::read_host(p),
+            None => Arg::value(&null),
+        };
+        let args = [
+            Arg::read_host(table),
+            Arg::value(&row_vecs),
+            Arg::read_host(&staged),
+            positions_arg,
+            Arg::value(&count),
+            Arg::write(out),
+        ];
+        // SAFETY: cuda_pinned_gather_{width} takes (const V*, unsigned long long, const unsigned*, const
+        // unsigned*, unsigned long long, V*), V of `width` bytes: one pointer per buffer and 8-byte values, in
+        // that order (a null pointer as an 8-byte zero). It reads rows `indices[k] < rows` of the table
+        // (checked), `count` indices and positions (a permutation of 0..count), and writes `count * row_bytes`
+        // bytes of `out`, its whole length (checked); it ends by itself.
+        unsafe { stream.launch(&self.kernels[slot], LaunchConfig::new(blocks, BLOCK), &args) }
+            .map_err(|e| e.context(format_args!("gathering {count} rows of {row_bytes} bytes")))
+    }
+
+    /// Checks a gather before anything is enqueued.
+    fn check<T: Pod>(
+        &self,
+        stream: &Stream,
+        table: &impl PinnedSource<T>,
+        row_len: usize,
+        indices: &[u32],
+        out: &impl DeviceDestination<T>,
+    ) -> Result<()> {
+        if row_len == 0 {
+            return Err(Error::invalid(
+                "gathering rows of 0 elements; nothing was enqueued",
+            ));
+        }
+        if stream.context() != &self.context || out.context() != &self.context {
+            return Err(Error::invalid(format_args!(
+                "gathering on a stream of device {} into memory of device {} with kernels loaded on device {}; \
+                 nothing was enqueued",
+                stream.context().device().ordinal(),
+                out.context().device().ordinal(),
+                self.context.device().ordinal()
+            )));
+        }
+        if u32::try_from(indices.len()).is_err() {
+            return Err(Error::invalid(format_args!(
+                "gathering {} rows at once, more than 2^32 - 1; split the batch; nothing was enqueued",
+                indices.len()
+            )));
+        }
+        let rows = sealed::PinnedMemory::elements(table) / row_len;
+        let wanted = indices.len().checked_mul(row_len);
+        if wanted != Some(out.len()) {
+            return Err(Error::invalid(format_args!(
+                "gathering {} rows of {row_len} elements into {} elements; nothing was enqueued",
+                indices.len(),
+                out.len()
+            )));
+        }
+        if let Some((k, &index)) = indices
+            .iter()
+            .enumerate()
+            .find(|&(_, &index)| index as usize >= rows)
+        {
+            return Err(Error::invalid(format_args!(
+                "gathering row {index} (index {k} of the batch) of a table of {rows} rows; nothing was enqueued"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The indices in page-locked memory the kernel reads, sorted with their output positions beside them if
+    /// `options` asks.
+    fn stage(
+        &self,
+        indices: &[u32],
+        options: GatherOptions,
+    ) -> Result<(Pinned<u32>, Option<Pinned<u32>>)> {
+        let mut staged = self.staging.alloc::<u32>(indices.len())?;
+        if !options.sort {
+            staged.as_mut_slice()?.copy_from_slice(indices);
+            return Ok((staged, None));
+        }
+        let mut order: Vec<(u32, u32)> = indices
+            .iter()
+            .zip(0..)
+            .map(|(&index, position)| (index, position))
+            .collect();
+        order.sort_unstable();
+        let mut positions = self.staging.alloc::<u32>(indices.len())?;
+        for ((index, position), (i, p)) in order.iter().zip(
+            staged
+                .as_mut_slice()?
+                .iter_mut()
+                .zip(positions.as_mut_slice()?.iter_mut()),
+        ) {
+            *i = *index;
+            *p = *position;
+        }
+        Ok((staged, Some(positions)))
+    }
+}
+
+impl fmt::Debug for Gatherer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gatherer")
+            .field("context", &self.context)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,280 @@
+//! Gathering rows of a page-locked host table into device memory on the device ([`Gatherer`]): against a CPU
+//! model for row sizes from 1 byte to 64 KiB (every access width of the kernels), sorted and not, with
+//! duplicate indices; the errors before anything is enqueued; and the table in the tracking: host writes wait
+//! for a gather in flight (beside a control that writes around the tracker and is seen by the gather), and a
+//! table dropped under a gather is unpinned only after it.
+//!
+//! On a GPU (feature `gpu`) the crate's PTX kernels run; on the simulated driver, its stand-ins of them.
+
+mod common;
+
+use common::{data, serial, spin};
+use cuda_pinned::{
+    Context, DeviceBuffer, GatherOptions, Gatherer, Pinned, PinnedBuilder, Registered, Stream,
+};
+
+fn context() -> Context {
+    Context::on(0).expect("device 0")
+}
+
+fn bytes(len: usize, seed: u64) -> Vec<u8> {
+    data(len.div_ceil(4), seed)
+        .into_iter()
+        .flat_map(u32::to_le_bytes)
+        .take(len)
+        .collect()
+}
+
+/// The rows of `table` (rows of `row` bytes) at `indices`, one after another: what a gather must produce.
+fn model(table: &[u8], row: usize, indices: &[u32]) -> Vec<u8> {
+    indices
+        .iter()
+        .flat_map(|&i| &table[i as usize * row..][..row])
+        .copied()
+        .collect()
+}
+
+/// `count` indices into `rows` rows, with duplicates (every fifth repeats the one before).
+fn indices(count: usize, rows: usize, seed: u64) -> Vec<u32> {
+    let mut out: Vec<u32> = data(count, seed)
+        .into_iter()
+        .map(|x| x % rows as u32)
+        .collect();
+    for k in (5..count).step_by(5) {
+        out[k] = out[k - 1];
+    }
+    out
+}
+
+/// Gathers `count` random rows of `row` bytes from a registered table of `rows` rows and returns what
+/// arrived and what should have.
+fn gather_once(row: usize, rows: usize, count: usize, sort: bool) -> (Vec<u8>, Vec<u8>) {
+    let ctx = context();
+    let stream = Stream::new(&ctx).unwrap();
+    let gatherer = Gatherer::new(&ctx).unwrap();
+    let values = bytes(row * rows, row as u64);
+    let table = Registered::new(&ctx, values.clone()).unwrap();
+    let picks = indices(count, rows, (row * 31 + count) as u64);
+    let mut out = DeviceBuffer::<u8>::zeroed(&stream, row * count).unwrap();
+    gatherer
+        .gather(
+            &stream,
+            &table,
+            row,
+            &picks,
+            &mut out,
+            GatherOptions::default().sort(sort),
+        )
+        .unwrap();
+    let mut got = Pinned::<u8>::zeroed(&ctx, row * count).unwrap();
+    stream.download(&out, &mut got).unwrap();
+    (
+        got.as_slice().unwrap().to_vec(),
+        model(&values, row, &picks),
+    )
+}
+
+#[test]
+fn gathered_rows_match_the_model_at_every_row_size() {
+    let _serial = serial();
+    // Each access width of the kernels (16, 8, 4, 2, 1 bytes), odd sizes, and rows up to 64 KiB.
+    for (row, rows, count) in [
+        (1, 1000, 777),
+        (2, 500, 300),
+        (3, 400, 257),
+        (6, 300, 200),
+        (12, 300, 200),
+        (24, 200, 150),
+        (48, 200, 150),
+        (64, 1000, 500),
+        (100, 100, 80),
+        (1024, 64, 100),
+        (4100, 16, 20),
+        (65536, 8, 12),
+    ] {
+        for sort in [false, true] {
+            let (got, want) = gather_once(row, rows, count, sort);
+            assert!(
+                got == want,
+                "rows of {row} bytes, sorted {sort}: the gather differs from the model"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_gather_from_views_into_views_touches_only_them() {
+    let _serial = serial();
+    let ctx = context();
+    let stream = Stream::new(&ctx).unwrap();
+    let gatherer = Gatherer::new(&ctx).unwrap();
+    let (row, rows) = (16usize, 64usize);
+    let values: Vec<u32> = data(row * rows, 7);
+    let table = PinnedBuilder::new(&ctx)
+        .device_mapped(true)
+        .from_slice(&values)
+        .unwrap();
+    // Rows 8.. of the table, gathered into the middle of a larger buffer.
+    let view = table.slice(8 * row..).unwrap();
+    let picks = [3u32, 0, 55, 3, 20];
+    let mut out = DeviceBuffer::<u32>::zeroed(&stream, row * 9).unwrap();
+    let mut middle = out.slice_mut(row * 2..row * 7).unwrap();
+    gatherer
+        .gather(
+            &stream,
+            &view,
+            row,
+            &picks,
+            &mut middle,
+            GatherOptions::default(),
+        )
+        .unwrap();
+    let mut got = Pinned::<u32>::zeroed(&ctx, row * 9).unwrap();
+    stream.download(&out, &mut got).unwrap();
+    let mut want = vec![0u32; row * 2];
+    for &p in &picks {
+        want.extend_from_slice(&values[(8 + p as usize) * row..][..row]);
+    }
+    want.extend(vec![0u32; row * 2]);
+    assert_eq!(got.as_slice().unwrap(), &want[..]);
+}
+
+/// Asserts that `result` is an invalid-argument error whose message says `says`.
+fn refused(result: cuda_pinned::Result<()>, says: &str) {
+    match result {
+        Err(e @ cuda_pinned::Error::InvalidArgument { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains(says), "{text:?} does not say {says:?}");
+            assert!(text.contains("nothing was enqueued"), "{text:?}");
+        }
+        other => panic!("expected an invalid-argument error saying {says:?}, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_gathers_are_errors_before_anything_is_enqueued() {
+    let _serial = serial();
+    let ctx = context();
+    let stream = Stream::new(&ctx).unwrap();
+    let gatherer = Gatherer::new(&ctx).unwrap();
+    let table = Registered::new(&ctx, bytes(10 * 8, 1)).unwrap();
+    let mut out = DeviceBuffer::<u8>::zeroed(&stream, 3 * 8).unwrap();
+    let options = GatherOptions::default();
+    refused(
+        gatherer.gather(&stream, &table, 8, &[0, 10, 1], &mut out, options),
+        "gathering row 10 (index 1 of the batch) of a table of 10 rows",
+    );
+    refused(
+        gatherer.gather(&stream, &table, 8, &[0, 1], &mut out, options),
+        "gathering 2 rows of 8 elements into 24 elements",
+    );
+    refused(
+        gatherer.gather(&stream, &table, 0, &[], &mut out, options),
+        "rows of 0 elements",
+    );
+    // Nothing was written: the buffer still holds its zeros.
+    let mut got = Pinned::<u8>::zeroed(&ctx, 3 * 8).unwrap();
+    stream.download(&out, &mut got).unwrap();
+    assert!(got.as_slice().unwrap().iter().all(|&b| b == 0));
+    // An empty batch into an empty buffer is nothing to do.
+    let mut empty = DeviceBuffer::<u8>::zeroed(&stream, 0).unwrap();
+    gatherer
+        .gather(&stream, &table, 8, &[], &mut empty, options)
+        .unwrap();
+    stream.synchronize().unwrap();
+}
+
+/// A gather queued behind 300 ms of other work on its stream, then a host write of the whole table: through
+/// `as_mut_slice` (which waits for the gather) or, for the control, through the raw pointer (which does not).
+/// Returns what was gathered and the rows the table held before the write.
+fn host_write_during_a_gather(through_the_tracker: bool) -> (Vec<u8>, Vec<u8>) {
+    let ctx = context();
+    let stream = Stream::new(&ctx).unwrap();
+    let gatherer = Gatherer::new(&ctx).unwrap();
+    let (row, rows) = (64usize, 256usize);
+    let values = bytes(row * rows, 9);
+    let mut table = PinnedBuilder::new(&ctx)
+        .device_mapped(true)
+        .from_slice(&values)
+        .unwrap();
+    let picks = indices(128, rows, 5);
+    let mut out = DeviceBuffer::<u8>::zeroed(&stream, row * picks.len()).unwrap();
+    stream.synchronize().unwrap();
+    spin(&stream, 300);
+    gatherer
+        .gather(
+            &stream,
+            &table,
+            row,
+            &picks,
+            &mut out,
+            GatherOptions::default(),
+        )
+        .unwrap();
+    if through_the_tracker {
+        table.as_mut_slice().unwrap().fill(0xEE);
+    } else {
+        // SAFETY: the table's `row * rows` bytes of live page-locked memory; the gather may read them at the
+        // same time, which is what this control shows.
+        unsafe { std::ptr::write_bytes(table.as_ptr().cast_mut(), 0xEE, row * rows) };
+    }
+    let mut got = Pinned::<u8>::zeroed(&ctx, out.len()).unwrap();
+    stream.download(&out, &mut got).unwrap();
+    (
+        got.as_slice().unwrap().to_vec(),
+        model(&values, row, &picks),
+    )
+}
+
+#[test]
+fn host_writes_to_the_table_wait_for_a_gather_in_flight() {
+    let _serial = serial();
+    let (got, want) = host_write_during_a_gather(true);
+    assert!(got == want, "the host wrote the table under the gather");
+}
+
+#[test]
+fn control_a_write_around_the_tracker_lands_under_the_gather() {
+    let _serial = serial();
+    let (got, want) = host_write_during_a_gather(false);
+    assert!(
+        got != want,
+        "a write around the tracker did not reach the gather: this control cannot show the rule"
+    );
+}
+
+#[test]
+fn a_table_dropped_under_a_gather_is_unpinned_after_it() {
+    let _serial = serial();
+    let ctx = context();
+    let stream = Stream::new(&ctx).unwrap();
+    let gatherer = Gatherer::new(&ctx).unwrap();
+    let (row, rows) = (256usize, 512usize);
+    let values = bytes(row * rows, 11);
+    let picks = indices(400, rows, 12);
+    let mut out = DeviceBuffer::<u8>::zeroed(&stream, row * picks.len()).unwrap();
+    stream.synchronize().unwrap();
+    {
+        let table = Registered::new(&ctx, values.clone()).unwrap();
+        spin(&stream, 300);
+        gatherer
+            .gather(
+                &stream,
+                &table,
+                row,
+                &picks,
+                &mut out,
+                GatherOptions::default().sort(true),
+            )
+            .unwrap();
+    }
+    // Memory the allocator hands out now would be the table's if it had been freed: fill it with other bytes.
+    let others: Vec<Vec<u8>> = (0..16).map(|_| vec![0xAB; row * rows]).collect();
+    let mut got = Pinned::<u8>::zeroed(&ctx, out.len()).unwrap();
+    stream.download(&out, &mut got).unwrap();
+    drop(others);
+    assert!(
+        got.as_slice().unwrap() == model(&values, row, &picks),
+        "the gather read the table after it was freed"
+    );
+}
