@@ -69,6 +69,24 @@ pub enum Mode {
     /// the same run. Last, the prefetcher runs again with a compute step as long as the slower of gathering and
     /// uploading a batch.
     TrainLoop(TrainLoopOptions),
+    /// How fast rows are gathered by random index from a page-locked table into device memory
+    ///
+    /// Batches of 64 MiB of rows (64 B to 64 KiB) at random indices of a 4 GiB table registered in place, by the
+    /// crate's gather kernel (the device reads the rows over the bus; in the batch's order, and with the
+    /// indices sorted first), and by the CPU gathering into pinned memory on all cores before one upload;
+    /// each as GB/s of rows and as a ratio to a contiguous pinned upload of 64 MiB in the same run.
+    Gather(GatherOptions),
+}
+
+/// `gather`'s flags.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Args)]
+pub struct GatherOptions {
+    /// A table of 1 GiB and 3 repetitions, instead of 4 GiB and 7
+    #[arg(long)]
+    pub quick: bool,
+    /// Print one JSON document on stdout instead of the table
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `train-loop`'s flags.

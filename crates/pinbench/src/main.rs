@@ -25,6 +25,7 @@
 mod bandwidth;
 mod cli;
 mod costs;
+mod gather;
 mod json;
 mod nvml;
 #[cfg(feature = "gpu")]
@@ -87,6 +88,7 @@ fn main() -> ExitCode {
     let outcome = match &cli.mode {
         None => run(&cli.options),
         Some(Mode::TrainLoop(options)) => train_loop(options),
+        Some(Mode::Gather(options)) => gather_mode(options),
     };
     match outcome {
         Ok(failures) if failures.is_empty() => ExitCode::SUCCESS,
@@ -120,6 +122,22 @@ fn train_loop(options: &cli::TrainLoopOptions) -> Outcome<Vec<String>> {
 #[cfg(not(feature = "gpu"))]
 fn train_loop(_: &cli::TrainLoopOptions) -> Outcome<Vec<String>> {
     Err("train-loop runs the crate's kernels: build pinbench with --features gpu".into())
+}
+
+/// `pinbench gather`: the failures are batches whose rows arrived wrong.
+fn gather_mode(options: &cli::GatherOptions) -> Outcome<Vec<String>> {
+    let figures = gather::measure(&gather::Settings::new(options.quick))?;
+    if options.json {
+        print(&json::pretty(&figures)?);
+    } else {
+        print(&gather::table(&figures));
+    }
+    Ok(figures
+        .rows
+        .iter()
+        .filter(|r| !r.verified)
+        .map(|r| format!("gather of rows of {} bytes", r.row_bytes))
+        .collect())
 }
 
 /// Writes to stdout; a closed stdout (`pinbench | head`) ends the output, not the program.

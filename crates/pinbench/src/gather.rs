@@ -1,0 +1,313 @@
+//! `pinbench gather`: rows gathered by random index from a large page-locked table into device memory, by the
+//! crate's gather kernel (rows read in place over the bus, in the batch's order and sorted by index) and by the
+//! CPU (all cores gather into pinned memory, then one upload), against a contiguous pinned upload of the same
+//! bytes in the same run.
+
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use cuda_pinned::{Context, DeviceBuffer, GatherOptions, Gatherer, Pinned, Registered, Stream};
+use serde::Serialize;
+
+use crate::Outcome;
+use crate::timing::{Stopwatch, median};
+
+/// Row sizes measured, bytes.
+pub const ROWS: [usize; 5] = [64, 256, 1024, 4096, 65536];
+
+/// Bytes of rows per batch.
+pub const BATCH_BYTES: usize = 64 << 20;
+
+/// What to measure.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// Bytes of the table.
+    pub table_bytes: usize,
+    /// Timed repetitions of each figure.
+    pub samples: usize,
+    /// Threads of the CPU gather.
+    pub threads: usize,
+}
+
+impl Settings {
+    /// A 4 GiB table (1 GiB with `quick`), 7 repetitions (3), the CPU's cores (at most 16).
+    #[must_use]
+    pub fn new(quick: bool) -> Settings {
+        let cores = std::thread::available_parallelism().map_or(4, |n| n.get().min(16));
+        Settings {
+            table_bytes: if quick { 1 << 30 } else { 4 << 30 },
+            samples: if quick { 3 } else { 7 },
+            threads: cores,
+        }
+    }
+}
+
+/// The figures of one row size, GB/s of gathered bytes (decimal), medians.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub row_bytes: usize,
+    pub rows_per_batch: usize,
+    /// The gather kernel, rows in the batch's (random) order.
+    pub kernel_gbps: f64,
+    /// The gather kernel, indices sorted on the host first (device time only).
+    pub kernel_sorted_gbps: f64,
+    /// Host time of one sorted gather call (sorting and staging the indices, enqueueing), seconds.
+    pub kernel_sorted_host_seconds: f64,
+    /// The CPU gathering into pinned memory on `threads` threads, then one upload: host wall time.
+    pub cpu_gather_upload_gbps: f64,
+    /// `kernel_gbps` / the pinned upload of the same run.
+    pub kernel_ratio_to_upload: f64,
+    pub kernel_sorted_ratio_to_upload: f64,
+    pub cpu_gather_upload_ratio_to_upload: f64,
+    /// `kernel_gbps` / `cpu_gather_upload_gbps`.
+    pub kernel_ratio_to_cpu: f64,
+    /// Every gathered batch matched the table's rows (checked once per figure).
+    pub verified: bool,
+}
+
+/// The whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Figures {
+    pub device: String,
+    pub table_bytes: usize,
+    pub batch_bytes: usize,
+    pub samples: usize,
+    pub cpu_threads: usize,
+    /// A contiguous upload of `batch_bytes` from pinned memory, GB/s.
+    pub pinned_upload_gbps: f64,
+    pub rows: Vec<Row>,
+}
+
+/// Runs the measurements on device 0.
+///
+/// # Errors
+/// The crate's, from any CUDA call.
+pub fn measure(settings: &Settings) -> Outcome<Figures> {
+    let context = Context::on(0)?;
+    let stream = Stream::new(&context)?;
+    let gatherer = Gatherer::new(&context)?;
+    let watch = Stopwatch::new(&stream)?;
+    let gbps = |seconds: f64| BATCH_BYTES as f64 / seconds / 1e9;
+
+    // The table: bytes that say where they are, page-locked in place.
+    eprintln!(
+        "pinbench gather: pinning a table of {} MiB",
+        settings.table_bytes >> 20
+    );
+    let mut values = vec![0u8; settings.table_bytes];
+    fill_words(&mut values, settings.threads);
+    let table = Registered::new(&context, values)?;
+
+    let contiguous = Pinned::<u8>::zeroed(&context, BATCH_BYTES)?;
+    let mut out = DeviceBuffer::<u8>::zeroed(&stream, BATCH_BYTES)?;
+    let upload = median(
+        (0..settings.samples + 1)
+            .map(|_| watch.time(|| Ok(stream.upload(&contiguous, &mut out)?)))
+            .collect::<Outcome<Vec<f64>>>()?[1..]
+            .to_vec(),
+    );
+    let upload_gbps = gbps(upload);
+
+    let mut staging = Pinned::<u8>::zeroed(&context, BATCH_BYTES)?;
+    let mut check = Pinned::<u8>::zeroed(&context, BATCH_BYTES)?;
+    let mut rows = Vec::new();
+    for row in ROWS {
+        eprintln!("pinbench gather: rows of {row} bytes");
+        let table_rows = settings.table_bytes / row;
+        let count = BATCH_BYTES / row;
+        let indices: Vec<u32> = (0..count as u64)
+            .map(|k| (mix(k ^ row as u64) % table_rows as u64) as u32)
+            .collect();
+        let mut verified = true;
+        let mut kernel = |sort: bool| -> Outcome<(f64, f64)> {
+            let options = GatherOptions::default().sort(sort);
+            let (mut device, mut host) = (Vec::new(), Vec::new());
+            for _ in 0..settings.samples + 1 {
+                let mut call = 0.0;
+                device.push(watch.time(|| {
+                    let began = Instant::now();
+                    gatherer.gather(&stream, &table, row, &indices, &mut out, options)?;
+                    call = began.elapsed().as_secs_f64();
+                    Ok(())
+                })?);
+                host.push(call);
+            }
+            stream.download(&out, &mut check)?;
+            verified &= matches(check.as_slice()?, &indices, row);
+            Ok((median(device[1..].to_vec()), median(host[1..].to_vec())))
+        };
+        let (random, _) = kernel(false)?;
+        let (sorted, sorted_host) = kernel(true)?;
+
+        let mut cpu = Vec::new();
+        for _ in 0..settings.samples + 1 {
+            let began = Instant::now();
+            let source = table.as_slice()?;
+            gather_on_cpu(
+                source,
+                row,
+                &indices,
+                staging.as_mut_slice()?,
+                settings.threads,
+            );
+            stream.upload(&staging, &mut out)?;
+            stream.synchronize()?;
+            cpu.push(began.elapsed().as_secs_f64());
+        }
+        stream.download(&out, &mut check)?;
+        verified &= matches(check.as_slice()?, &indices, row);
+        let cpu_gbps = gbps(median(cpu[1..].to_vec()));
+        let (kernel_gbps, sorted_gbps) = (gbps(random), gbps(sorted));
+        rows.push(Row {
+            row_bytes: row,
+            rows_per_batch: count,
+            kernel_gbps,
+            kernel_sorted_gbps: sorted_gbps,
+            kernel_sorted_host_seconds: sorted_host,
+            cpu_gather_upload_gbps: cpu_gbps,
+            kernel_ratio_to_upload: kernel_gbps / upload_gbps,
+            kernel_sorted_ratio_to_upload: sorted_gbps / upload_gbps,
+            cpu_gather_upload_ratio_to_upload: cpu_gbps / upload_gbps,
+            kernel_ratio_to_cpu: kernel_gbps / cpu_gbps,
+            verified,
+        });
+    }
+    Ok(Figures {
+        device: context.device().name()?,
+        table_bytes: settings.table_bytes,
+        batch_bytes: BATCH_BYTES,
+        samples: settings.samples,
+        cpu_threads: settings.threads,
+        pinned_upload_gbps: upload_gbps,
+        rows,
+    })
+}
+
+/// The `SplitMix64` finaliser: the random indices and the table's words.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Fills `bytes` with the little-endian words `mix(i)` for word `i`, on `threads` threads.
+fn fill_words(bytes: &mut [u8], threads: usize) {
+    let chunk = bytes.len().div_ceil(threads).next_multiple_of(8).max(8);
+    std::thread::scope(|scope| {
+        for (c, part) in bytes.chunks_mut(chunk).enumerate() {
+            scope.spawn(move || {
+                let first = (c * chunk / 8) as u64;
+                for (i, word) in part.chunks_mut(8).enumerate() {
+                    let value = mix(first + i as u64).to_le_bytes();
+                    word.copy_from_slice(&value[..word.len()]);
+                }
+            });
+        }
+    });
+}
+
+/// Whether `got` holds the rows of the table `fill_words` made at `indices`.
+fn matches(got: &[u8], indices: &[u32], row: usize) -> bool {
+    indices.iter().enumerate().all(|(k, &index)| {
+        let start = index as usize * row;
+        got[k * row..][..row]
+            .chunks(8)
+            .enumerate()
+            .all(|(w, word)| {
+                let at = start + w * 8;
+                debug_assert_eq!(at % 8, 0);
+                mix((at / 8) as u64).to_le_bytes()[..word.len()] == *word
+            })
+    })
+}
+
+/// Copies the rows of `table` at `indices` into `out`, one after another, on `threads` threads.
+fn gather_on_cpu(table: &[u8], row: usize, indices: &[u32], out: &mut [u8], threads: usize) {
+    let per = indices.len().div_ceil(threads).max(1);
+    std::thread::scope(|scope| {
+        for (part, picks) in out.chunks_mut(per * row).zip(indices.chunks(per)) {
+            scope.spawn(move || {
+                for (to, &index) in part.chunks_mut(row).zip(picks) {
+                    to.copy_from_slice(&table[index as usize * row..][..row]);
+                }
+            });
+        }
+    });
+}
+
+/// The figures as a table.
+#[must_use]
+pub fn table(f: &Figures) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "pinbench gather: {}, a table of {} MiB page-locked in place, batches of {} MiB of rows at random \
+         indices, GB/s of gathered bytes (median of {}); ratios to a contiguous pinned upload of the same bytes \
+         in this run: {:.1} GB/s",
+        f.device,
+        f.table_bytes >> 20,
+        f.batch_bytes >> 20,
+        f.samples,
+        f.pinned_upload_gbps
+    );
+    let _ = writeln!(
+        out,
+        "{:>8} {:>9} {:>18} {:>18} {:>12} {:>24} {:>9}",
+        "row",
+        "rows",
+        "kernel",
+        "kernel, sorted",
+        "sort (host)",
+        format!("CPU gather ({}) + upload", f.cpu_threads),
+        "kernel/CPU"
+    );
+    for r in &f.rows {
+        let _ = writeln!(
+            out,
+            "{:>8} {:>9} {:>10.1} ({:.2}) {:>10.1} ({:.2}) {:>9.2} ms {:>16.1} ({:.2}) {:>8.2}x{}",
+            bytes(r.row_bytes),
+            r.rows_per_batch,
+            r.kernel_gbps,
+            r.kernel_ratio_to_upload,
+            r.kernel_sorted_gbps,
+            r.kernel_sorted_ratio_to_upload,
+            r.kernel_sorted_host_seconds * 1e3,
+            r.cpu_gather_upload_gbps,
+            r.cpu_gather_upload_ratio_to_upload,
+            r.kernel_ratio_to_cpu,
+            if r.verified { "" } else { "  ! wrong rows" }
+        );
+    }
+    out
+}
+
+fn bytes(n: usize) -> String {
+    if n >= 1 << 10 {
+        format!("{} KiB", n >> 10)
+    } else {
+        format!("{n} B")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cpu_gather_and_the_check_agree_with_the_table() {
+        let mut table = vec![0u8; 64 * 40];
+        fill_words(&mut table, 3);
+        let indices = [5u32, 0, 39, 5, 17];
+        for row in [8usize, 16, 64] {
+            let mut out = vec![0u8; row * indices.len()];
+            gather_on_cpu(&table[..row * 40], row, &indices, &mut out, 2);
+            assert!(matches(&out, &indices, row), "rows of {row}");
+            out[row] ^= 1;
+            assert!(
+                !matches(&out, &indices, row),
+                "a wrong byte passes for rows of {row}"
+            );
+        }
+    }
+}
