@@ -16,7 +16,7 @@ use crate::copy::{DeviceDestination, PinnedSource, sealed};
 use crate::driver::{Context, Stream};
 use crate::error::{Error, Result};
 use crate::launch::{Arg, Kernel, LaunchConfig, Module};
-use crate::memory::{Pinned, PinnedPool, WhenFull};
+use crate::memory::{DeviceBuffer, Pinned, PinnedPool, WhenFull};
 
 /// The gather kernels (`cuda/gather.cu`, compiled to PTX by `scripts/gather-ptx.sh`): the driver compiles them
 /// for the device when [`Gatherer::new`] loads them, so building the crate needs no CUDA compiler.
@@ -33,15 +33,15 @@ const BLOCK: u32 = 256;
 const MAX_BLOCKS: usize = 4096;
 
 /// Bytes the index staging of one [`Gatherer`] may pin: room for 4 Mi rows in flight, sorted (indices and
-/// positions). A gather that needs more waits for earlier ones to complete.
+/// positions). A gather that needs more waits for the uploads of earlier ones to complete.
 const STAGING_BUDGET: usize = 32 << 20;
 
 /// How a gather is done.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GatherOptions {
-    /// Read the rows in ascending order of their index (the output keeps the batch's order). Reads of host
-    /// memory that are near each other are much faster over the bus than scattered ones (on an H100, 64-byte
-    /// rows: about 3 GB/s scattered against 40 GB/s sorted), for the cost of sorting the indices on the host.
+    /// Read the rows grouped by the 2 MiB region of the table they lie in (the output keeps the batch's
+    /// order). Reads of host memory that are near each other can be much faster over the bus than scattered
+    /// ones, for the cost of a counting sort of the indices on the host (linear in the batch).
     pub sort: bool,
 }
 
@@ -130,27 +130,35 @@ impl Gatherer {
         let width = WIDTHS[slot];
         let row_vecs = (row_bytes / width) as u64;
         let count = indices.len() as u64;
-        let (staged, positions) = self.stage(indices, options)?;
-        let total = indices.len() * (row_bytes / width);
+        // The indices (and positions) go to device memory first: every thread of a row reads its index, and a
+        // read over the bus before each row's would double the latency the kernel waits on.
+        let staged = self.stage(indices, row_bytes, options)?;
+        let mut on_device = DeviceBuffer::<u32>::uninit(stream, staged.len())?;
+        stream.upload(&staged, &mut on_device)?;
+        let n = indices.len();
+        let total = n * (row_bytes / width);
         let blocks = total.div_ceil(BLOCK as usize).clamp(1, MAX_BLOCKS) as u32;
         let null = 0u64;
-        let positions_arg = match &positions {
-            Some(p) => Arg::read_host(p),
-            None => Arg::value(&null),
-        };
+        let indices_arg = on_device.slice(..n)?;
+        let positions_arg = on_device.slice(n..)?;
         let args = [
             Arg::read_host(table),
             Arg::value(&row_vecs),
-            Arg::read_host(&staged),
-            positions_arg,
+            Arg::read(&indices_arg),
+            if options.sort {
+                Arg::read(&positions_arg)
+            } else {
+                Arg::value(&null)
+            },
             Arg::value(&count),
             Arg::write(out),
         ];
         // SAFETY: cuda_pinned_gather_{width} takes (const V*, unsigned long long, const unsigned*, const
         // unsigned*, unsigned long long, V*), V of `width` bytes: one pointer per buffer and 8-byte values, in
         // that order (a null pointer as an 8-byte zero). It reads rows `indices[k] < rows` of the table
-        // (checked), `count` indices and positions (a permutation of 0..count), and writes `count * row_bytes`
-        // bytes of `out`, its whole length (checked); it ends by itself.
+        // (checked), the `count` indices of the device buffer and, sorted, the `count` positions after them (a
+        // permutation of 0..count), and writes `count * row_bytes` bytes of `out`, its whole length (checked); it
+        // ends by itself.
         unsafe { stream.launch(&self.kernels[slot], LaunchConfig::new(blocks, BLOCK), &args) }
             .map_err(|e| e.context(format_args!("gathering {count} rows of {row_bytes} bytes")))
     }
@@ -205,35 +213,44 @@ impl Gatherer {
         Ok(())
     }
 
-    /// The indices in page-locked memory the kernel reads, sorted with their output positions beside them if
-    /// `options` asks.
+    /// The indices in page-locked memory, followed, if `options` sorts, by each one's output position: sorted
+    /// by the 2 MiB region of the table their row starts in (a counting sort: two passes over the batch, so
+    /// the host's cost stays linear), which is the locality that reads over the bus gain from.
     fn stage(
         &self,
         indices: &[u32],
+        row_bytes: usize,
         options: GatherOptions,
-    ) -> Result<(Pinned<u32>, Option<Pinned<u32>>)> {
-        let mut staged = self.staging.alloc::<u32>(indices.len())?;
+    ) -> Result<Pinned<u32>> {
         if !options.sort {
+            let mut staged = self.staging.alloc::<u32>(indices.len())?;
             staged.as_mut_slice()?.copy_from_slice(indices);
-            return Ok((staged, None));
+            return Ok(staged);
         }
-        let mut order: Vec<(u32, u32)> = indices
+        const REGION: u32 = 21;
+        let region = |index: u32| ((u64::from(index) * row_bytes as u64) >> REGION) as usize;
+        let regions = indices
             .iter()
-            .zip(0..)
-            .map(|(&index, position)| (index, position))
-            .collect();
-        order.sort_unstable();
-        let mut positions = self.staging.alloc::<u32>(indices.len())?;
-        for ((index, position), (i, p)) in order.iter().zip(
-            staged
-                .as_mut_slice()?
-                .iter_mut()
-                .zip(positions.as_mut_slice()?.iter_mut()),
-        ) {
-            *i = *index;
-            *p = *position;
+            .map(|&i| region(i))
+            .max()
+            .map_or(0, |r| r + 1);
+        let mut starts = vec![0u32; regions + 1];
+        for &index in indices {
+            starts[region(index) + 1] += 1;
         }
-        Ok((staged, Some(positions)))
+        for r in 1..starts.len() {
+            starts[r] += starts[r - 1];
+        }
+        let n = indices.len();
+        let mut staged = self.staging.alloc::<u32>(2 * n)?;
+        let (sorted, positions) = staged.as_mut_slice()?.split_at_mut(n);
+        for (position, &index) in (0u32..).zip(indices) {
+            let slot = &mut starts[region(index)];
+            sorted[*slot as usize] = index;
+            positions[*slot as usize] = position;
+            *slot += 1;
+        }
+        Ok(staged)
     }
 }
 
