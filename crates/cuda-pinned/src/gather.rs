@@ -39,9 +39,9 @@ const STAGING_BUDGET: usize = 32 << 20;
 /// How a gather is done.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GatherOptions {
-    /// Read the rows in the order of the 4 KiB page of the table they lie in (the output keeps the batch's
-    /// order). Reads of host memory that are near each other are much faster over the bus than scattered
-    /// ones, for the cost of a radix sort of the indices on the host (linear in the batch).
+    /// Read the rows grouped by the 2 MiB region of the table they lie in (the output keeps the batch's
+    /// order). Reads of host memory that are near each other can be much faster over the bus than scattered
+    /// ones, for the cost of a counting sort of the indices on the host (linear in the batch).
     pub sort: bool,
 }
 
@@ -214,75 +214,44 @@ impl Gatherer {
     }
 
     /// The indices in page-locked memory, followed, if `options` sorts, by each one's output position: sorted
-    /// by the 4 KiB page of the table their row starts in, so that reads in flight together share pages (the
-    /// translations of host pages are what scattered reads over the bus wait on). A radix sort of 11 bits per
-    /// pass: linear in the batch on the host.
+    /// by the 2 MiB region of the table their row starts in (a counting sort: two passes over the batch, so
+    /// the host's cost stays linear), which is the locality that reads over the bus gain from.
     fn stage(
         &self,
         indices: &[u32],
         row_bytes: usize,
         options: GatherOptions,
     ) -> Result<Pinned<u32>> {
-        let n = indices.len();
         if !options.sort {
-            let mut staged = self.staging.alloc::<u32>(n)?;
+            let mut staged = self.staging.alloc::<u32>(indices.len())?;
             staged.as_mut_slice()?.copy_from_slice(indices);
             return Ok(staged);
         }
-        let keys = by_page(indices, row_bytes);
+        const REGION: u32 = 21;
+        let region = |index: u32| ((u64::from(index) * row_bytes as u64) >> REGION) as usize;
+        let regions = indices
+            .iter()
+            .map(|&i| region(i))
+            .max()
+            .map_or(0, |r| r + 1);
+        let mut starts = vec![0u32; regions + 1];
+        for &index in indices {
+            starts[region(index) + 1] += 1;
+        }
+        for r in 1..starts.len() {
+            starts[r] += starts[r - 1];
+        }
+        let n = indices.len();
         let mut staged = self.staging.alloc::<u32>(2 * n)?;
         let (sorted, positions) = staged.as_mut_slice()?.split_at_mut(n);
-        for ((index, position), key) in sorted.iter_mut().zip(positions.iter_mut()).zip(&keys) {
-            *position = *key as u32;
-            *index = indices[*position as usize];
+        for (position, &index) in (0u32..).zip(indices) {
+            let slot = &mut starts[region(index)];
+            sorted[*slot as usize] = index;
+            positions[*slot as usize] = position;
+            *slot += 1;
         }
         Ok(staged)
     }
-}
-
-/// `(page << 32) | position` for each of `indices`, sorted by page (stable: positions of one page keep their
-/// order), where the page is the 4 KiB page of the table that row `index` (of `row_bytes`) starts in, pages past
-/// 2^32 grouped in runs so that the number fits. An LSD radix sort of 11 bits per pass.
-fn by_page(indices: &[u32], row_bytes: usize) -> Vec<u64> {
-    let n = indices.len();
-    const PAGE: u32 = 12;
-    const DIGIT: u32 = 11;
-    let page = |index: u32| (u64::from(index) * row_bytes as u64) >> PAGE;
-    // (page << 32 | position), sorted on the page bits only (positions of one page keep their order); pages
-    // past 2^32 (tables over 16 TiB) are grouped in runs so that the number fits.
-    let coarser = (u64::BITS
-        - indices
-            .iter()
-            .map(|&i| page(i))
-            .max()
-            .unwrap_or(0)
-            .leading_zeros())
-    .saturating_sub(32);
-    let mut keys: Vec<u64> = (0u32..)
-        .zip(indices)
-        .map(|(position, &index)| (page(index) >> coarser) << 32 | u64::from(position))
-        .collect();
-    let last = keys.iter().map(|&key| key >> 32).max().unwrap_or(0);
-    let mut spare = vec![0u64; n];
-    let mut shift = 32;
-    while shift < 32 + u64::BITS - last.leading_zeros() {
-        let digit = |key: u64| ((key >> shift) & ((1 << DIGIT) - 1)) as usize;
-        let mut starts = vec![0usize; (1 << DIGIT) + 1];
-        for &key in &keys {
-            starts[digit(key) + 1] += 1;
-        }
-        for d in 1..starts.len() {
-            starts[d] += starts[d - 1];
-        }
-        for &key in &keys {
-            let slot = &mut starts[digit(key)];
-            spare[*slot] = key;
-            *slot += 1;
-        }
-        std::mem::swap(&mut keys, &mut spare);
-        shift += DIGIT;
-    }
-    keys
 }
 
 impl fmt::Debug for Gatherer {
@@ -290,40 +259,5 @@ impl fmt::Debug for Gatherer {
         f.debug_struct("Gatherer")
             .field("context", &self.context)
             .finish_non_exhaustive()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::by_page;
-
-    #[test]
-    fn indices_are_sorted_by_page_stably_over_several_passes() {
-        for row_bytes in [1usize, 64, 4096, 65536] {
-            let indices: Vec<u32> = (0u64..5000)
-                .map(|k| (k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as u32)
-                .chain([u32::MAX, 0, u32::MAX, 7])
-                .collect();
-            let keys = by_page(&indices, row_bytes);
-            let mut seen = vec![false; indices.len()];
-            for pair in keys.windows(2) {
-                assert!(
-                    pair[0] >> 32 <= pair[1] >> 32,
-                    "pages out of order, rows of {row_bytes}"
-                );
-                if pair[0] >> 32 == pair[1] >> 32 {
-                    assert!(
-                        (pair[0] as u32) < (pair[1] as u32),
-                        "not stable, rows of {row_bytes}"
-                    );
-                }
-            }
-            for key in &keys {
-                let position = *key as u32 as usize;
-                assert!(!seen[position], "position {position} twice");
-                seen[position] = true;
-            }
-            assert!(seen.iter().all(|&s| s));
-        }
     }
 }
