@@ -111,10 +111,16 @@ pub(crate) fn preload(ordinal: usize, load: impl FnOnce() -> Result<()> + Send +
         loads.insert(ordinal, entry.clone());
     }
     let loading = entry.clone();
+    static BEFORE_RUNTIME: std::sync::Once = std::sync::Once::new();
+    BEFORE_RUNTIME.call_once(crate::memory::guard_exit);
     let started = std::thread::Builder::new()
         .name(format!("cuda-pinned-load-{ordinal}"))
         .spawn(move || {
             let outcome = load();
+            // The runtime has started and registered its exit hook: the release thread's goes after it, so
+            // that it runs first at exit (see `guard_exit`).
+            static AFTER_RUNTIME: std::sync::Once = std::sync::Once::new();
+            AFTER_RUNTIME.call_once(crate::memory::guard_exit);
             finish(&loading, outcome);
         });
     if started.is_err() {
@@ -127,6 +133,32 @@ pub(crate) fn preload(ordinal: usize, load: impl FnOnce() -> Result<()> + Send +
 fn finish(load: &Load, outcome: Result<()>) {
     *load.outcome.lock().unwrap_or_else(PoisonError::into_inner) = Some(outcome);
     load.done.notify_all();
+}
+
+/// Waits, until `deadline` at the latest, for every loading of the kernels started so far to end (at the
+/// process's exit: see `memory::release::guard_exit`).
+#[cfg(feature = "gpu")]
+pub(crate) fn wait_for_loads(deadline: std::time::Instant) {
+    let loads: Vec<Arc<Load>> = LOADS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .values()
+        .cloned()
+        .collect();
+    for load in loads {
+        let mut outcome = load.outcome.lock().unwrap_or_else(PoisonError::into_inner);
+        while outcome.is_none() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            outcome = load
+                .done
+                .wait_timeout(outcome, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
 }
 
 /// Waits until the kernels are loaded into the primary context of the device with this ordinal (at once, but

@@ -19,6 +19,8 @@ pub(crate) use layout::byte_len;
 pub use pinned::{Pinned, PinnedBuilder};
 pub use pool::{PinnedPool, Pinning, PoolBuilder, PoolStats, WhenFull};
 pub use registered::Registered;
+#[cfg(feature = "gpu")]
+pub(crate) use release::guard_exit;
 pub(crate) use release::release_host;
 pub use tracked::Track;
 pub(crate) use tracked::{Gpu, INLINE, Work, lock};

@@ -20,7 +20,8 @@
 //! Where the thread cannot be started, a release runs on the caller's thread as it did before: correct, only
 //! not free of the wait.
 
-use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, Once, OnceLock, PoisonError};
 use std::time::Duration;
 
 use super::tracked::{Gpu, GpuTracker};
@@ -69,6 +70,7 @@ fn service() -> Option<&'static Service> {
             arrived: Condvar::new(),
             round_done: Condvar::new(),
         }));
+        guard_exit_once();
         std::thread::Builder::new()
             .name("cuda-pinned-release".into())
             .spawn(move || service.run())
@@ -106,8 +108,16 @@ impl Service {
             drop(state);
 
             let before = held.len();
-            Context::sweep_drained();
-            held = release_idle(held);
+            {
+                let _calls = DRIVER_CALLS.lock().unwrap_or_else(PoisonError::into_inner);
+                if EXITING.load(Ordering::Acquire) {
+                    // The process is ending: what is left stays pinned until the system reclaims it.
+                    std::mem::forget(held);
+                    return;
+                }
+                Context::sweep_drained();
+                held = release_idle(held);
+            }
             let released = held.len() < before;
 
             let mut state = self.lock();
@@ -131,6 +141,54 @@ impl Service {
             }
         }
     }
+}
+
+/// Set when the process exits: the release thread makes no driver call after it.
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// Held by the release thread while it makes driver calls (a round of releases), and taken by the exit hook to
+/// wait for such a round to end.
+static DRIVER_CALLS: Mutex<()> = Mutex::new(());
+
+/// Makes the process's exit wait for a round of releases in progress (and, with feature `gpu`, for the loading
+/// of the crate's kernels) and stop the release thread before the CUDA libraries are torn down: a driver call
+/// running on such a thread while the statically linked CUDA runtime tears itself down at exit made the process
+/// crash (seen on an H100: a `Gatherer` dropped as `main` returned ended in a segmentation fault). Exit hooks
+/// run in the reverse order of their registration, so this is registered when the first of those threads
+/// starts and again once the runtime has started (by the kernels' loading), after the runtime's own hook.
+pub(crate) fn guard_exit() {
+    unsafe extern "C" {
+        fn atexit(hook: extern "C" fn()) -> std::ffi::c_int;
+    }
+    extern "C" fn stop_releasing() {
+        EXITING.store(true, Ordering::Release);
+        // A round in progress ends (its calls return) before the libraries go; none starts after. Its calls
+        // may wait for device work (unpinning waits for the whole device), so the exit waits, but not for
+        // ever: after PATIENCE it goes on, as it did without this hook.
+        const PATIENCE: Duration = Duration::from_secs(10);
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while std::time::Instant::now() < deadline {
+            match DRIVER_CALLS.try_lock() {
+                Ok(_) | Err(std::sync::TryLockError::Poisoned(_)) => break,
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+        // The loading of the crate's kernels into the runtime, on threads of their own, must not be cut off
+        // by the runtime's teardown either.
+        #[cfg(feature = "gpu")]
+        crate::kernels_ffi::wait_for_loads(deadline);
+    }
+    // SAFETY: `atexit` is the C library's; the hook is a plain function that only touches statics, and
+    // registering it more than once is harmless (it is idempotent).
+    unsafe { atexit(stop_releasing) };
+}
+
+/// [`guard_exit`], once per process from the release thread's start.
+fn guard_exit_once() {
+    static GUARDED: Once = Once::new();
+    GUARDED.call_once(guard_exit);
 }
 
 /// Releases host memory once no device work uses it, on the release thread: returns at once. Never frees
