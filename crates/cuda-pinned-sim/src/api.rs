@@ -973,6 +973,78 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2(
     })
 }
 
+/// `cuMemcpyBatchAsync_v2` (CUDA 12.8): `count` copies by unified address, each queued on the stream in order
+/// as `cuMemcpyAsync` would. Every copy is checked before any is queued (the driver fails the whole call), and
+/// each attribute must ask for the source to be read in stream order (`CU_MEMCPY_SRC_ACCESS_ORDER_STREAM`, the
+/// only order under which a later copy may read what an earlier one wrote) or later (`ANY`); `DURING_API_CALL`
+/// is refused, as the simulator does not model it.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyBatchAsync_v2(
+    dsts: *mut CUdeviceptr,
+    srcs: *mut CUdeviceptr,
+    sizes: *mut usize,
+    count: usize,
+    attrs: *mut CUmemcpyAttributes,
+    attrsIdxs: *mut usize,
+    numAttrs: usize,
+    hStream: CUstream,
+) -> CUresult {
+    entry("cuMemcpyBatchAsync_v2", |mut state| {
+        if count == 0
+            || dsts.is_null()
+            || srcs.is_null()
+            || sizes.is_null()
+            || numAttrs == 0
+            || numAttrs > count
+            || attrs.is_null()
+            || attrsIdxs.is_null()
+            || is_default_stream(hStream)
+        {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller passes `count` addresses and sizes and `numAttrs` attributes and indices.
+        let (dsts, srcs, sizes, attrs, firsts) = unsafe {
+            (
+                std::slice::from_raw_parts(dsts, count),
+                std::slice::from_raw_parts(srcs, count),
+                std::slice::from_raw_parts(sizes, count),
+                std::slice::from_raw_parts(attrs, numAttrs),
+                std::slice::from_raw_parts(attrsIdxs, numAttrs),
+            )
+        };
+        // The attributes apply from their index to the next one's; the first must start at copy 0.
+        if firsts[0] != 0 || firsts.windows(2).any(|w| w[0] >= w[1]) || firsts[numAttrs - 1] >= count {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        use CUmemcpySrcAccessOrder_enum as Order;
+        if attrs.iter().any(|a| {
+            a.srcAccessOrder != Order::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+                && a.srcAccessOrder != Order::CU_MEMCPY_SRC_ACCESS_ORDER_ANY
+        }) {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let (handle, _) = live_stream(&state, hStream)?;
+        let mut copies = Vec::with_capacity(count);
+        for k in 0..count {
+            let to = any_loc(&mut state, dsts[k], sizes[k], "cuMemcpyBatchAsync_v2")?;
+            let from = any_loc(&mut state, srcs[k], sizes[k], "cuMemcpyBatchAsync_v2")?;
+            if is_pageable(to) || is_pageable(from) {
+                // The batch's asynchronous copies need memory the device can reach without staging.
+                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+            }
+            copies.push(Op::Copy {
+                dst: to,
+                src: from,
+                bytes: sizes[k],
+            });
+        }
+        for op in copies {
+            state = stream::submit(state, handle, op, false);
+        }
+        Ok(())
+    })
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemcpy2DAsync_v2(_pCopy: *const CUDA_MEMCPY2D, _hStream: CUstream) -> CUresult {
     entry("cuMemcpy2DAsync_v2", |_| {
@@ -1711,6 +1783,7 @@ fn signatures(api: &DriverApi) {
         cuMemcpyHtoDAsync_v2,
         cuMemcpyDtoHAsync_v2,
         cuMemcpyDtoDAsync_v2,
+        cuMemcpyBatchAsync_v2,
         cuMemcpy2DAsync_v2,
         cuMemcpy3DAsync_v2,
         cuMemsetD8Async,

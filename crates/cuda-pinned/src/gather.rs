@@ -13,10 +13,11 @@ use std::fmt;
 use bytemuck::Pod;
 
 use crate::copy::{DeviceDestination, PinnedSource, sealed};
-use crate::driver::{Context, Stream};
+use crate::driver::{Category, Context, Stream, calls};
 use crate::error::{Error, Result};
 use crate::launch::{Arg, Kernel, LaunchConfig, Module};
-use crate::memory::{DeviceBuffer, Pinned, PinnedPool, WhenFull};
+use crate::memory::{DeviceBuffer, Pinned, PinnedPool, WhenFull, Work};
+use crate::track::Access;
 
 /// The gather kernels (`cuda/gather.cu`, compiled to PTX by `scripts/gather-ptx.sh`): the driver compiles them
 /// for the device when [`Gatherer::new`] loads them, so building the crate needs no CUDA compiler.
@@ -36,16 +37,41 @@ const MAX_BLOCKS: usize = 4096;
 /// positions). A gather that needs more waits for the uploads of earlier ones to complete.
 const STAGING_BUDGET: usize = 32 << 20;
 
+/// What moves the rows of a gather.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GatherEngine {
+    /// The kernel for rows under [`Gatherer::COPIES_FROM`] bytes, the copy engines from there.
+    #[default]
+    Auto,
+    /// The crate's gather kernel: the device's threads read the rows over the bus. Best for small rows: one
+    /// launch for the whole batch, however many rows.
+    Kernel,
+    /// The copy engines: one copy per row, all enqueued by one `cuMemcpyBatchAsync` (CUDA 12.8 and later). Each
+    /// copy costs the host a fraction of a microsecond to enqueue, so it pays only for large rows, which the
+    /// engines move at the link's speed without taking the device's threads.
+    Copies,
+}
+
 /// How a gather is done.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GatherOptions {
-    /// Read the rows grouped by the 2 MiB region of the table they lie in (the output keeps the batch's
+    /// What moves the rows (default [`GatherEngine::Auto`]).
+    pub engine: GatherEngine,
+    /// (Kernel only.) Read the rows grouped by the 2 MiB region of the table they lie in (the output keeps the batch's
     /// order). Reads of host memory that are near each other can be much faster over the bus than scattered
     /// ones, for the cost of a counting sort of the indices on the host (linear in the batch).
     pub sort: bool,
 }
 
 impl GatherOptions {
+    /// [`GatherOptions::engine`].
+    #[must_use]
+    pub fn engine(mut self, engine: GatherEngine) -> GatherOptions {
+        self.engine = engine;
+        self
+    }
+
     /// [`GatherOptions::sort`].
     #[must_use]
     pub fn sort(mut self, sort: bool) -> GatherOptions {
@@ -66,6 +92,10 @@ pub struct Gatherer {
 }
 
 impl Gatherer {
+    /// Rows of at least this many bytes are moved by the copy engines under [`GatherEngine::Auto`], smaller
+    /// ones by the kernel.
+    pub const COPIES_FROM: usize = 64 << 10;
+
     /// Loads the gather kernels into `context`.
     ///
     /// # Errors
@@ -118,6 +148,14 @@ impl Gatherer {
             return Ok(());
         }
         let row_bytes = row_len * size_of::<T>();
+        let engine = match options.engine {
+            GatherEngine::Auto if row_bytes >= Gatherer::COPIES_FROM => GatherEngine::Copies,
+            GatherEngine::Auto => GatherEngine::Kernel,
+            chosen => chosen,
+        };
+        if engine == GatherEngine::Copies {
+            return copy_rows(stream, table, row_bytes, indices, out);
+        }
         // The widest access that divides the row and both base addresses. A mapping keeps the offset within a
         // page, so the host address's alignment is the device address's.
         let table_address = sealed::PinnedMemory::host_ptr(table) as usize;
@@ -252,6 +290,48 @@ impl Gatherer {
         }
         Ok(staged)
     }
+}
+
+/// The copy engine's gather: one copy per row, from the table's page-locked memory (at its host address: unified
+/// addressing) into `out`, enqueued by one driver call and tracked as one piece of work that reads the table and
+/// writes `out`. The arguments are checked.
+fn copy_rows<T: Pod>(
+    stream: &Stream,
+    table: &impl PinnedSource<T>,
+    row_bytes: usize,
+    indices: &[u32],
+    out: &mut impl DeviceDestination<T>,
+) -> Result<()> {
+    let table_base = sealed::PinnedMemory::host_ptr(table) as u64;
+    let out_base = sealed::DeviceMemory::device_ptr(out);
+    let row = row_bytes as u64;
+    let mut srcs: Vec<u64> = indices
+        .iter()
+        .map(|&index| table_base + u64::from(index) * row)
+        .collect();
+    let mut dsts: Vec<u64> = (0..indices.len() as u64)
+        .map(|k| out_base + k * row)
+        .collect();
+    let mut sizes = vec![row_bytes; indices.len()];
+    let mut uses = [
+        (sealed::PinnedMemory::track(table), Access::Read),
+        (sealed::DeviceMemory::track(out), Access::Write),
+    ];
+    let bytes = row_bytes * indices.len();
+    let work = Work::Timed(Category::Upload, "gather", bytes);
+    stream
+        .tracked_uses(work, &mut uses, || {
+            // SAFETY: every source is a whole row of the table (indices checked against its length), every
+            // destination a distinct row of `out` (its length checked), both page-locked or device memory that
+            // the trackers keep alive and ordered until the copies have completed.
+            unsafe { calls::memcpy_batch_async(&mut dsts, &mut srcs, &mut sizes, stream.as_raw()) }
+        })
+        .map_err(|e| {
+            e.context(format_args!(
+                "copying {} rows of {row_bytes} bytes",
+                indices.len()
+            ))
+        })
 }
 
 impl fmt::Debug for Gatherer {

@@ -10,7 +10,8 @@ mod common;
 
 use common::{data, serial, spin};
 use cuda_pinned::{
-    Context, DeviceBuffer, GatherOptions, Gatherer, Pinned, PinnedBuilder, Registered, Stream,
+    Context, DeviceBuffer, GatherEngine, GatherOptions, Gatherer, Pinned, PinnedBuilder,
+    Registered, Stream,
 };
 
 fn context() -> Context {
@@ -46,9 +47,14 @@ fn indices(count: usize, rows: usize, seed: u64) -> Vec<u32> {
     out
 }
 
-/// Gathers `count` random rows of `row` bytes from a registered table of `rows` rows and returns what
-/// arrived and what should have.
-fn gather_once(row: usize, rows: usize, count: usize, sort: bool) -> (Vec<u8>, Vec<u8>) {
+/// Gathers `count` random rows of `row` bytes from a registered table of `rows` rows with `options` and
+/// returns what arrived and what should have.
+fn gather_once(
+    row: usize,
+    rows: usize,
+    count: usize,
+    options: GatherOptions,
+) -> (Vec<u8>, Vec<u8>) {
     let ctx = context();
     let stream = Stream::new(&ctx).unwrap();
     let gatherer = Gatherer::new(&ctx).unwrap();
@@ -57,14 +63,7 @@ fn gather_once(row: usize, rows: usize, count: usize, sort: bool) -> (Vec<u8>, V
     let picks = indices(count, rows, (row * 31 + count) as u64);
     let mut out = DeviceBuffer::<u8>::zeroed(&stream, row * count).unwrap();
     gatherer
-        .gather(
-            &stream,
-            &table,
-            row,
-            &picks,
-            &mut out,
-            GatherOptions::default().sort(sort),
-        )
+        .gather(&stream, &table, row, &picks, &mut out, options)
         .unwrap();
     let mut got = Pinned::<u8>::zeroed(&ctx, row * count).unwrap();
     stream.download(&out, &mut got).unwrap();
@@ -92,11 +91,13 @@ fn gathered_rows_match_the_model_at_every_row_size() {
         (4100, 16, 20),
         (65536, 8, 12),
     ] {
-        for sort in [false, true] {
-            let (got, want) = gather_once(row, rows, count, sort);
+        let kernel = GatherOptions::default().engine(GatherEngine::Kernel);
+        let copies = GatherOptions::default().engine(GatherEngine::Copies);
+        for options in [kernel, kernel.sort(true), copies, GatherOptions::default()] {
+            let (got, want) = gather_once(row, rows, count, options);
             assert!(
                 got == want,
-                "rows of {row} bytes, sorted {sort}: the gather differs from the model"
+                "rows of {row} bytes, {options:?}: the gather differs from the model"
             );
         }
     }
@@ -187,7 +188,10 @@ fn bad_gathers_are_errors_before_anything_is_enqueued() {
 /// A gather queued behind 300 ms of other work on its stream, then a host write of the whole table: through
 /// `as_mut_slice` (which waits for the gather) or, for the control, through the raw pointer (which does not).
 /// Returns what was gathered and the rows the table held before the write.
-fn host_write_during_a_gather(through_the_tracker: bool) -> (Vec<u8>, Vec<u8>) {
+fn host_write_during_a_gather(
+    through_the_tracker: bool,
+    engine: GatherEngine,
+) -> (Vec<u8>, Vec<u8>) {
     let ctx = context();
     let stream = Stream::new(&ctx).unwrap();
     let gatherer = Gatherer::new(&ctx).unwrap();
@@ -208,7 +212,7 @@ fn host_write_during_a_gather(through_the_tracker: bool) -> (Vec<u8>, Vec<u8>) {
             row,
             &picks,
             &mut out,
-            GatherOptions::default(),
+            GatherOptions::default().engine(engine),
         )
         .unwrap();
     if through_the_tracker {
@@ -229,18 +233,25 @@ fn host_write_during_a_gather(through_the_tracker: bool) -> (Vec<u8>, Vec<u8>) {
 #[test]
 fn host_writes_to_the_table_wait_for_a_gather_in_flight() {
     let _serial = serial();
-    let (got, want) = host_write_during_a_gather(true);
-    assert!(got == want, "the host wrote the table under the gather");
+    for engine in [GatherEngine::Kernel, GatherEngine::Copies] {
+        let (got, want) = host_write_during_a_gather(true, engine);
+        assert!(
+            got == want,
+            "{engine:?}: the host wrote the table under the gather"
+        );
+    }
 }
 
 #[test]
 fn control_a_write_around_the_tracker_lands_under_the_gather() {
     let _serial = serial();
-    let (got, want) = host_write_during_a_gather(false);
-    assert!(
-        got != want,
-        "a write around the tracker did not reach the gather: this control cannot show the rule"
-    );
+    for engine in [GatherEngine::Kernel, GatherEngine::Copies] {
+        let (got, want) = host_write_during_a_gather(false, engine);
+        assert!(
+            got != want,
+            "{engine:?}: a write around the tracker did not reach the gather: this control cannot show the rule"
+        );
+    }
 }
 
 #[test]

@@ -18,8 +18,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use common::{LIMIT, Serial, bounded, serial, sim};
 use cuda_pinned::sys::CUdevice_attribute;
 use cuda_pinned::{
-    Arg, Context, Device, DeviceBuffer, Event, LaunchConfig, Ledger, Pinned, PinnedPool, Pinning,
-    Prefetcher, Registered, Result, Stream, Use, WhenFull,
+    Arg, Context, Device, DeviceBuffer, Event, GatherEngine, GatherOptions, Gatherer, LaunchConfig,
+    Ledger, Pinned, PinnedPool, Pinning, Prefetcher, Registered, Result, Stream, Use, WhenFull,
 };
 
 /// Calls that release something: when one fails, its object stays.
@@ -427,6 +427,25 @@ fault_tests! {
         bounded!(f.a.download(&y, &mut out))?;
         let got = bounded!(out.as_slice())?;
         assert!(got.iter().zip(&want).all(|(g, w)| *g == 2.0 * w), "wrong data after a launch");
+        Ok(())
+    };
+    gathers_by_both_engines: |f| {
+        let gatherer = bounded!(Gatherer::new(&f.ctx))?;
+        let row = 64usize;
+        let values = common::data(row * 100, 8);
+        let table = bounded!(Registered::new(&f.ctx, values.clone()))?;
+        let picks = [7u32, 99, 0, 7, 42];
+        let mut out = bounded!(DeviceBuffer::<u32>::zeroed(&f.b, row * picks.len()))?;
+        let mut got = bounded!(Pinned::<u32>::zeroed(&f.ctx, row * picks.len()))?;
+        let want: Vec<u32> = picks.iter().flat_map(|&p| values[p as usize * row..][..row].to_vec()).collect();
+        let kernel = GatherOptions::default().engine(GatherEngine::Kernel).sort(true);
+        let copies = GatherOptions::default().engine(GatherEngine::Copies);
+        for options in [kernel, copies] {
+            bounded!(gatherer.gather(&f.b, &table, row, &picks, &mut out, options))?;
+            bounded!(f.a.download(&out, &mut got))?;
+            assert_eq!(bounded!(got.as_slice())?, &want[..], "wrong rows after a gather");
+        }
+        bounded!(drop((gatherer, table, out, got)));
         Ok(())
     };
     foreign_work_and_raw_handover: |f| {

@@ -1,19 +1,26 @@
 //! `pinbench gather`: rows gathered by random index from a large page-locked table into device memory, by the
-//! crate's gather kernel (rows read in place over the bus, in the batch's order and sorted by index) and by the
-//! CPU (all cores gather into pinned memory, then one upload), against a contiguous pinned upload of the same
-//! bytes in the same run.
+//! crate's gather kernel (rows read in place over the bus, in the batch's order and sorted by index), by the
+//! copy engines (one copy per row, enqueued by one `cuMemcpyBatchAsync`) and by the CPU (all cores gather into
+//! pinned memory, then one upload), against a contiguous pinned upload of the same bytes in the same run; and
+//! the host time of enqueueing 64 small copies one call each against one batched call.
 
 use std::fmt::Write as _;
 use std::time::Instant;
 
-use cuda_pinned::{Context, DeviceBuffer, GatherOptions, Gatherer, Pinned, Registered, Stream};
+use std::ffi::c_void;
+
+use cuda_pinned::sys::{CUmemcpyAttributes, CUmemcpySrcAccessOrder};
+use cuda_pinned::{
+    Context, DeviceBuffer, GatherEngine, GatherOptions, Gatherer, Pinned, Registered, Stream,
+    driver_call,
+};
 use serde::Serialize;
 
 use crate::Outcome;
 use crate::timing::{Stopwatch, median};
 
 /// Row sizes measured, bytes.
-pub const ROWS: [usize; 5] = [64, 256, 1024, 4096, 65536];
+pub const ROWS: [usize; 7] = [64, 256, 1024, 4096, 16384, 65536, 262_144];
 
 /// Bytes of rows per batch.
 pub const BATCH_BYTES: usize = 64 << 20;
@@ -57,6 +64,11 @@ pub struct Row {
     pub kernel_sorted_gbps: f64,
     /// Host time of one sorted gather call (sorting and staging the indices, enqueueing), seconds.
     pub kernel_sorted_host_seconds: f64,
+    /// The copy engines, one copy per row enqueued by one batched call: device time (gathers back to back).
+    pub copies_gbps: f64,
+    /// Host time of one such gather call (building the copies' list, enqueueing), seconds.
+    pub copies_host_seconds: f64,
+    pub copies_ratio_to_upload: f64,
     /// The CPU gathering into pinned memory on `threads` threads, then one upload: host wall time.
     pub cpu_gather_upload_gbps: f64,
     /// `kernel_gbps` / the pinned upload of the same run.
@@ -80,7 +92,17 @@ pub struct Figures {
     /// A contiguous upload of `batch_bytes` from pinned memory, GB/s.
     pub pinned_upload_gbps: f64,
     pub rows: Vec<Row>,
+    /// Host time to enqueue 64 copies of 64 bytes from pinned memory: 64 `cuMemcpyHtoDAsync_v2` calls, seconds
+    /// (median of [`ENQUEUE_SAMPLES`]).
+    pub enqueue_64_single_seconds: f64,
+    /// The same 64 copies by one `cuMemcpyBatchAsync_v2` call.
+    pub enqueue_64_batched_seconds: f64,
+    /// `enqueue_64_single_seconds / enqueue_64_batched_seconds`.
+    pub enqueue_64_speedup: f64,
 }
+
+/// Repetitions of the 64-copy enqueue figures.
+pub const ENQUEUE_SAMPLES: usize = 200;
 
 /// Runs the measurements on device 0.
 ///
@@ -123,8 +145,7 @@ pub fn measure(settings: &Settings) -> Outcome<Figures> {
             .map(|k| (mix(k ^ row as u64) % table_rows as u64) as u32)
             .collect();
         let mut verified = true;
-        let mut kernel = |sort: bool| -> Outcome<(f64, f64)> {
-            let options = GatherOptions::default().sort(sort);
+        let mut kernel = |options: GatherOptions| -> Outcome<(f64, f64)> {
             let (mut device, mut host) = (Vec::new(), Vec::new());
             for _ in 0..settings.samples + 1 {
                 let mut calls = 0.0;
@@ -143,8 +164,10 @@ pub fn measure(settings: &Settings) -> Outcome<Figures> {
             verified &= matches(check.as_slice()?, &indices, row);
             Ok((median(device[1..].to_vec()), median(host[1..].to_vec())))
         };
-        let (random, _) = kernel(false)?;
-        let (sorted, sorted_host) = kernel(true)?;
+        let on_kernel = GatherOptions::default().engine(GatherEngine::Kernel);
+        let (random, _) = kernel(on_kernel)?;
+        let (sorted, sorted_host) = kernel(on_kernel.sort(true))?;
+        let (copied, copies_host) = kernel(GatherOptions::default().engine(GatherEngine::Copies))?;
 
         let mut cpu = Vec::new();
         for _ in 0..settings.samples + 1 {
@@ -171,6 +194,9 @@ pub fn measure(settings: &Settings) -> Outcome<Figures> {
             kernel_gbps,
             kernel_sorted_gbps: sorted_gbps,
             kernel_sorted_host_seconds: sorted_host,
+            copies_gbps: gbps(copied),
+            copies_host_seconds: copies_host,
+            copies_ratio_to_upload: gbps(copied) / upload_gbps,
             cpu_gather_upload_gbps: cpu_gbps,
             kernel_ratio_to_upload: kernel_gbps / upload_gbps,
             kernel_sorted_ratio_to_upload: sorted_gbps / upload_gbps,
@@ -179,7 +205,11 @@ pub fn measure(settings: &Settings) -> Outcome<Figures> {
             verified,
         });
     }
+    let (single, batched) = enqueue_64(&context, &stream)?;
     Ok(Figures {
+        enqueue_64_single_seconds: single,
+        enqueue_64_batched_seconds: batched,
+        enqueue_64_speedup: single / batched,
         device: context.device().name()?,
         table_bytes: settings.table_bytes,
         batch_bytes: BATCH_BYTES,
@@ -188,6 +218,60 @@ pub fn measure(settings: &Settings) -> Outcome<Figures> {
         pinned_upload_gbps: upload_gbps,
         rows,
     })
+}
+
+/// Host time to enqueue 64 copies of 64 bytes (pinned to device memory) as 64 calls and as one batched call,
+/// medians of [`ENQUEUE_SAMPLES`], the stream synchronized after each sample.
+fn enqueue_64(context: &Context, stream: &Stream) -> Outcome<(f64, f64)> {
+    const COPIES: usize = 64;
+    const BYTES: usize = 64;
+    let host = Pinned::<u8>::zeroed(context, COPIES * BYTES)?;
+    let device = DeviceBuffer::<u8>::zeroed(stream, COPIES * BYTES)?;
+    stream.synchronize()?;
+    let (src, dst) = (host.as_ptr() as u64, device.as_raw());
+    let mut srcs: Vec<u64> = (0..COPIES as u64).map(|k| src + k * BYTES as u64).collect();
+    let mut dsts: Vec<u64> = (0..COPIES as u64).map(|k| dst + k * BYTES as u64).collect();
+    let mut sizes = vec![BYTES; COPIES];
+    let (mut single, mut batched) = (Vec::new(), Vec::new());
+    for _ in 0..ENQUEUE_SAMPLES {
+        let began = Instant::now();
+        for (&d, &s) in dsts.iter().zip(&srcs) {
+            // SAFETY: 64 bytes of live pinned and device memory each; the stream is synchronized before either
+            // buffer is touched again or dropped.
+            unsafe {
+                driver_call!(cuMemcpyHtoDAsync_v2(
+                    d,
+                    s as *const c_void,
+                    BYTES,
+                    stream.as_raw()
+                ))
+            }?;
+        }
+        single.push(began.elapsed().as_secs_f64());
+        stream.synchronize()?;
+        let mut attributes = CUmemcpyAttributes {
+            srcAccessOrder: CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+            ..Default::default()
+        };
+        let mut first = 0usize;
+        let began = Instant::now();
+        // SAFETY: as above: 64 copies of 64 bytes, one attribute for all of them from copy 0.
+        unsafe {
+            driver_call!(cuMemcpyBatchAsync_v2(
+                dsts.as_mut_ptr(),
+                srcs.as_mut_ptr(),
+                sizes.as_mut_ptr(),
+                COPIES,
+                &mut attributes,
+                &mut first,
+                1,
+                stream.as_raw()
+            ))
+        }?;
+        batched.push(began.elapsed().as_secs_f64());
+        stream.synchronize()?;
+    }
+    Ok((median(single), median(batched)))
 }
 
 /// The `SplitMix64` finaliser: the random indices and the table's words.
@@ -260,19 +344,21 @@ pub fn table(f: &Figures) -> String {
     );
     let _ = writeln!(
         out,
-        "{:>8} {:>9} {:>18} {:>18} {:>12} {:>24} {:>9}",
+        "{:>8} {:>9} {:>18} {:>18} {:>12} {:>18} {:>12} {:>24} {:>9}",
         "row",
         "rows",
         "kernel",
         "kernel, sorted",
         "sort (host)",
+        "copies (batched)",
+        "copies host",
         format!("CPU gather ({}) + upload", f.cpu_threads),
         "kernel/CPU"
     );
     for r in &f.rows {
         let _ = writeln!(
             out,
-            "{:>8} {:>9} {:>10.1} ({:.2}) {:>10.1} ({:.2}) {:>9.2} ms {:>16.1} ({:.2}) {:>8.2}x{}",
+            "{:>8} {:>9} {:>10.1} ({:.2}) {:>10.1} ({:.2}) {:>9.2} ms {:>10.1} ({:.2}) {:>9.2} ms {:>16.1} ({:.2}) {:>8.2}x{}",
             bytes(r.row_bytes),
             r.rows_per_batch,
             r.kernel_gbps,
@@ -280,12 +366,23 @@ pub fn table(f: &Figures) -> String {
             r.kernel_sorted_gbps,
             r.kernel_sorted_ratio_to_upload,
             r.kernel_sorted_host_seconds * 1e3,
+            r.copies_gbps,
+            r.copies_ratio_to_upload,
+            r.copies_host_seconds * 1e3,
             r.cpu_gather_upload_gbps,
             r.cpu_gather_upload_ratio_to_upload,
             r.kernel_ratio_to_cpu,
             if r.verified { "" } else { "  ! wrong rows" }
         );
     }
+    let _ = writeln!(
+        out,
+        "enqueueing 64 copies of 64 B from pinned memory (host time, median of {ENQUEUE_SAMPLES}): 64 calls {:.2} us, \
+         one cuMemcpyBatchAsync {:.2} us ({:.2}x faster)",
+        f.enqueue_64_single_seconds * 1e6,
+        f.enqueue_64_batched_seconds * 1e6,
+        f.enqueue_64_speedup
+    );
     out
 }
 

@@ -499,6 +499,40 @@ pub(crate) unsafe fn launch_kernel(
     }
 }
 
+/// `cuMemcpyBatchAsync_v2` (CUDA 12.8 and later): copies `sizes[k]` bytes from `srcs[k]` to `dsts[k]` for every
+/// `k`, by unified address, each source read in stream order, on `stream` (in no particular order among
+/// themselves). Returns at once.
+///
+/// # Safety
+/// The three slices have one length; every range is live memory the device can reach (device memory,
+/// page-locked host memory) until the copies have completed and ordered for them; no destination overlaps
+/// another copy's source or destination.
+pub(crate) unsafe fn memcpy_batch_async(
+    dsts: &mut [CUdeviceptr],
+    srcs: &mut [CUdeviceptr],
+    sizes: &mut [usize],
+    stream: CUstream,
+) -> Result<()> {
+    let mut attributes = crate::sys::CUmemcpyAttributes {
+        srcAccessOrder: crate::sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+        ..Default::default()
+    };
+    let mut first = 0usize;
+    // SAFETY: as the caller guarantees; one attribute for every copy, from copy 0.
+    unsafe {
+        driver_call!(cuMemcpyBatchAsync_v2(
+            dsts.as_mut_ptr(),
+            srcs.as_mut_ptr(),
+            sizes.as_mut_ptr(),
+            dsts.len(),
+            &mut attributes,
+            &mut first,
+            1,
+            stream,
+        ))
+    }
+}
+
 /// `cuPointerGetAttribute` with `CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE`: whether device memory at `ptr` came
 /// from a memory pool (`cuMemAllocAsync`), and is freed stream-ordered.
 pub(crate) fn pointer_is_pool_memory(ptr: CUdeviceptr) -> Result<bool> {
