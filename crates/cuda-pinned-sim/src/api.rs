@@ -974,7 +974,9 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2(
 }
 
 /// `cuMemcpyBatchAsync_v2` (CUDA 12.8): `count` copies by unified address, each queued on the stream in order
-/// as `cuMemcpyAsync` would. Every copy is checked before any is queued (the driver fails the whole call), and
+/// as `cuMemcpyAsync` would. Unlike a single copy, it needs a current context on the calling thread (driver 580
+/// returns `CUDA_ERROR_INVALID_VALUE` without one). Every copy is checked before any is queued (the driver fails
+/// the whole call), and
 /// each attribute must ask for the source to be read in stream order (`CU_MEMCPY_SRC_ACCESS_ORDER_STREAM`, the
 /// only order under which a later copy may read what an earlier one wrote) or later (`ANY`); `DURING_API_CALL`
 /// is refused, as the simulator does not model it.
@@ -990,6 +992,7 @@ pub extern "C" fn cuMemcpyBatchAsync_v2(
     hStream: CUstream,
 ) -> CUresult {
     entry("cuMemcpyBatchAsync_v2", |mut state| {
+        current(&state).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
         if count == 0
             || dsts.is_null()
             || srcs.is_null()

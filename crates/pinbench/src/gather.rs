@@ -229,6 +229,9 @@ fn enqueue_64(context: &Context, stream: &Stream) -> Outcome<(f64, f64)> {
     let device = DeviceBuffer::<u8>::zeroed(stream, COPIES * BYTES)?;
     stream.synchronize()?;
     let (src, dst) = (host.as_ptr() as u64, device.as_raw());
+    // The batched call takes its context from the calling thread.
+    // SAFETY: a live context's handle.
+    unsafe { driver_call!(cuCtxSetCurrent(context.as_raw())) }?;
     let mut srcs: Vec<u64> = (0..COPIES as u64).map(|k| src + k * BYTES as u64).collect();
     let mut dsts: Vec<u64> = (0..COPIES as u64).map(|k| dst + k * BYTES as u64).collect();
     let mut sizes = vec![BYTES; COPIES];
