@@ -1016,7 +1016,10 @@ pub extern "C" fn cuMemcpyBatchAsync_v2(
             )
         };
         // The attributes apply from their index to the next one's; the first must start at copy 0.
-        if firsts[0] != 0 || firsts.windows(2).any(|w| w[0] >= w[1]) || firsts[numAttrs - 1] >= count {
+        if firsts[0] != 0
+            || firsts.windows(2).any(|w| w[0] >= w[1])
+            || firsts[numAttrs - 1] >= count
+        {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         use CUmemcpySrcAccessOrder_enum as Order;
