@@ -331,3 +331,106 @@ fn a_process_that_ends_right_after_dropping_a_gatherer_exits_cleanly() {
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
+
+/// The indices of batch `i` of [`prefetched`]: `count` rows of a table of `rows`, a function of `i`.
+fn batch_indices(i: usize, count: usize, rows: usize) -> Vec<u32> {
+    (0..count)
+        .map(|k| ((i * 7919 + k * 104_729) % rows) as u32)
+        .collect()
+}
+
+/// A prefetcher of `batches` gathered batches of `count` rows of 16 `u32` from a registered table, whose fill
+/// closure writes `batch_indices`, except for batch `bad` (if any), which gets an index past the table. Returns,
+/// per batch delivered, its index and either its rows as downloaded or the error's text; and the table's
+/// values.
+fn prefetched(
+    batches: usize,
+    count: usize,
+    bad: Option<usize>,
+    engine: GatherEngine,
+) -> (Vec<(usize, Result<Vec<u32>, String>)>, Vec<u32>) {
+    use cuda_pinned::prefetch::GatherBatch;
+    use cuda_pinned::{PinnedPool, Prefetcher, RowTable};
+    let ctx = context();
+    let compute = Stream::new(&ctx).unwrap();
+    let (row, rows) = (16usize, 500usize);
+    let values = data(row * rows, 21);
+    let table = Registered::new(&ctx, values.clone()).unwrap();
+    let source = RowTable::new(
+        Gatherer::new(&ctx).unwrap(),
+        table,
+        row,
+        GatherOptions::default().engine(engine),
+    )
+    .unwrap();
+    let unused = PinnedPool::new(&ctx, 0);
+    let prefetcher = Prefetcher::<GatherBatch<u32, Registered<u32>>>::builder(
+        &unused,
+        &compute,
+        (source, count),
+    )
+    .batches(batches)
+    .workers(2)
+    .build(move |i, batch| {
+        batch.indices.clear();
+        batch.indices.extend(batch_indices(i, count, rows));
+        if Some(i) == bad {
+            batch.indices[count / 2] = rows as u32;
+        }
+        Ok(())
+    })
+    .unwrap();
+    let mut got = Vec::new();
+    for batch in prefetcher {
+        match batch {
+            Ok(batch) => {
+                let mut host = Pinned::<u32>::zeroed(&ctx, row * count).unwrap();
+                compute.download(&*batch, &mut host).unwrap();
+                got.push((batch.index(), Ok(host.as_slice().unwrap().to_vec())));
+            }
+            Err(e) => got.push((got.len(), Err(e.to_string()))),
+        }
+    }
+    (got, values)
+}
+
+#[test]
+fn a_prefetcher_feeds_batches_gathered_on_the_device_in_order() {
+    let _serial = serial();
+    for engine in [GatherEngine::Kernel, GatherEngine::Copies] {
+        let (got, values) = prefetched(12, 64, None, engine);
+        assert_eq!(got.len(), 12, "{engine:?}");
+        for (position, (index, rows)) in got.into_iter().enumerate() {
+            assert_eq!(index, position, "{engine:?}: batches out of order");
+            let want: Vec<u32> = batch_indices(index, 64, 500)
+                .iter()
+                .flat_map(|&r| values[r as usize * 16..][..16].to_vec())
+                .collect();
+            assert!(
+                rows.unwrap() == want,
+                "{engine:?}: batch {index} differs from its rows"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_index_past_the_table_is_the_error_of_its_batch_in_place() {
+    let _serial = serial();
+    let (got, _) = prefetched(10, 32, Some(4), GatherEngine::Kernel);
+    // Batches 0..4 arrive, then batch 4's error; the stream ends after it.
+    assert_eq!(
+        got.len(),
+        5,
+        "{:?}",
+        got.iter().map(|(i, r)| (i, r.is_ok())).collect::<Vec<_>>()
+    );
+    for (index, rows) in &got[..4] {
+        assert!(rows.is_ok(), "batch {index}: {rows:?}");
+    }
+    let error = got[4].1.as_ref().unwrap_err();
+    assert!(
+        error.contains("gathering row 500 (index 16 of the batch) of a table of 500 rows"),
+        "{error}"
+    );
+}

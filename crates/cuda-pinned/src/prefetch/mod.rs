@@ -85,6 +85,7 @@ pub use self::batch::{Batch, DeviceParts};
 use self::slots::{Slots, Take};
 use crate::driver::Stream;
 use crate::error::{Error, Result};
+pub use crate::gather::GatherBatch;
 #[cfg(doc)]
 use crate::memory::Pinned;
 use crate::memory::{Gpu, PinnedPool, lock};
