@@ -339,6 +339,9 @@ fn batch_indices(i: usize, count: usize, rows: usize) -> Vec<u32> {
         .collect()
 }
 
+/// What a prefetcher delivered: per batch, its index and its rows as downloaded, or the error's text.
+type Delivered = Vec<(usize, Result<Vec<u32>, String>)>;
+
 /// A prefetcher of `batches` gathered batches of `count` rows of 16 `u32` from a registered table, whose fill
 /// closure writes `batch_indices`, except for batch `bad` (if any), which gets an index past the table. Returns,
 /// per batch delivered, its index and either its rows as downloaded or the error's text; and the table's
@@ -348,7 +351,7 @@ fn prefetched(
     count: usize,
     bad: Option<usize>,
     engine: GatherEngine,
-) -> (Vec<(usize, Result<Vec<u32>, String>)>, Vec<u32>) {
+) -> (Delivered, Vec<u32>) {
     use cuda_pinned::prefetch::GatherBatch;
     use cuda_pinned::{PinnedPool, Prefetcher, RowTable};
     let ctx = context();
