@@ -66,8 +66,9 @@ pub enum Mode {
     /// workers gather into pooled pinned memory ahead of the loop while a copy stream uploads. Each way is
     /// reported in samples/s and GB/s fed, with its streams' device time per kind of work; the prefetcher is
     /// compared with the pinned upload, the gather on the same threads and the compute alone, all measured in
-    /// the same run. Last, the prefetcher runs again with a compute step as long as the slower of gathering and
-    /// uploading a batch.
+    /// the same run. Then the prefetcher runs again with a compute step as long as the slower of gathering and
+    /// uploading a batch. Last, a fifth way: the prefetcher gathering on the device (GatherBatch), the dataset
+    /// registered in place and one worker writing each batch's indices, against the compute alone.
     TrainLoop(TrainLoopOptions),
     /// How fast rows are gathered by random index from a page-locked table into device memory
     ///

@@ -20,9 +20,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cuda_pinned::kernels::{axpy, spin};
+use cuda_pinned::prefetch::GatherBatch;
 use cuda_pinned::profile::Category;
 use cuda_pinned::{
-    Context, DeviceBuffer, Event, Ledger, LedgerReport, Pinned, PinnedPool, Prefetcher, Stream,
+    Context, DeviceBuffer, Event, GatherOptions, Gatherer, Ledger, LedgerReport, Pinned,
+    PinnedPool, Prefetcher, Registered, RowTable, Stream,
 };
 use serde::{Serialize, Serializer};
 
@@ -104,6 +106,23 @@ pub struct TrainLoop {
     pub prefetcher: PrefetcherRun,
     /// 4. The prefetcher again, with a compute step as long as the slower of gathering and uploading a batch.
     pub slow_step: SlowStep,
+    /// Way 5: the prefetcher gathering on the device (`GatherBatch`) from the dataset registered in place, with
+    /// one worker writing indices and the compute step as long as a batch's upload (as in way 3).
+    pub device_gather: DeviceGatherRun,
+}
+
+/// The prefetcher gathering on the device.
+#[derive(Debug, Serialize)]
+pub struct DeviceGatherRun {
+    /// The run.
+    #[serde(flatten)]
+    pub run: Run,
+    /// Threads writing indices (the host's share of the feeding).
+    pub workers: usize,
+    /// The run's wall time over the compute time alone.
+    pub ratio_to_compute: f64,
+    /// GB/s fed over the CPU-gathering prefetcher's (3).
+    pub ratio_to_prefetcher: f64,
 }
 
 /// What bounds the loop, each measured alone.
@@ -228,7 +247,7 @@ pub fn measure(settings: &Settings) -> Outcome<TrainLoop> {
     let context = Context::on(0)?;
     let device = context.device().name()?;
     // One unit per step: the dataset, the references and the four loops.
-    let mut progress = Progress::new(false, 6.0);
+    let mut progress = Progress::new(false, 7.0);
     progress.show("making the dataset");
     let dataset = make_dataset(dataset_bytes / 4, workers);
     let samples = dataset.len() / SAMPLE;
@@ -358,6 +377,48 @@ pub fn measure(settings: &Settings) -> Outcome<TrainLoop> {
     let slow_step = Duration::from_secs_f64(upload_seconds.max(batch_bytes as f64 / gather_bw));
     let slow_compute_alone = time_compute(&context, batches, slow_step)?;
     let (t, _, ledger) = prefetch(slow_step)?;
+
+    // 5. The prefetcher gathering on the device, from the dataset registered in place.
+    progress.advance(1.0);
+    progress.show("5. prefetcher, gathered on the device");
+    let dataset = Arc::try_unwrap(data).map_err(|_| "the dataset is still shared")?;
+    let table = Registered::new(&context, dataset)?;
+    let rows = RowTable::new(
+        Gatherer::new(&context)?,
+        table,
+        SAMPLE,
+        GatherOptions::default(),
+    )?;
+    let gather_ledger = Ledger::new();
+    let s = Stream::with_ledger(&context, &gather_ledger)?;
+    let copies = Stream::with_ledger(&context, &gather_ledger)?;
+    let mut scratch = DeviceBuffer::<f32>::zeroed(&s, BATCH * SAMPLE)?;
+    s.synchronize()?;
+    let unused = PinnedPool::new(&context, 0);
+    const GATHER_WORKERS: usize = 1;
+    let begin = Instant::now();
+    let gathered =
+        Prefetcher::<GatherBatch<f32, Registered<f32>>>::builder(&unused, &s, (rows, BATCH))
+            .batches(batches)
+            .workers(GATHER_WORKERS)
+            .depth(4)
+            .copy_stream(&copies)
+            .build(move |b, batch| {
+                batch.indices.clear();
+                batch.indices.extend(
+                    idx[b * BATCH..(b + 1) * BATCH]
+                        .iter()
+                        .map(|&i| u32::try_from(i).expect("fewer than 2^32 samples")),
+                );
+                Ok(())
+            })?;
+    for batch in gathered {
+        let batch = batch?;
+        compute(&s, &batch, &mut scratch, step)?;
+    }
+    s.synchronize()?;
+    let device_gathered = begin.elapsed().as_secs_f64();
+    let device_gather_run = run(device_gathered, pageable, gather_ledger.report()?);
     progress.finish();
 
     Ok(TrainLoop {
@@ -395,6 +456,12 @@ pub fn measure(settings: &Settings) -> Outcome<TrainLoop> {
             compute_alone_seconds: slow_compute_alone,
             run: run(t, pageable, ledger),
             ratio_to_compute: t / slow_compute_alone,
+        },
+        device_gather: DeviceGatherRun {
+            ratio_to_compute: device_gathered / compute_alone,
+            ratio_to_prefetcher: prefetched / device_gathered,
+            workers: GATHER_WORKERS,
+            run: device_gather_run,
         },
     })
 }
@@ -488,6 +555,21 @@ pub fn table(r: &TrainLoop) -> String {
         slow.run.wall_seconds * 1e3,
         slow.ratio_to_compute,
         slow.compute_alone_seconds * 1e3
+    );
+
+    let g = &r.device_gather;
+    let title = format!(
+        "5. prefetcher gathering on the device ({} worker writing indices, the dataset registered in place)",
+        g.workers
+    );
+    section(&mut out, &title, &g.run);
+    let _ = writeln!(
+        out,
+        "total {:.1} ms = {:.3} x compute alone ({:.1} ms); {:.2} x the GB/s of 3",
+        g.run.wall_seconds * 1e3,
+        g.ratio_to_compute,
+        refs.compute_alone_seconds * 1e3,
+        g.ratio_to_prefetcher
     );
     out
 }
