@@ -257,6 +257,12 @@ fn control_a_write_around_the_tracker_lands_under_the_gather() {
 #[test]
 fn a_table_dropped_under_a_gather_is_unpinned_after_it() {
     let _serial = serial();
+    for engine in [GatherEngine::Kernel, GatherEngine::Copies] {
+        table_dropped_under_a_gather(engine);
+    }
+}
+
+fn table_dropped_under_a_gather(engine: GatherEngine) {
     let ctx = context();
     let stream = Stream::new(&ctx).unwrap();
     let gatherer = Gatherer::new(&ctx).unwrap();
@@ -275,7 +281,7 @@ fn a_table_dropped_under_a_gather_is_unpinned_after_it() {
                 row,
                 &picks,
                 &mut out,
-                GatherOptions::default().sort(true),
+                GatherOptions::default().engine(engine).sort(true),
             )
             .unwrap();
     }
@@ -286,7 +292,7 @@ fn a_table_dropped_under_a_gather_is_unpinned_after_it() {
     drop(others);
     assert!(
         got.as_slice().unwrap() == model(&values, row, &picks),
-        "the gather read the table after it was freed"
+        "{engine:?}: the gather read the table after it was freed"
     );
 }
 

@@ -16,10 +16,12 @@ mod common;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use common::{LIMIT, Serial, bounded, serial, sim};
+use cuda_pinned::prefetch::GatherBatch;
 use cuda_pinned::sys::CUdevice_attribute;
 use cuda_pinned::{
     Arg, Context, Device, DeviceBuffer, Event, GatherEngine, GatherOptions, Gatherer, LaunchConfig,
-    Ledger, Pinned, PinnedPool, Pinning, Prefetcher, Registered, Result, Stream, Use, WhenFull,
+    Ledger, Pinned, PinnedPool, Pinning, Prefetcher, Registered, Result, RowTable, Stream, Use,
+    WhenFull,
 };
 
 /// Calls that release something: when one fails, its object stays.
@@ -446,6 +448,36 @@ fault_tests! {
             assert_eq!(bounded!(got.as_slice())?, &want[..], "wrong rows after a gather");
         }
         bounded!(drop((gatherer, table, out, got)));
+        Ok(())
+    };
+    prefetched_gathers: |f| {
+        let row = 16usize;
+        let values = common::data(row * 200, 9);
+        let table = bounded!(Registered::new(&f.ctx, values.clone()))?;
+        let source = RowTable::new(bounded!(Gatherer::new(&f.ctx))?, table, row, GatherOptions::default())?;
+        let unused = PinnedPool::new(&f.ctx, 0);
+        let batches = bounded!(
+            Prefetcher::<GatherBatch<u32, Registered<u32>>>::builder(&unused, &f.b, (source, 8))
+                .batches(3)
+                .workers(1)
+                .build(|i, batch| {
+                    batch.indices.clear();
+                    batch.indices.extend((0..8u32).map(|k| (i as u32 * 37 + k * 11) % 200));
+                    Ok(())
+                })
+        )?;
+        let mut batches = batches;
+        let mut got = bounded!(Pinned::<u32>::zeroed(&f.ctx, row * 8))?;
+        while let Some(batch) = bounded!(batches.next()) {
+            let batch = batch?;
+            bounded!(f.b.download(&*batch, &mut got))?;
+            let i = batch.index() as u32;
+            let want: Vec<u32> = (0..8u32)
+                .flat_map(|k| values[((i * 37 + k * 11) % 200) as usize * row..][..row].to_vec())
+                .collect();
+            assert_eq!(bounded!(got.as_slice())?, &want[..], "wrong rows in a prefetched gather");
+        }
+        bounded!(drop((batches, unused, got)));
         Ok(())
     };
     foreign_work_and_raw_handover: |f| {
