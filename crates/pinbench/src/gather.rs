@@ -91,6 +91,11 @@ pub struct Figures {
     pub cpu_threads: usize,
     /// A contiguous upload of `batch_bytes` from pinned memory, GB/s.
     pub pinned_upload_gbps: f64,
+    /// The same upload while `cpu_threads` threads gather 1 KiB rows on the CPU (what a CPU-gathering feeder
+    /// costs the upload beside it: both go through host memory), GB/s.
+    pub pinned_upload_during_cpu_gather_gbps: f64,
+    /// That over `pinned_upload_gbps`.
+    pub upload_during_cpu_gather_ratio: f64,
     pub rows: Vec<Row>,
     /// Host time to enqueue 64 copies of 64 bytes from pinned memory: 64 `cuMemcpyHtoDAsync_v2` calls, seconds
     /// (median of [`ENQUEUE_SAMPLES`]).
@@ -133,6 +138,37 @@ pub fn measure(settings: &Settings) -> Outcome<Figures> {
             .to_vec(),
     );
     let upload_gbps = gbps(upload);
+
+    // The same upload while every thread gathers 1 KiB rows on the CPU, into buffers of their own.
+    let busy_upload = {
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let source = table.as_slice()?;
+        let row = 1024;
+        let picks: Vec<u32> = (0..(BATCH_BYTES / row) as u64)
+            .map(|k| (mix(k) % (settings.table_bytes / row) as u64) as u32)
+            .collect();
+        std::thread::scope(|scope| -> Outcome<f64> {
+            for _ in 0..settings.threads {
+                let (stop, picks) = (&stop, &picks);
+                scope.spawn(move || {
+                    let mut out = vec![0u8; 4 << 20];
+                    let per = out.len() / row;
+                    let mut k = 0;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let chunk = &picks[k..(k + per).min(picks.len())];
+                        gather_on_cpu(source, row, chunk, &mut out[..chunk.len() * row], 1);
+                        k = (k + per) % picks.len();
+                    }
+                });
+            }
+            let timed = (0..settings.samples + 1)
+                .map(|_| watch.time(|| Ok(stream.upload(&contiguous, &mut out)?)))
+                .collect::<Outcome<Vec<f64>>>();
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            Ok(median(timed?[1..].to_vec()))
+        })?
+    };
+    let busy_upload_gbps = gbps(busy_upload);
 
     let mut staging = Pinned::<u8>::zeroed(&context, BATCH_BYTES)?;
     let mut check = Pinned::<u8>::zeroed(&context, BATCH_BYTES)?;
@@ -216,6 +252,8 @@ pub fn measure(settings: &Settings) -> Outcome<Figures> {
         samples: settings.samples,
         cpu_threads: settings.threads,
         pinned_upload_gbps: upload_gbps,
+        pinned_upload_during_cpu_gather_gbps: busy_upload_gbps,
+        upload_during_cpu_gather_ratio: busy_upload_gbps / upload_gbps,
         rows,
     })
 }
@@ -378,6 +416,11 @@ pub fn table(f: &Figures) -> String {
             if r.verified { "" } else { "  ! wrong rows" }
         );
     }
+    let _ = writeln!(
+        out,
+        "the same pinned upload while {} threads gather 1 KiB rows on the CPU: {:.1} GB/s ({:.2}x)",
+        f.cpu_threads, f.pinned_upload_during_cpu_gather_gbps, f.upload_during_cpu_gather_ratio
+    );
     let _ = writeln!(
         out,
         "enqueueing 64 copies of 64 B from pinned memory (host time, median of {ENQUEUE_SAMPLES}): 64 calls {:.2} us, \
