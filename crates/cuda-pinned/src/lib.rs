@@ -78,6 +78,9 @@
 //!   work, tracked; `into_raw` / `from_raw` hand buffers to and from other code.
 //! - [`kernels`]: the small kernels of `cuda/kernels.cu` (fill, axpy, checksum, spin) with safe launchers
 //!   under feature `gpu`, and the host reference of the checksum.
+//! - [`Gatherer`]: rows of a page-locked host table gathered into device memory by index, by a kernel of the
+//!   crate that reads them in place (shipped as PTX, no feature needed) or by the copy engines; with
+//!   [`RowTable`] and [`prefetch::GatherBatch`], a [`Prefetcher`] whose host side is only the indices.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
