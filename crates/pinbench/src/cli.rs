@@ -59,16 +59,17 @@ pub struct Options {
 pub enum Mode {
     /// How fast a training loop is fed, three ways (needs a build with --features gpu)
     ///
-    /// Batches of 2048 samples of 16 KiB, gathered by random index from a dataset in pageable memory, feed a
-    /// compute step on device 0 (an axpy that reads the batch, then a kernel as long as one batch's upload),
-    /// three ways: (1) gathered into a Vec and uploaded with a blocking copy; (2) gathered into pinned memory
-    /// on the worker threads and uploaded asynchronously, one step at a time; (3) through a Prefetcher, whose
-    /// workers gather into pooled pinned memory ahead of the loop while a copy stream uploads. Each way is
-    /// reported in samples/s and GB/s fed, with its streams' device time per kind of work; the prefetcher is
-    /// compared with the pinned upload, the gather on the same threads and the compute alone, all measured in
-    /// the same run. Then the prefetcher runs again with a compute step as long as the slower of gathering and
-    /// uploading a batch. Last, a fifth way: the prefetcher gathering on the device (GatherBatch), the dataset
-    /// registered in place and one worker writing each batch's indices, against the compute alone.
+    /// Batches of 32 MiB of samples (2048 samples of 16 KiB, or 32 MiB / N samples of N bytes with
+    /// --sample-bytes N), gathered by random index from a dataset in pageable memory, feed a compute step on
+    /// device 0 (an axpy that reads the batch, then a kernel as long as one batch's upload), three ways: (1)
+    /// gathered into a Vec and uploaded with a blocking copy; (2) gathered into pinned memory on the worker
+    /// threads and uploaded asynchronously, one step at a time; (3) through a Prefetcher, whose workers gather
+    /// into pooled pinned memory ahead of the loop while a copy stream uploads. Each way is reported in
+    /// samples/s and GB/s fed, with its streams' device time per kind of work; the prefetcher is compared with
+    /// the pinned upload, the gather on the same threads and the compute alone, all measured in the same run.
+    /// Then the prefetcher runs again with a compute step as long as the slower of gathering and uploading a
+    /// batch. Last, a fifth way: the prefetcher gathering on the device (GatherBatch), the dataset registered
+    /// in place and one worker writing each batch's indices, against the compute alone.
     TrainLoop(TrainLoopOptions),
     /// How fast rows are gathered by random index from a page-locked table into device memory
     ///
@@ -108,6 +109,36 @@ pub struct TrainLoopOptions {
     /// Gather with ordinary stores instead of streaming (non-temporal) ones on x86-64
     #[arg(long)]
     pub plain_stores: bool,
+    /// Bytes per sample: a multiple of 4 (whole f32 values) that divides 32 MiB, so a power of two from 4 to
+    /// 33554432; a batch stays 32 MiB, of 32 MiB / N samples [default: 16384]
+    #[arg(long, value_name = "N", value_parser = sample_bytes)]
+    pub sample_bytes: Option<usize>,
+}
+
+/// Bytes of samples in a `train-loop` batch, whatever the size of a sample (32 MiB).
+pub const BATCH_BYTES: usize = 32 << 20;
+
+/// `--sample-bytes`: a positive number of whole f32 values whose size divides [`BATCH_BYTES`], so that a batch
+/// is a whole number of samples. Anything else is a usage error.
+fn sample_bytes(arg: &str) -> Result<usize, String> {
+    let n: usize = arg
+        .parse()
+        .map_err(|e| format!("{arg:?} is not a number of bytes: {e}"))?;
+    if n == 0 || !n.is_multiple_of(4) {
+        Err(format!(
+            "{n} is not a positive multiple of 4 (a sample is whole f32 values)"
+        ))
+    } else if n > BATCH_BYTES {
+        Err(format!(
+            "a sample of {n} bytes exceeds a batch ({BATCH_BYTES} bytes)"
+        ))
+    } else if !BATCH_BYTES.is_multiple_of(n) {
+        Err(format!(
+            "{n} does not divide a batch's {BATCH_BYTES} bytes (samples of a power of two bytes do)"
+        ))
+    } else {
+        Ok(n)
+    }
 }
 
 /// What `--help` prints after the flags.
@@ -205,6 +236,8 @@ mod tests {
             "--batches",
             "10",
             "--plain-stores",
+            "--sample-bytes",
+            "4096",
         ])
         .unwrap();
         let Some(Mode::TrainLoop(o)) = cli.mode else {
@@ -213,7 +246,27 @@ mod tests {
         assert!(o.quick && o.json && o.plain_stores);
         assert_eq!(o.workers, NonZeroUsize::new(4));
         assert_eq!(o.batches, NonZeroUsize::new(10));
+        assert_eq!(o.sample_bytes, Some(4096));
         assert!(parsed(&["train-loop", "--workers", "0"]).is_err());
+        // Every power of two from 4 bytes to a whole batch is a sample size.
+        for n in (2..=25).map(|shift| 1usize << shift) {
+            let Some(Mode::TrainLoop(o)) = parsed(&["train-loop", &format!("--sample-bytes={n}")])
+                .unwrap()
+                .mode
+            else {
+                panic!("not train-loop")
+            };
+            assert_eq!(o.sample_bytes, Some(n));
+        }
+        // Not a positive multiple of 4, not a divisor of 32 MiB, larger than 32 MiB, or no number at all.
+        for n in [
+            "0", "2", "6", "-4", "12", "4100", "67108864", "33554436", "1e3", "16k", "",
+        ] {
+            let e = parsed(&["train-loop", &format!("--sample-bytes={n}")]).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::ValueValidation, "{n:?}: {e}");
+            assert_eq!(e.exit_code(), 2);
+        }
+        assert!(parsed(&["train-loop", "--sample-bytes"]).is_err());
         // The bandwidth run's flags are not train-loop's, on either side of it.
         assert!(parsed(&["train-loop", "--plot", "x.svg"]).is_err());
         assert!(parsed(&["--quick", "train-loop"]).is_err());
@@ -244,6 +297,7 @@ mod tests {
             "--workers <N>",
             "--batches <N>",
             "--plain-stores",
+            "--sample-bytes <N>",
         ] {
             assert!(help.contains(flag), "{flag} in\n{help}");
         }

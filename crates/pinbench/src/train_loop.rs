@@ -29,13 +29,11 @@ use cuda_pinned::{
 use serde::{Serialize, Serializer};
 
 use crate::Outcome;
-use crate::cli::TrainLoopOptions;
+use crate::cli::{BATCH_BYTES, TrainLoopOptions};
 use crate::progress::Progress;
 
-/// f32 values per sample (16 KiB).
-const SAMPLE: usize = 4096;
-/// Samples per batch (32 MiB).
-const BATCH: usize = 2048;
+/// Bytes per sample without `--sample-bytes` (16 KiB: 4096 f32 values, 2048 to a batch).
+const DEFAULT_SAMPLE_BYTES: usize = 16 << 10;
 
 /// The run's size and how the host gathers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +42,10 @@ pub struct Settings {
     pub dataset_bytes: usize,
     /// Batches fed per way.
     pub batches: usize,
+    /// f32 values per sample (4096, 16 KiB, unless `--sample-bytes` says otherwise).
+    pub sample_len: usize,
+    /// Samples per batch: as many as make [`BATCH_BYTES`] (2048 of 16 KiB).
+    pub batch: usize,
     /// Threads gathering batches.
     pub workers: usize,
     /// Whether the gather uses streaming stores (see [`gather`]).
@@ -58,12 +60,54 @@ impl Settings {
         } else {
             (2 << 30, 400)
         };
+        // The command line only lets through sizes that divide a batch; any other leaves the settings
+        // inconsistent (an empty sample or batch, or a batch short of 32 MiB), which `check` refuses.
+        let sample_bytes = options.sample_bytes.unwrap_or(DEFAULT_SAMPLE_BYTES);
         Settings {
             dataset_bytes,
             batches: options.batches.map_or(batches, |n| n.get()),
+            sample_len: sample_bytes / 4,
+            batch: BATCH_BYTES.checked_div(sample_bytes).unwrap_or(0),
             workers: options.workers.map_or(cores().min(16), |n| n.get()),
             streaming: cfg!(target_arch = "x86_64") && !options.plain_stores,
         }
+    }
+
+    /// Why [`measure`] cannot run these settings, if it cannot: samples of no f32 value, a batch that is not
+    /// [`BATCH_BYTES`] of samples, a dataset with fewer samples than a batch, or more indices than a `usize`
+    /// counts. ([`shuffled`] draws indices modulo the dataset's samples, so it copes with any number of them
+    /// but 0; fewer than a batch would only repeat samples within every batch, and are refused here.)
+    pub fn check(&self) -> Result<(), String> {
+        let sample_bytes = self.sample_len.saturating_mul(4);
+        if self.sample_len == 0 || self.batch.checked_mul(sample_bytes) != Some(BATCH_BYTES) {
+            return Err(format!(
+                "a batch is {BATCH_BYTES} bytes of samples, not {} samples of {sample_bytes} bytes: a sample \
+                 must be a multiple of 4 bytes that divides {BATCH_BYTES}",
+                self.batch
+            ));
+        }
+        let samples = self.dataset_bytes / sample_bytes;
+        if samples < self.batch {
+            return Err(format!(
+                "a dataset of {} bytes holds {samples} samples of {sample_bytes} bytes, fewer than the {} of a \
+                 batch",
+                self.dataset_bytes, self.batch
+            ));
+        }
+        // The shuffled order of every batch's samples is held at once (8 bytes an index).
+        const MAX_INDICES: usize = 1 << 29;
+        if self
+            .batches
+            .checked_mul(self.batch)
+            .is_none_or(|n| n > MAX_INDICES)
+        {
+            return Err(format!(
+                "{} batches of {} samples are more than {MAX_INDICES} sample indices to hold: fewer batches or \
+                 larger samples",
+                self.batches, self.batch
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -238,26 +282,31 @@ fn ledger<S: Serializer>(report: &LedgerReport, serializer: S) -> Result<S::Ok, 
 
 /// Runs the references and the four loops on device 0.
 pub fn measure(settings: &Settings) -> Outcome<TrainLoop> {
+    settings.check()?;
     let Settings {
         dataset_bytes,
         batches,
+        sample_len,
+        batch: per_batch,
         workers,
         streaming,
     } = *settings;
+    // f32 values per batch.
+    let batch_len = per_batch * sample_len;
     let context = Context::on(0)?;
     let device = context.device().name()?;
     // One unit per step: the dataset, the references and the four loops.
     let mut progress = Progress::new(false, 7.0);
     progress.show("making the dataset");
     let dataset = make_dataset(dataset_bytes / 4, workers);
-    let samples = dataset.len() / SAMPLE;
-    let order = shuffled(samples, batches * BATCH);
-    let batch_bytes = BATCH * SAMPLE * 4;
+    let samples = dataset.len() / sample_len;
+    let order = shuffled(samples, batches * per_batch);
+    let batch_bytes = batch_len * 4;
     let fed = (batches * batch_bytes) as f64;
     // A loop's figures from its wall time, beside the pageable loop's.
     let run = |seconds: f64, pageable: f64, ledger| Run {
         wall_seconds: seconds,
-        samples_per_s: (batches * BATCH) as f64 / seconds,
+        samples_per_s: (batches * per_batch) as f64 / seconds,
         gb_per_s_fed: fed / seconds / 1e9,
         ratio_to_pageable: pageable / seconds,
         ledger,
@@ -267,26 +316,27 @@ pub fn measure(settings: &Settings) -> Outcome<TrainLoop> {
     progress.advance(1.0);
     progress.show("references: upload, gather, compute");
     let stream = Stream::new(&context)?;
-    let upload_seconds = time_pinned_upload(&context, &stream)?;
+    let upload_seconds = time_pinned_upload(&context, &stream, batch_len)?;
     let step = Duration::from_secs_f64(upload_seconds);
-    let gather_seconds = time_gather(&dataset, &order, workers, batches, streaming);
+    let gather_seconds = time_gather(&dataset, &order, settings);
     let gather_bw = fed / gather_seconds;
-    let mut scratch = DeviceBuffer::<f32>::zeroed(&stream, BATCH * SAMPLE)?;
-    let compute_alone = time_compute(&context, batches, step)?;
+    let mut scratch = DeviceBuffer::<f32>::zeroed(&stream, batch_len)?;
+    let compute_alone = time_compute(&context, batches, batch_len, step)?;
 
     // 1. Pageable, blocking copies.
     progress.advance(1.0);
     progress.show("1. pageable + blocking copies");
     let ledger = Ledger::new();
     let s = Stream::with_ledger(&context, &ledger)?;
-    let mut batch = vec![0f32; BATCH * SAMPLE];
-    let mut device_batch = DeviceBuffer::<f32>::uninit(&s, BATCH * SAMPLE)?;
+    let mut batch = vec![0f32; batch_len];
+    let mut device_batch = DeviceBuffer::<f32>::uninit(&s, batch_len)?;
     let begin = Instant::now();
     for b in 0..batches {
         gather(
             &dataset,
-            &order[b * BATCH..(b + 1) * BATCH],
+            &order[b * per_batch..(b + 1) * per_batch],
             &mut batch,
+            sample_len,
             streaming,
         );
         s.upload_pageable(&batch, &mut device_batch)?;
@@ -301,13 +351,14 @@ pub fn measure(settings: &Settings) -> Outcome<TrainLoop> {
     progress.show("2. pinned, no overlap");
     let ledger = Ledger::new();
     let s = Stream::with_ledger(&context, &ledger)?;
-    let mut host = Pinned::<f32>::zeroed(&context, BATCH * SAMPLE)?;
+    let mut host = Pinned::<f32>::zeroed(&context, batch_len)?;
     let begin = Instant::now();
     for b in 0..batches {
         gather_parallel(
             &dataset,
-            &order[b * BATCH..(b + 1) * BATCH],
+            &order[b * per_batch..(b + 1) * per_batch],
             host.as_mut_slice()?,
+            sample_len,
             workers,
             streaming,
         );
@@ -326,7 +377,7 @@ pub fn measure(settings: &Settings) -> Outcome<TrainLoop> {
     // A loop over several epochs pins once: warm the pool as the first epoch would have.
     drop(
         (0..depth)
-            .map(|_| pool.alloc::<f32>(BATCH * SAMPLE))
+            .map(|_| pool.alloc::<f32>(batch_len))
             .collect::<cuda_pinned::Result<Vec<_>>>()?,
     );
     let (data, idx) = (Arc::new(dataset), Arc::new(order));
@@ -334,11 +385,11 @@ pub fn measure(settings: &Settings) -> Outcome<TrainLoop> {
         let ledger = Ledger::new();
         let s = Stream::with_ledger(&context, &ledger)?;
         let copies = Stream::with_ledger(&context, &ledger)?;
-        let mut scratch = DeviceBuffer::<f32>::zeroed(&s, BATCH * SAMPLE)?;
+        let mut scratch = DeviceBuffer::<f32>::zeroed(&s, batch_len)?;
         s.synchronize()?;
         let (data, idx) = (data.clone(), idx.clone());
         let begin = Instant::now();
-        let batches = Prefetcher::<Pinned<f32>>::builder(&pool, &s, BATCH * SAMPLE)
+        let batches = Prefetcher::<Pinned<f32>>::builder(&pool, &s, batch_len)
             .batches(batches)
             .workers(workers)
             .depth(depth)
@@ -346,8 +397,9 @@ pub fn measure(settings: &Settings) -> Outcome<TrainLoop> {
             .build(move |b, host: &mut Pinned<f32>| {
                 gather(
                     &data,
-                    &idx[b * BATCH..(b + 1) * BATCH],
+                    &idx[b * per_batch..(b + 1) * per_batch],
                     host.as_mut_slice()?,
+                    sample_len,
                     streaming,
                 );
                 Ok(())
@@ -375,7 +427,7 @@ pub fn measure(settings: &Settings) -> Outcome<TrainLoop> {
     progress.advance(1.0);
     progress.show("4. prefetcher, slower compute step");
     let slow_step = Duration::from_secs_f64(upload_seconds.max(batch_bytes as f64 / gather_bw));
-    let slow_compute_alone = time_compute(&context, batches, slow_step)?;
+    let slow_compute_alone = time_compute(&context, batches, batch_len, slow_step)?;
     let (t, _, ledger) = prefetch(slow_step)?;
 
     // 5. The prefetcher gathering on the device, from the dataset registered in place.
@@ -386,27 +438,27 @@ pub fn measure(settings: &Settings) -> Outcome<TrainLoop> {
     let rows = RowTable::new(
         Gatherer::new(&context)?,
         table,
-        SAMPLE,
+        sample_len,
         GatherOptions::default(),
     )?;
     let gather_ledger = Ledger::new();
     let s = Stream::with_ledger(&context, &gather_ledger)?;
     let copies = Stream::with_ledger(&context, &gather_ledger)?;
-    let mut scratch = DeviceBuffer::<f32>::zeroed(&s, BATCH * SAMPLE)?;
+    let mut scratch = DeviceBuffer::<f32>::zeroed(&s, batch_len)?;
     s.synchronize()?;
     let unused = PinnedPool::new(&context, 0);
     const GATHER_WORKERS: usize = 1;
     let begin = Instant::now();
     let gathered =
-        Prefetcher::<GatherBatch<f32, Registered<f32>>>::builder(&unused, &s, (rows, BATCH))
+        Prefetcher::<GatherBatch<f32, Registered<f32>>>::builder(&unused, &s, (rows, per_batch))
             .batches(batches)
             .workers(GATHER_WORKERS)
             .depth(4)
             .copy_stream(&copies)
-            .build(move |b, batch| {
-                batch.indices.clear();
-                batch.indices.extend(
-                    idx[b * BATCH..(b + 1) * BATCH]
+            .build(move |b, job| {
+                job.indices.clear();
+                job.indices.extend(
+                    idx[b * per_batch..(b + 1) * per_batch]
                         .iter()
                         .map(|&i| u32::try_from(i).expect("fewer than 2^32 samples")),
                 );
@@ -429,8 +481,8 @@ pub fn measure(settings: &Settings) -> Outcome<TrainLoop> {
         cores: cores(),
         dataset_bytes,
         batches,
-        samples_per_batch: BATCH,
-        sample_bytes: SAMPLE * 4,
+        samples_per_batch: per_batch,
+        sample_bytes: sample_len * 4,
         batch_bytes,
         workers,
         streaming_stores: streaming,
@@ -472,14 +524,14 @@ pub fn table(r: &TrainLoop) -> String {
     let refs = &r.references;
     let _ = writeln!(
         out,
-        "{} ({} cores), dataset {} MiB of f32 in pageable memory, {} batches of {} samples x {} KiB = {} MiB, \
+        "{} ({} cores), dataset {} MiB of f32 in pageable memory, {} batches of {} samples x {} = {} MiB, \
          {} workers, gather with {} stores",
         r.device,
         r.cores,
         r.dataset_bytes >> 20,
         r.batches,
         r.samples_per_batch,
-        r.sample_bytes / 1024,
+        size(r.sample_bytes),
         r.batch_bytes >> 20,
         r.workers,
         if r.streaming_stores {
@@ -574,6 +626,16 @@ pub fn table(r: &TrainLoop) -> String {
     out
 }
 
+/// A size in bytes as the largest of B, KiB and MiB that it is a whole number of: "16 KiB", "512 B".
+fn size(bytes: usize) -> String {
+    match bytes {
+        0 => "0 B".to_owned(),
+        b if b.is_multiple_of(1 << 20) => format!("{} MiB", b >> 20),
+        b if b.is_multiple_of(1 << 10) => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
 /// One way's line and its ledger, after a blank line.
 fn section(out: &mut String, title: &str, run: &Run) {
     let _ = writeln!(
@@ -586,11 +648,16 @@ fn section(out: &mut String, title: &str, run: &Run) {
     );
 }
 
-/// The time of `batches` compute steps of `step` with no data to wait for.
-fn time_compute(context: &Context, batches: usize, step: Duration) -> Outcome<f64> {
+/// The time of `batches` compute steps of `step`, on batches of `batch_len` f32 values, with no data to wait for.
+fn time_compute(
+    context: &Context,
+    batches: usize,
+    batch_len: usize,
+    step: Duration,
+) -> Outcome<f64> {
     let stream = Stream::new(context)?;
-    let input = DeviceBuffer::<f32>::zeroed(&stream, BATCH * SAMPLE)?;
-    let mut scratch = DeviceBuffer::<f32>::zeroed(&stream, BATCH * SAMPLE)?;
+    let input = DeviceBuffer::<f32>::zeroed(&stream, batch_len)?;
+    let mut scratch = DeviceBuffer::<f32>::zeroed(&stream, batch_len)?;
     stream.synchronize()?;
     let begin = Instant::now();
     for _ in 0..batches {
@@ -641,17 +708,17 @@ fn shuffled(samples: usize, n: usize) -> Vec<usize> {
         .collect()
 }
 
-/// Copies the samples `indices` of `data` into `out`, one after another.
+/// Copies the samples `indices` of `data` (samples of `sample_len` f32 values) into `out`, one after another.
 ///
 /// With `streaming` (x86-64 only) the copy uses streaming (non-temporal) stores: a batch is written once and next
 /// read by the DMA engine, so there is no point in first reading each destination line into the cache, as
 /// ordinary stores do. That read is a third of a plain copy's memory traffic, and the gather is bound by memory
 /// bandwidth, which it shares with the uploads reading the pinned batches.
-fn gather(data: &[f32], indices: &[usize], out: &mut [f32], streaming: bool) {
+fn gather(data: &[f32], indices: &[usize], out: &mut [f32], sample_len: usize, streaming: bool) {
     for (k, &i) in indices.iter().enumerate() {
         let (to, from) = (
-            &mut out[k * SAMPLE..(k + 1) * SAMPLE],
-            &data[i * SAMPLE..(i + 1) * SAMPLE],
+            &mut out[k * sample_len..(k + 1) * sample_len],
+            &data[i * sample_len..(i + 1) * sample_len],
         );
         if streaming {
             stream_copy(to, from);
@@ -699,38 +766,42 @@ fn gather_parallel(
     data: &[f32],
     indices: &[usize],
     out: &mut [f32],
+    sample_len: usize,
     threads: usize,
     streaming: bool,
 ) {
     let per = indices.len().div_ceil(threads);
     std::thread::scope(|scope| {
-        for (part, idx) in out.chunks_mut(per * SAMPLE).zip(indices.chunks(per)) {
-            scope.spawn(move || gather(data, idx, part, streaming));
+        for (part, idx) in out.chunks_mut(per * sample_len).zip(indices.chunks(per)) {
+            scope.spawn(move || gather(data, idx, part, sample_len, streaming));
         }
     });
 }
 
-/// The wall time of gathering `batches` batches with `threads` threads, each building whole batches into its own
+/// The wall time of gathering the settings' batches with their workers, each building whole batches into its own
 /// buffer, as the prefetcher's workers do.
-fn time_gather(
-    data: &[f32],
-    order: &[usize],
-    threads: usize,
-    batches: usize,
-    streaming: bool,
-) -> f64 {
+fn time_gather(data: &[f32], order: &[usize], settings: &Settings) -> f64 {
+    let Settings {
+        batches,
+        sample_len,
+        batch: per_batch,
+        workers: threads,
+        streaming,
+        ..
+    } = *settings;
     let begin = Instant::now();
     std::thread::scope(|scope| {
         for t in 0..threads {
             scope.spawn(move || {
                 // Written once before, as the prefetcher's pooled buffers are: no first-touch page faults timed.
-                let mut out = vec![1f32; BATCH * SAMPLE];
+                let mut out = vec![1f32; per_batch * sample_len];
                 std::hint::black_box(&mut out);
                 for b in (t..batches).step_by(threads) {
                     gather(
                         data,
-                        &order[b * BATCH..(b + 1) * BATCH],
+                        &order[b * per_batch..(b + 1) * per_batch],
                         &mut out,
+                        sample_len,
                         streaming,
                     );
                 }
@@ -741,10 +812,10 @@ fn time_gather(
     begin.elapsed().as_secs_f64()
 }
 
-/// The median device time of a pinned upload of one batch, after a warm-up.
-fn time_pinned_upload(context: &Context, stream: &Stream) -> Outcome<f64> {
-    let host = Pinned::<f32>::zeroed(context, BATCH * SAMPLE)?;
-    let mut device = DeviceBuffer::<f32>::uninit(stream, BATCH * SAMPLE)?;
+/// The median device time of a pinned upload of one batch (`batch_len` f32 values), after a warm-up.
+fn time_pinned_upload(context: &Context, stream: &Stream, batch_len: usize) -> Outcome<f64> {
+    let host = Pinned::<f32>::zeroed(context, batch_len)?;
+    let mut device = DeviceBuffer::<f32>::uninit(stream, batch_len)?;
     let (start, end) = (Event::new(context)?, Event::new(context)?);
     let mut times = Vec::new();
     for i in 0..12 {
@@ -770,8 +841,10 @@ mod tests {
     fn settings_follow_the_flags() {
         let full = Settings::new(&TrainLoopOptions::default());
         assert_eq!((full.dataset_bytes, full.batches), (2 << 30, 400));
+        assert_eq!((full.sample_len, full.batch), (4096, 2048));
         assert_eq!(full.workers, cores().min(16));
         assert_eq!(full.streaming, cfg!(target_arch = "x86_64"));
+        assert_eq!(full.check(), Ok(()));
         let quick = Settings::new(&TrainLoopOptions {
             quick: true,
             workers: NonZeroUsize::new(3),
@@ -779,8 +852,10 @@ mod tests {
             ..TrainLoopOptions::default()
         });
         assert_eq!((quick.dataset_bytes, quick.batches), (512 << 20, 40));
+        assert_eq!((quick.sample_len, quick.batch), (4096, 2048));
         assert_eq!(quick.workers, 3);
         assert!(!quick.streaming);
+        assert_eq!(quick.check(), Ok(()));
         let batches = Settings::new(&TrainLoopOptions {
             quick: true,
             batches: NonZeroUsize::new(7),
@@ -790,20 +865,95 @@ mod tests {
     }
 
     #[test]
-    fn the_gather_copies_the_indexed_samples_with_either_store() {
-        let data = make_dataset(8 * SAMPLE, 3);
-        assert!(data.iter().all(|&x| x >= 1.0));
-        let order = shuffled(8, 5);
-        assert!(order.iter().all(|&i| i < 8));
-        for streaming in [false, cfg!(target_arch = "x86_64")] {
-            let mut out = vec![0f32; 5 * SAMPLE];
-            gather_parallel(&data, &order, &mut out, 2, streaming);
-            for (k, &i) in order.iter().enumerate() {
-                assert_eq!(
-                    out[k * SAMPLE..(k + 1) * SAMPLE],
-                    data[i * SAMPLE..(i + 1) * SAMPLE]
-                );
+    fn a_batch_stays_32_mib_whatever_the_sample_size() {
+        for (sample_bytes, sample_len, batch) in [
+            (4, 1, 8 << 20),
+            (64, 16, 512 << 10),
+            (16 << 10, 4096, 2048),
+            (1 << 20, 256 << 10, 32),
+            (32 << 20, 8 << 20, 1),
+        ] {
+            for quick in [false, true] {
+                let s = Settings::new(&TrainLoopOptions {
+                    quick,
+                    sample_bytes: Some(sample_bytes),
+                    ..TrainLoopOptions::default()
+                });
+                assert_eq!((s.sample_len, s.batch), (sample_len, batch));
+                assert_eq!(s.batch * s.sample_len * 4, BATCH_BYTES);
+                // 4-byte samples make more indices than a run holds, unless with few batches.
+                if sample_bytes >= 64 || quick {
+                    assert_eq!(s.check(), Ok(()), "{sample_bytes}");
+                } else {
+                    assert!(
+                        s.check().unwrap_err().contains("sample indices"),
+                        "{sample_bytes}"
+                    );
+                }
             }
         }
+    }
+
+    #[test]
+    fn settings_measure_cannot_run_are_refused() {
+        // Sizes the command line refuses, were they to get here: no panic, an error.
+        for sample_bytes in [0, 2, 6, 12, 4100, 64 << 20] {
+            let s = Settings::new(&TrainLoopOptions {
+                sample_bytes: Some(sample_bytes),
+                ..TrainLoopOptions::default()
+            });
+            assert!(s.check().is_err(), "{sample_bytes}: {s:?}");
+        }
+        // A dataset with fewer samples than a batch, and one with just enough.
+        let mut s = Settings::new(&TrainLoopOptions {
+            sample_bytes: Some(1 << 20),
+            ..TrainLoopOptions::default()
+        });
+        s.dataset_bytes = 31 << 20;
+        let e = s.check().unwrap_err();
+        assert!(e.contains("31 samples") && e.contains("32 of a"), "{e}");
+        s.dataset_bytes = 32 << 20;
+        assert_eq!(s.check(), Ok(()));
+        // More indices than a usize counts.
+        s.batches = usize::MAX / 2;
+        assert!(s.check().is_err());
+    }
+
+    #[test]
+    fn the_order_wraps_around_a_dataset_smaller_than_it() {
+        let order = shuffled(3, 100);
+        assert_eq!(order.len(), 100);
+        assert!(order.iter().all(|&i| i < 3));
+        assert_eq!(shuffled(1, 5), [0; 5]);
+    }
+
+    #[test]
+    fn the_gather_copies_the_indexed_samples_with_either_store() {
+        // 1 and 3 f32 values leave the samples unaligned for streaming stores; 4096 is the default sample.
+        for sample_len in [1, 3, 4, 16, 4096] {
+            let data = make_dataset(8 * sample_len, 3);
+            assert!(data.iter().all(|&x| x >= 1.0));
+            let order = shuffled(8, 5);
+            assert!(order.iter().all(|&i| i < 8));
+            for streaming in [false, cfg!(target_arch = "x86_64")] {
+                let mut out = vec![0f32; 5 * sample_len];
+                gather_parallel(&data, &order, &mut out, sample_len, 2, streaming);
+                for (k, &i) in order.iter().enumerate() {
+                    assert_eq!(
+                        out[k * sample_len..(k + 1) * sample_len],
+                        data[i * sample_len..(i + 1) * sample_len],
+                        "sample_len {sample_len}, streaming {streaming}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sizes_read_in_their_largest_whole_unit() {
+        assert_eq!(size(4), "4 B");
+        assert_eq!(size(512), "512 B");
+        assert_eq!(size(16 << 10), "16 KiB");
+        assert_eq!(size(32 << 20), "32 MiB");
     }
 }
