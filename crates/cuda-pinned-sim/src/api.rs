@@ -973,13 +973,16 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2(
     })
 }
 
-/// `cuMemcpyBatchAsync_v2` (CUDA 12.8): `count` copies by unified address, each queued on the stream in order
-/// as `cuMemcpyAsync` would. Unlike a single copy, it needs a current context on the calling thread (driver 580
-/// returns `CUDA_ERROR_INVALID_VALUE` without one). Every copy is checked before any is queued (the driver fails
-/// the whole call), and
-/// each attribute must ask for the source to be read in stream order (`CU_MEMCPY_SRC_ACCESS_ORDER_STREAM`, the
-/// only order under which a later copy may read what an earlier one wrote) or later (`ANY`); `DURING_API_CALL`
-/// is refused, as the simulator does not model it.
+/// `cuMemcpyBatchAsync_v2` (CUDA 13.0; 12.8's `cuMemcpyBatchAsync` has another signature): `count` copies by
+/// unified address, queued on the stream as `cuMemcpyAsync` would queue them. The driver runs the copies of a
+/// batch in no particular order (dependent copies in one batch are undefined): the simulator queues them last
+/// to first, so that a batch relying on its order goes wrong here too. Unlike a single copy, it needs a current
+/// context on the calling thread (driver 580 returns `CUDA_ERROR_INVALID_VALUE` without one). Every copy is
+/// checked before any is queued (the driver fails the whole call), and each attribute must ask for the source
+/// to be read in stream order (`CU_MEMCPY_SRC_ACCESS_ORDER_STREAM`): the other orders let the driver read it
+/// before earlier work on the stream, which the simulator does not model, so it refuses them rather than run
+/// them in stream order and hide the difference. Pageable operands and the per-thread default stream, which
+/// the driver accepts, are refused too (the crate uses neither).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemcpyBatchAsync_v2(
     dsts: *mut CUdeviceptr,
@@ -1023,10 +1026,10 @@ pub extern "C" fn cuMemcpyBatchAsync_v2(
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         use CUmemcpySrcAccessOrder_enum as Order;
-        if attrs.iter().any(|a| {
-            a.srcAccessOrder != Order::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
-                && a.srcAccessOrder != Order::CU_MEMCPY_SRC_ACCESS_ORDER_ANY
-        }) {
+        if attrs
+            .iter()
+            .any(|a| a.srcAccessOrder != Order::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM)
+        {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         let (handle, _) = live_stream(&state, hStream)?;
@@ -1044,7 +1047,7 @@ pub extern "C" fn cuMemcpyBatchAsync_v2(
                 bytes: sizes[k],
             });
         }
-        for op in copies {
+        for op in copies.into_iter().rev() {
             state = stream::submit(state, handle, op, false);
         }
         Ok(())

@@ -40,9 +40,9 @@ const BLOCK: u32 = 256;
 /// them took 17.9 ms instead of 209.8 (`pinbench gather`, `pinbench train-loop`).
 const IN_FLIGHT: usize = 128 << 10;
 
-/// Bytes the index staging of one [`Gatherer`] may pin: room for 4 Mi rows in flight, sorted (indices and
-/// positions). A gather that needs more waits for the uploads of earlier ones to complete.
-const STAGING_BUDGET: usize = 32 << 20;
+/// Bytes of page-locked memory a [`Gatherer`] keeps for staging indices, by default: room for 4 Mi rows in
+/// flight, sorted (indices and positions).
+const STAGING_BYTES: usize = 32 << 20;
 
 /// What moves the rows of a gather.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -54,7 +54,8 @@ pub enum GatherEngine {
     /// The crate's gather kernel: the device's threads read the rows over the bus. Best for small rows: one
     /// launch for the whole batch, however many rows.
     Kernel,
-    /// The copy engines: one copy per row, all enqueued by one `cuMemcpyBatchAsync` (CUDA 12.8 and later). Each
+    /// The copy engines: one copy per row, all enqueued by one `cuMemcpyBatchAsync_v2` (a driver of CUDA 13.0 or
+    /// later; an older one makes the gather an `Err`). Each
     /// copy costs the host a fraction of a microsecond to enqueue, so it pays only for large rows, which the
     /// engines move at the link's speed without taking the device's threads.
     Copies,
@@ -110,14 +111,24 @@ impl Gatherer {
     /// The driver's, from loading the module (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION` from a driver older than
     /// the PTX, which CUDA 13 (driver 580) writes).
     pub fn new(context: &Context) -> Result<Gatherer> {
+        Gatherer::with_staging(context, STAGING_BYTES)
+    }
+
+    /// [`Gatherer::new`], keeping `bytes` of page-locked memory for staging the indices of gathers in flight
+    /// (default 32 MiB: 4 bytes per row, twice that sorted). A gather that finds no room there does not wait
+    /// for others to complete: it pins a buffer of its own, which costs it the pinning (about 0.4 s per GiB).
+    ///
+    /// # Errors
+    /// As [`Gatherer::new`].
+    pub fn with_staging(context: &Context, bytes: usize) -> Result<Gatherer> {
         let module = Module::load(context, GATHER_PTX.as_bytes())
             .map_err(|e| e.context("loading the crate's gather kernels"))?;
         let kernels = WIDTHS
             .iter()
             .map(|width| module.kernel(&format!("cuda_pinned_gather_{width}")))
             .collect::<Result<Vec<_>>>()?;
-        let staging = PinnedPool::builder(context, STAGING_BUDGET)
-            .when_full(WhenFull::Wait)
+        let staging = PinnedPool::builder(context, bytes)
+            .when_full(WhenFull::Fail)
             .build();
         Ok(Gatherer {
             kernels,
@@ -260,6 +271,17 @@ impl Gatherer {
         Ok(())
     }
 
+    /// `len` elements of page-locked memory to stage indices in: from the gatherer's pool, or, where it has no
+    /// room (gathers in flight hold it), pinned for this gather alone, so that no gather waits for another's
+    /// work to complete (which may be queued behind unrelated work on another stream).
+    fn staged(&self, len: usize) -> Result<Pinned<u32>> {
+        match self.staging.try_alloc::<u32>(len) {
+            Err(Error::PoolExhausted { .. }) => Pinned::zeroed(&self.context, len),
+            other => other,
+        }
+        .map_err(|e| e.context("staging a gather's indices"))
+    }
+
     /// The indices in page-locked memory, followed, if `options` sorts, by each one's output position: sorted
     /// by the 2 MiB region of the table their row starts in (a counting sort: two passes over the batch, so
     /// the host's cost stays linear), which is the locality that reads over the bus gain from.
@@ -270,7 +292,7 @@ impl Gatherer {
         options: GatherOptions,
     ) -> Result<Pinned<u32>> {
         if !options.sort {
-            let mut staged = self.staging.alloc::<u32>(indices.len())?;
+            let mut staged = self.staged(indices.len())?;
             staged.as_mut_slice()?.copy_from_slice(indices);
             return Ok(staged);
         }
@@ -289,7 +311,7 @@ impl Gatherer {
             starts[r] += starts[r - 1];
         }
         let n = indices.len();
-        let mut staged = self.staging.alloc::<u32>(2 * n)?;
+        let mut staged = self.staged(2 * n)?;
         let (sorted, positions) = staged.as_mut_slice()?.split_at_mut(n);
         for (position, &index) in (0u32..).zip(indices) {
             let slot = &mut starts[region(index)];

@@ -443,3 +443,118 @@ fn an_index_past_the_table_is_the_error_of_its_batch_in_place() {
         "{error}"
     );
 }
+
+/// Set in the child process of [`a_users_exit_hook_may_synchronize_after_the_crates`].
+const HOOKED_CHILD: &str = "CUDA_PINNED_TEST_HOOKED_CHILD";
+
+unsafe extern "C" {
+    fn atexit(hook: extern "C" fn()) -> std::ffi::c_int;
+}
+
+/// A user's exit hook (registered before the crate's, so it runs after it) that synchronizes a context.
+extern "C" fn synchronize_at_exit() {
+    let result = Context::on(0).and_then(|c| c.synchronize());
+    println!("exit hook synchronized: {}", result.is_ok());
+}
+
+/// A program (a C host's static destructors, say) may still call the crate from an exit hook that runs after the
+/// crate's own: `Context::synchronize` there waited for a round of the release thread that, stopped by the
+/// crate's hook, never came, and the process never ended. The child runs only this test; it must end.
+#[test]
+fn a_users_exit_hook_may_synchronize_after_the_crates() {
+    if std::env::var_os(HOOKED_CHILD).is_some() {
+        // SAFETY: registering a plain function of this file.
+        unsafe { atexit(synchronize_at_exit) };
+        let _serial = serial();
+        let ctx = context();
+        // Starts the release thread, whose start registers the crate's hook.
+        drop(Registered::new(&ctx, vec![1u8; 1 << 20]).unwrap());
+        ctx.synchronize().unwrap();
+        return;
+    }
+    let _serial = serial();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "a_users_exit_hook_may_synchronize_after_the_crates",
+            "--exact",
+            "--test-threads=1",
+            "--nocapture",
+        ])
+        .env(HOOKED_CHILD, "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let ended = loop {
+        if child.try_wait().unwrap().is_some() {
+            break true;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(30) {
+            child.kill().unwrap();
+            break false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(ended, "the child's exit hung for 30 s:\n{stdout}");
+    assert!(output.status.success(), "{}:\n{stdout}", output.status);
+    assert!(stdout.contains("exit hook synchronized: true"), "{stdout}");
+}
+
+/// Gathers on a held stream fill the gatherer's staging, and a gather on another, idle stream then finds no
+/// room: it must pin a buffer of its own rather than wait for the held stream's gathers (unrelated work) to
+/// complete. On the simulated driver the held stream runs only once released, after the checks.
+#[test]
+fn a_gather_does_not_wait_for_the_staging_of_gathers_on_another_stream() {
+    let _serial = serial();
+    let ctx = context();
+    let (held, idle) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    // Room for 2 Ki indices: two gathers of 1 Ki rows fill it.
+    let gatherer = Gatherer::with_staging(&ctx, 8 << 10).unwrap();
+    let (row, rows) = (4usize, 4096usize);
+    let values = data(row * rows, 31);
+    let table = Registered::new(&ctx, values.clone()).unwrap();
+    let picks = indices(1024, rows, 32);
+    let mut outs: Vec<DeviceBuffer<u32>> = (0..3)
+        .map(|_| DeviceBuffer::zeroed(&idle, row * picks.len()).unwrap())
+        .collect();
+    idle.synchronize().unwrap();
+    let hold = common::hold(&held, std::time::Duration::from_secs(2));
+    for out in &mut outs[..2] {
+        gatherer
+            .gather(&held, &table, row, &picks, out, GatherOptions::default())
+            .unwrap();
+    }
+    let started = std::time::Instant::now();
+    gatherer
+        .gather(
+            &idle,
+            &table,
+            row,
+            &picks,
+            &mut outs[2],
+            GatherOptions::default(),
+        )
+        .unwrap();
+    let took = started.elapsed();
+    let mut got = Pinned::<u32>::zeroed(&ctx, row * picks.len()).unwrap();
+    idle.download(&outs[2], &mut got).unwrap();
+    let rows_arrived = got.as_slice().unwrap() == model_u32(&values, row, &picks);
+    drop(hold);
+    held.synchronize().unwrap();
+    assert!(
+        took < std::time::Duration::from_secs(1),
+        "the gather on the idle stream waited {took:?} for the held stream's gathers"
+    );
+    assert!(rows_arrived, "the gather on the idle stream is wrong");
+}
+
+/// [`model`] for `u32` elements.
+fn model_u32(table: &[u32], row: usize, indices: &[u32]) -> Vec<u32> {
+    indices
+        .iter()
+        .flat_map(|&i| &table[i as usize * row..][..row])
+        .copied()
+        .collect()
+}

@@ -499,7 +499,7 @@ pub(crate) unsafe fn launch_kernel(
     }
 }
 
-/// `cuMemcpyBatchAsync_v2` (CUDA 12.8 and later): copies `sizes[k]` bytes from `srcs[k]` to `dsts[k]` for every
+/// `cuMemcpyBatchAsync_v2` (CUDA 13.0 and later; 12.8's `cuMemcpyBatchAsync` has another signature): copies `sizes[k]` bytes from `srcs[k]` to `dsts[k]` for every
 /// `k`, by unified address, each source read in stream order, on `stream` (in no particular order among
 /// themselves). Returns at once.
 ///

@@ -111,8 +111,12 @@ impl Service {
             {
                 let _calls = DRIVER_CALLS.lock().unwrap_or_else(PoisonError::into_inner);
                 if EXITING.load(Ordering::Acquire) {
-                    // The process is ending: what is left stays pinned until the system reclaims it.
+                    // The process is ending: what is left stays pinned until the system reclaims it. Anyone
+                    // waiting for a round (an exit hook of the user's that synchronizes) is let go.
                     std::mem::forget(held);
+                    let mut state = self.lock();
+                    state.finished = u64::MAX;
+                    self.round_done.notify_all();
                     return;
                 }
                 Context::sweep_drained();
@@ -250,15 +254,17 @@ fn flush_releases(_context: &Context) {
     }
     let mut state = service.lock();
     // A round in progress may have taken its blocks before the caller's were handed over: wait for a round that
-    // starts after this call, which the request makes happen even if nothing else arrives.
+    // starts after this call, which the request makes happen even if nothing else arrives. Once the process is
+    // exiting the thread makes no more rounds: nothing to wait for then.
     let target = state.started + 1;
     state.flush_requested = true;
     service.arrived.notify_one();
-    while state.finished < target {
+    while state.finished < target && !EXITING.load(Ordering::Acquire) {
         state = service
             .round_done
-            .wait(state)
-            .unwrap_or_else(PoisonError::into_inner);
+            .wait_timeout(state, Duration::from_millis(50))
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
     }
 }
 
