@@ -177,11 +177,27 @@ impl Gatherer {
         if engine == GatherEngine::Copies {
             return copy_rows(stream, table, row_bytes, indices, out);
         }
-        // The widest access that divides the row and both base addresses. A mapping keeps the offset within a
-        // page, so the host address's alignment is the device address's.
-        let table_address = sealed::PinnedMemory::host_ptr(table) as usize;
-        let out_address = usize::try_from(sealed::DeviceMemory::device_ptr(out))
-            .map_err(|_| Error::invalid("a device address beyond the host's address width"))?;
+        // The widest access that divides the row and both addresses the kernel sees: the table's in the
+        // device's address space, looked up here, which also refuses memory that is not mapped into the
+        // stream's context before anything is enqueued.
+        let table_address = {
+            let _current = stream.context().enter()?;
+            calls::mem_host_get_device_pointer(sealed::PinnedMemory::host_ptr(table)).map_err(|e| {
+                e.context(
+                    "gathering from page-locked memory that the stream's device cannot read in place (a \
+                     Registered or Pinned table of its context is); nothing was enqueued",
+                )
+            })?
+        };
+        let (table_address, out_address) = (
+            usize::try_from(table_address),
+            usize::try_from(sealed::DeviceMemory::device_ptr(out)),
+        );
+        let (Ok(table_address), Ok(out_address)) = (table_address, out_address) else {
+            return Err(Error::invalid(
+                "a device address beyond the host's address width",
+            ));
+        };
         let slot = WIDTHS
             .iter()
             .position(|&w| (row_bytes | table_address | out_address).is_multiple_of(w))
