@@ -113,11 +113,21 @@ fn retire(device: Device, stream: CUstream, report: impl Fn(Error)) {
 
 /// Destroys the streams of `known.draining` (of `device`) that are idle now, releasing the retain each was made
 /// with.
-fn sweep(known: &mut Known, device: Device) {
+fn sweep(known: &mut Known, device: Device) -> Vec<Error> {
+    let mut failed = Vec::new();
     known.draining.retain(|&Draining(stream)| {
-        // A stream of the device's primary context, which it keeps retained. Busy only while the query
-        // says so: idle, or broken (then no more of its work runs either), it goes.
-        let busy = matches!(calls::stream_query(stream), Ok(false));
+        // A stream of the device's primary context, which it keeps retained. It goes once the query says it
+        // is idle. A query that fails says nothing: the stream stays, still counted busy, and is asked again
+        // next time (taken for idle, its queued work was seen to make the device's next unpinning wait: a
+        // hidden wait, found by failing each driver call of the gather's prefetcher in turn). The error is
+        // returned, for the caller to report once it has let go of the list.
+        let busy = match calls::stream_query(stream) {
+            Ok(idle) => !idle,
+            Err(e) => {
+                failed.push(e.context("querying the work left on a dropped stream"));
+                true
+            }
+        };
         if !busy {
             // SAFETY: no handle of the stream is left; the release balances the entry's retain, which nothing
             // else relies on. Failures leak them: harmless.
@@ -128,6 +138,16 @@ fn sweep(known: &mut Known, device: Device) {
         }
         busy
     });
+    failed
+}
+
+/// Reports `errors` of a sweep of `device` through one of its contexts still alive, if any: a context's
+/// deferred errors ([`Context::check_deferred_errors`]). Call it without holding the list of devices (a
+/// context's handle may be the last, and its drop takes the list).
+fn report_sweep(contexts: &[Context], errors: Vec<Error>) {
+    if let Some(context) = contexts.first() {
+        errors.into_iter().for_each(|e| context.defer_error(e));
+    }
 }
 
 /// A device's gate held for writing by this thread (see [`Context::close_gate`]).
@@ -394,7 +414,7 @@ impl Context {
     /// that fails counts as work not finished, and its error is kept in the context (for
     /// [`Context::check_deferred_errors`]).
     pub(crate) fn device_is_idle(device: Device) -> bool {
-        let (contexts, drained) = {
+        let (contexts, drained, failed) = {
             let mut devices = lock(&DEVICES);
             let Some(known) = devices
                 .iter_mut()
@@ -402,10 +422,18 @@ impl Context {
             else {
                 return true;
             };
-            sweep(known, device);
+            let failed = sweep(known, device);
             // A context whose last handle is gone but whose drop has not yet handed its stream for frees over to
             // `draining` has work the release thread cannot see: not idle until it has.
             if known.contexts.iter().any(|c| c.strong_count() == 0) {
+                let alive: Vec<Context> = known
+                    .contexts
+                    .iter()
+                    .filter_map(Weak::upgrade)
+                    .map(Context)
+                    .collect();
+                drop(devices);
+                report_sweep(&alive, failed);
                 return false;
             }
             let contexts: Vec<Context> = known
@@ -414,8 +442,9 @@ impl Context {
                 .filter_map(Weak::upgrade)
                 .map(Context)
                 .collect();
-            (contexts, known.draining.is_empty())
+            (contexts, known.draining.is_empty(), failed)
         };
+        report_sweep(&contexts, failed);
         drained
             && contexts.iter().all(|context| {
                 context.idle().unwrap_or_else(|e| {
@@ -430,10 +459,25 @@ impl Context {
     /// Lets go of what the crate keeps to see work left on destroyed streams, on every device, where that work
     /// has completed (see [`Context::device_is_idle`]). For the release thread, once per look.
     pub(crate) fn sweep_drained() {
-        let mut devices = lock(&DEVICES);
-        for known in devices.iter_mut() {
-            let device = known.device;
-            sweep(known, device);
+        let mut reports = Vec::new();
+        {
+            let mut devices = lock(&DEVICES);
+            for known in devices.iter_mut() {
+                let device = known.device;
+                let failed = sweep(known, device);
+                if !failed.is_empty() {
+                    let alive: Vec<Context> = known
+                        .contexts
+                        .iter()
+                        .filter_map(Weak::upgrade)
+                        .map(Context)
+                        .collect();
+                    reports.push((alive, failed));
+                }
+            }
+        }
+        for (alive, failed) in reports {
+            report_sweep(&alive, failed);
         }
     }
 
