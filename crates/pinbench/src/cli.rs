@@ -57,7 +57,7 @@ pub struct Options {
 /// The modes other than the bandwidth run.
 #[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
 pub enum Mode {
-    /// How fast a training loop is fed, three ways (needs a build with --features gpu)
+    /// How fast a training loop is fed, five ways (needs a build with --features gpu)
     ///
     /// Batches of 32 MiB of samples (2048 samples of 16 KiB, or 32 MiB / N samples of N bytes with
     /// --sample-bytes N), gathered by random index from a dataset in pageable memory, feed a compute step on

@@ -14,7 +14,7 @@
 //!   enqueueing a small copy (`costs.rs`);
 //! - with feature `gpu`, how well a two-stream pipeline overlaps uploads with a kernel (`overlap.rs`).
 //!
-//! `pinbench train-loop` (feature `gpu`) instead times a training-loop-shaped program fed three ways
+//! `pinbench train-loop` (feature `gpu`) instead times a training-loop-shaped program fed five ways
 //! (`train_loop.rs`).
 //!
 //! Device times come from CUDA events after warm-up, repeated until stable, as medians (`timing.rs`). Every copy's

@@ -1,12 +1,15 @@
 //! `pinbench train-loop` (feature `gpu`): a training-loop-shaped program, timed. Batches are gathered by random
-//! index from an in-memory dataset and fed to a compute step on the GPU, three ways:
+//! index from an in-memory dataset and fed to a compute step on the GPU, three ways, then two more:
 //!
 //! 1. **pageable**: the loop gathers each batch into a `Vec` and uploads it with a blocking copy (what a naive
 //!    loop, or a data loader without pinned memory, does);
 //! 2. **pinned, no overlap**: the batch is gathered (on the same worker threads as below) straight into pinned
 //!    memory and uploaded asynchronously, but each step waits for the last before the next gather;
 //! 3. **prefetcher**: [`Prefetcher`] workers gather batches into pooled pinned memory ahead of the loop, a copy
-//!    stream uploads them, and the loop's stream only waits on the device.
+//!    stream uploads them, and the loop's stream only waits on the device;
+//! 4. the prefetcher again, with a compute step as long as the slower of gathering and uploading a batch;
+//! 5. **gathered on the device**: the dataset registered in place, a [`Prefetcher`] of `GatherBatch` whose one
+//!    worker writes each batch's indices, the crate's gather kernel reading the rows over the bus.
 //!
 //! The compute step (`kernels::spin`, plus an `axpy` that reads the batch) lasts as long as one batch's upload,
 //! measured first. Each way reports samples/s, GB/s fed and the time ledger of its streams; the prefetcher is
