@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{data, serial, spin};
+use common::{data, refused, serial, spin};
 use cuda_pinned::{
     Context, DeviceBuffer, GatherEngine, GatherOptions, Gatherer, Pinned, PinnedBuilder,
     Registered, Stream,
@@ -26,8 +26,8 @@ fn bytes(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// The rows of `table` (rows of `row` bytes) at `indices`, one after another: what a gather must produce.
-fn model(table: &[u8], row: usize, indices: &[u32]) -> Vec<u8> {
+/// The rows of `table` (rows of `row` elements) at `indices`, one after another: what a gather must produce.
+fn model<T: Copy>(table: &[T], row: usize, indices: &[u32]) -> Vec<T> {
     indices
         .iter()
         .flat_map(|&i| &table[i as usize * row..][..row])
@@ -138,18 +138,6 @@ fn a_gather_from_views_into_views_touches_only_them() {
     }
     want.extend(vec![0u32; row * 2]);
     assert_eq!(got.as_slice().unwrap(), &want[..]);
-}
-
-/// Asserts that `result` is an invalid-argument error whose message says `says`.
-fn refused(result: cuda_pinned::Result<()>, says: &str) {
-    match result {
-        Err(e @ cuda_pinned::Error::InvalidArgument { .. }) => {
-            let text = e.to_string();
-            assert!(text.contains(says), "{text:?} does not say {says:?}");
-            assert!(text.contains("nothing was enqueued"), "{text:?}");
-        }
-        other => panic!("expected an invalid-argument error saying {says:?}, got {other:?}"),
-    }
 }
 
 #[test]
@@ -540,7 +528,7 @@ fn a_gather_does_not_wait_for_the_staging_of_gathers_on_another_stream() {
     let took = started.elapsed();
     let mut got = Pinned::<u32>::zeroed(&ctx, row * picks.len()).unwrap();
     idle.download(&outs[2], &mut got).unwrap();
-    let rows_arrived = got.as_slice().unwrap() == model_u32(&values, row, &picks);
+    let rows_arrived = got.as_slice().unwrap() == model(&values, row, &picks);
     drop(hold);
     held.synchronize().unwrap();
     assert!(
@@ -548,13 +536,4 @@ fn a_gather_does_not_wait_for_the_staging_of_gathers_on_another_stream() {
         "the gather on the idle stream waited {took:?} for the held stream's gathers"
     );
     assert!(rows_arrived, "the gather on the idle stream is wrong");
-}
-
-/// [`model`] for `u32` elements.
-fn model_u32(table: &[u32], row: usize, indices: &[u32]) -> Vec<u32> {
-    indices
-        .iter()
-        .flat_map(|&i| &table[i as usize * row..][..row])
-        .copied()
-        .collect()
 }

@@ -10,7 +10,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Serial, data, hold, serial, spin};
+use common::{Serial, data, hold, refused as invalid, serial, spin};
 use cuda_pinned::{
     Arg, Context, DeviceBuffer, Error, Kernel, LaunchConfig, Module, Pinned, PinnedBuilder, Stream,
     Use,
@@ -479,17 +479,6 @@ fn control_a_buffer_whose_read_is_undeclared_is_freed_under_the_kernel() {
             got != want,
             "the kernel read the data after an undeclared drop: this control cannot show the rule"
         );
-    }
-}
-
-fn invalid(result: cuda_pinned::Result<()>, says: &str) {
-    match result {
-        Err(e @ Error::InvalidArgument { .. }) => {
-            let text = e.to_string();
-            assert!(text.contains(says), "{text:?} does not say {says:?}");
-            assert!(text.contains("nothing was enqueued"), "{text:?}");
-        }
-        other => panic!("expected an invalid-argument error saying {says:?}, got {other:?}"),
     }
 }
 

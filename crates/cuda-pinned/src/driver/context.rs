@@ -141,6 +141,18 @@ fn sweep(known: &mut Known, device: Device) -> Vec<Error> {
     failed
 }
 
+impl Known {
+    /// Handles of the device's contexts still alive. Drop them only once the list of devices is let go: one
+    /// may be the last, and a context's drop takes the list.
+    fn alive(&self) -> Vec<Context> {
+        self.contexts
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(Context)
+            .collect()
+    }
+}
+
 /// Reports `errors` of a sweep of `device` through one of its contexts still alive, if any: a context's
 /// deferred errors ([`Context::check_deferred_errors`]). Call it without holding the list of devices (a
 /// context's handle may be the last, and its drop takes the list).
@@ -425,24 +437,8 @@ impl Context {
             let failed = sweep(known, device);
             // A context whose last handle is gone but whose drop has not yet handed its stream for frees over to
             // `draining` has work the release thread cannot see: not idle until it has.
-            if known.contexts.iter().any(|c| c.strong_count() == 0) {
-                let alive: Vec<Context> = known
-                    .contexts
-                    .iter()
-                    .filter_map(Weak::upgrade)
-                    .map(Context)
-                    .collect();
-                drop(devices);
-                report_sweep(&alive, failed);
-                return false;
-            }
-            let contexts: Vec<Context> = known
-                .contexts
-                .iter()
-                .filter_map(Weak::upgrade)
-                .map(Context)
-                .collect();
-            (contexts, known.draining.is_empty(), failed)
+            let busy = known.contexts.iter().any(|c| c.strong_count() == 0);
+            (known.alive(), known.draining.is_empty() && !busy, failed)
         };
         report_sweep(&contexts, failed);
         drained
@@ -466,13 +462,7 @@ impl Context {
                 let device = known.device;
                 let failed = sweep(known, device);
                 if !failed.is_empty() {
-                    let alive: Vec<Context> = known
-                        .contexts
-                        .iter()
-                        .filter_map(Weak::upgrade)
-                        .map(Context)
-                        .collect();
-                    reports.push((alive, failed));
+                    reports.push((known.alive(), failed));
                 }
             }
         }

@@ -721,3 +721,15 @@ pub fn env_number(name: &str) -> Option<u64> {
             .unwrap_or_else(|_| panic!("{name}={value:?} is not a number")),
     )
 }
+
+/// Asserts that `result` is an invalid-argument error that says `says` and that nothing was enqueued.
+pub fn refused(result: cuda_pinned::Result<()>, says: &str) {
+    match result {
+        Err(e @ cuda_pinned::Error::InvalidArgument { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains(says), "{text:?} does not say {says:?}");
+            assert!(text.contains("nothing was enqueued"), "{text:?}");
+        }
+        other => panic!("expected an invalid-argument error saying {says:?}, got {other:?}"),
+    }
+}
