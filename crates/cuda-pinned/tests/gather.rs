@@ -302,28 +302,41 @@ fn a_process_that_ends_right_after_dropping_a_gatherer_exits_cleanly() {
         return;
     }
     let _serial = serial();
-    let this = std::env::current_exe().unwrap();
     let mut failed = Vec::new();
     for run in 0..8 {
-        let output = std::process::Command::new(&this)
-            .args([
-                "a_process_that_ends_right_after_dropping_a_gatherer_exits_cleanly",
-                "--exact",
-                "--test-threads=1",
-            ])
-            .env(ENDING_CHILD, "1")
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        if !output.status.success() || !stdout.contains("1 passed") {
-            failed.push(format!(
-                "child {run}: {} \n{stdout}{}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr)
-            ));
+        let child = run_child(
+            "a_process_that_ends_right_after_dropping_a_gatherer_exits_cleanly",
+            ENDING_CHILD,
+        );
+        match child {
+            Some((true, stdout)) if stdout.contains("1 passed") => {}
+            other => failed.push(format!("child {run}: {other:?}")),
         }
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// Runs this test binary's test `name` alone in a child process with `variable` set, and returns whether it
+/// exited successfully and what it printed; `None` if it had not ended after 30 s (it is killed then).
+fn run_child(name: &str, variable: &str) -> Option<(bool, String)> {
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--test-threads=1", "--nocapture"])
+        .env(variable, "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > std::time::Duration::from_secs(30) {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    Some((output.status.success(), stdout))
 }
 
 /// The indices of batch `i` of [`prefetched`]: `count` rows of a table of `rows`, a function of `i`.
@@ -461,32 +474,14 @@ fn a_users_exit_hook_may_synchronize_after_the_crates() {
         return;
     }
     let _serial = serial();
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "a_users_exit_hook_may_synchronize_after_the_crates",
-            "--exact",
-            "--test-threads=1",
-            "--nocapture",
-        ])
-        .env(HOOKED_CHILD, "1")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = std::time::Instant::now();
-    let ended = loop {
-        if child.try_wait().unwrap().is_some() {
-            break true;
-        }
-        if started.elapsed() > std::time::Duration::from_secs(30) {
-            child.kill().unwrap();
-            break false;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+    let child = run_child(
+        "a_users_exit_hook_may_synchronize_after_the_crates",
+        HOOKED_CHILD,
+    );
+    let Some((success, stdout)) = child else {
+        panic!("the child's exit hung for 30 s");
     };
-    let output = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(ended, "the child's exit hung for 30 s:\n{stdout}");
-    assert!(output.status.success(), "{}:\n{stdout}", output.status);
+    assert!(success, "the child failed:\n{stdout}");
     assert!(stdout.contains("exit hook synchronized: true"), "{stdout}");
 }
 

@@ -145,10 +145,10 @@ pub(crate) const INLINE: usize = 16;
 struct Locked<'t>(SmallVec<[(MutexGuard<'t, GpuTracker>, Access); INLINE]>);
 
 impl<'t> Locked<'t> {
-    /// Locks the trackers of `uses` (none locked yet) in address order, one per allocation (where one appears several times,
-    /// through views, it counts as written if any use writes it): two threads locking the same trackers cannot
-    /// deadlock, and every tracker of a write is borrowed exclusively, so no other thread holds its lock. Sorts
-    /// `uses` in place.
+    /// Locks the trackers of `uses` (none locked yet) in address order, one per allocation (where one appears
+    /// several times, through views, it counts as written if any use writes it): two threads locking the same
+    /// trackers cannot deadlock, and every tracker of a write is borrowed exclusively, so no other thread holds
+    /// its lock. Sorts `uses` in place.
     fn lock(&mut self, uses: &mut [(&'t Track, Access)]) {
         let address = |track: &Track| std::ptr::from_ref(track) as usize;
         if uses.len() > INLINE {
