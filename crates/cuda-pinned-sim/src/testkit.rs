@@ -202,7 +202,75 @@ fn register_gather_kernels(control: &Control) -> Result<(), String> {
             },
         )?;
     }
-    Ok(())
+    register_sort_kernels(control)
+}
+
+/// The stand-ins of the kernels that sort a gather's indices on the device (`cuda/gather.cu` of cuda-pinned):
+/// bins counted by bucket, tile sums (after the grid's tiles of bins), each bin's first slot, and the scatter
+/// into `order` (the sorted indices, then their positions). The scatter keeps the batch's order within a bucket,
+/// one of the orders the device's atomics may give.
+fn register_sort_kernels(control: &Control) -> Result<(), String> {
+    const TILE: u64 = 256 * 16;
+    let bucket = |index: u32, row_bytes: u64, shift: u64| (u64::from(index) * row_bytes) >> shift;
+    control.register_kernel("cuda_pinned_gather_count", &[8; 5], move |call| {
+        let (indices, count, row_bytes, shift, bins) = (
+            call.arg::<u64>(0),
+            call.arg::<u64>(1),
+            call.arg::<u64>(2),
+            call.arg::<u64>(3),
+            call.arg::<u64>(4),
+        );
+        for index in call.read::<u32>(indices, count as usize) {
+            let at = bins + 4 * bucket(index, row_bytes, shift);
+            let n = call.read::<u32>(at, 1)[0];
+            call.write(at, &[n + 1]);
+        }
+    })?;
+    control.register_kernel("cuda_pinned_gather_tiles", &[8], move |call| {
+        let (bins, tiles) = (call.arg::<u64>(0), u64::from(call.grid()[0]));
+        let sums: Vec<u32> = (0..tiles)
+            .map(|t| {
+                call.read::<u32>(bins + 4 * t * TILE, TILE as usize)
+                    .iter()
+                    .sum()
+            })
+            .collect();
+        call.write(bins + 4 * tiles * TILE, &sums);
+    })?;
+    control.register_kernel("cuda_pinned_gather_starts", &[8], move |call| {
+        let (bins, tiles) = (call.arg::<u64>(0), u64::from(call.grid()[0]));
+        let sums = call.read::<u32>(bins + 4 * tiles * TILE, tiles as usize);
+        let mut counts = call.read::<u32>(bins, (tiles * TILE) as usize);
+        // Each tile starts after the tiles' sums before it, as the device's blocks compute it.
+        let mut start = 0u32;
+        for (tile, sum) in counts.chunks_mut(TILE as usize).zip(sums) {
+            let mut slot = start;
+            for bin in tile {
+                let n = *bin;
+                *bin = slot;
+                slot += n;
+            }
+            start += sum;
+        }
+        call.write(bins, &counts);
+    })?;
+    control.register_kernel("cuda_pinned_gather_scatter", &[8; 6], move |call| {
+        let (indices, count, row_bytes, shift, bins, order) = (
+            call.arg::<u64>(0),
+            call.arg::<u64>(1),
+            call.arg::<u64>(2),
+            call.arg::<u64>(3),
+            call.arg::<u64>(4),
+            call.arg::<u64>(5),
+        );
+        for (k, index) in (0u32..).zip(call.read::<u32>(indices, count as usize)) {
+            let at = bins + 4 * bucket(index, row_bytes, shift);
+            let slot = call.read::<u32>(at, 1)[0];
+            call.write(at, &[slot + 1]);
+            call.write(order + 4 * u64::from(slot), &[index]);
+            call.write(order + 4 * (count + u64::from(slot)), &[k]);
+        }
+    })
 }
 
 /// A kernel launch as its stand-in sees it (see [`Control::register_kernel`]): the launch's shape, its

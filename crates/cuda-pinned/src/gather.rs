@@ -32,16 +32,30 @@ const WIDTHS: [usize; 5] = [16, 8, 4, 2, 1];
 /// Threads per block of the gather kernel.
 const BLOCK: u32 = 256;
 
-/// Bytes of host memory the kernel reads at once, one access per thread: what a grid of `IN_FLIGHT / width /
-/// BLOCK` blocks keeps in flight, striding over the rest of the batch. Reads over the bus need this much in
-/// flight to fill the link (bandwidth x latency), and no more: a grid that covers the whole batch kept every
-/// SM waiting on the bus and the compute sharing the GPU starved. On an H100, 32 blocks of 16-byte reads (128
-/// KiB) gathered 16 KiB rows at 48.8 GB/s, faster than 4096 blocks (45.6), and a training loop's axpy beside
-/// them took 17.9 ms instead of 209.8 (`pinbench gather`, `pinbench train-loop`).
-const IN_FLIGHT: usize = 128 << 10;
+/// Loads each thread of the gather kernel keeps in flight (`UNROLL` of `cuda/gather.cu`).
+const UNROLL: usize = 4;
 
-/// Bytes of page-locked memory a [`Gatherer`] keeps for staging indices, by default: room for 4 Mi rows in
-/// flight, sorted (indices and positions).
+/// Bytes of host memory the kernel reads at once: what a grid of `IN_FLIGHT / (UNROLL * width * BLOCK)` blocks
+/// keeps in flight, striding over the rest of the batch. Reads over the bus need this much in flight to fill the
+/// link (bandwidth x latency), and no more: more scattered reads at once miss more of the device's translations
+/// of host pages, and a grid that covers the whole batch kept every SM waiting on the bus while the compute
+/// sharing the GPU starved. On an H100, 32 blocks of four 16-byte reads per thread (512 KiB) gathered random 1
+/// KiB rows at 49.0 GB/s, against 45.5 with one read per thread (128 KiB) and 43.7 with 132 blocks of four; with
+/// 4096 blocks a training loop's axpy beside the gather took 209.8 ms instead of 17.9.
+const IN_FLIGHT: usize = 512 << 10;
+
+/// Threads per block of the sorting kernels, and bins per thread of the scan (`SORT_BLOCK`, `BINS_PER_THREAD`
+/// of `cuda/gather.cu`): the bins are scanned in tiles of `TILE`.
+const SORT_BLOCK: u32 = 256;
+const TILE: usize = 256 * 16;
+
+/// The smallest bucket of the device's sort, as a power of two: 64 KiB of the table. Sorted by 64 KiB
+/// buckets, 256-byte rows at random indices gathered as fast as fully sorted ones on an H100 (45.5 GB/s),
+/// and by 2 MiB buckets at 32.0.
+const MIN_BUCKET_SHIFT: u32 = 16;
+
+/// Bytes of page-locked memory a [`Gatherer`] keeps for staging indices, by default: room for 8 Mi indices in
+/// flight.
 const STAGING_BYTES: usize = 32 << 20;
 
 /// What moves the rows of a gather.
@@ -61,16 +75,29 @@ pub enum GatherEngine {
     Copies,
 }
 
+/// In which order the kernel reads a batch's rows. The output is in the batch's order either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReadOrder {
+    /// [`ReadOrder::Sorted`] for rows under [`Gatherer::SORT_BELOW`] bytes, [`ReadOrder::Batch`] from there.
+    #[default]
+    Auto,
+    /// The batch's order.
+    Batch,
+    /// Sorted by where the rows lie in the table: the indices are sorted on the device first (a bucket sort, a
+    /// few kernels whose cost grows with the batch), and each row is still written where the batch puts it.
+    /// Reads of host memory near each other are much faster over the bus than scattered ones (on an H100,
+    /// 64-byte rows 35 GB/s against 3.1, 256-byte rows 45 against 11).
+    Sorted,
+}
+
 /// How a gather is done.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GatherOptions {
     /// What moves the rows (default [`GatherEngine::Auto`]).
     pub engine: GatherEngine,
-    /// (Kernel only.) Read the rows grouped by the 2 MiB region of the table they lie in (the output keeps the
-    /// batch's order). Reads of host memory that are near each other are faster over the bus than scattered
-    /// ones (on an H100, 256-byte rows 20 GB/s against 11), for a counting sort of the indices on the host
-    /// (linear in the batch: about 3 ms for 256 Ki indices there).
-    pub sort: bool,
+    /// (Kernel only.) The order the rows are read in (default [`ReadOrder::Auto`]).
+    pub order: ReadOrder,
 }
 
 impl GatherOptions {
@@ -81,10 +108,10 @@ impl GatherOptions {
         self
     }
 
-    /// [`GatherOptions::sort`].
+    /// [`GatherOptions::order`].
     #[must_use]
-    pub fn sort(mut self, sort: bool) -> GatherOptions {
-        self.sort = sort;
+    pub fn order(mut self, order: ReadOrder) -> GatherOptions {
+        self.order = order;
         self
     }
 }
@@ -93,9 +120,10 @@ impl GatherOptions {
 /// indices. Make one per context, before the work it feeds starts (loading a module can wait for work already
 /// running on the device), and use it from any thread.
 pub struct Gatherer {
+    /// `cuda_pinned_gather_{width}` for each of [`WIDTHS`].
     kernels: Vec<Kernel>,
-    /// Page-locked blocks the indices (and positions) of gathers in flight are staged in; each goes back
-    /// once its gather has run.
+    sort: SortKernels,
+    /// Page-locked blocks the indices of gathers in flight are staged in; each goes back once its gather has run.
     staging: PinnedPool,
     context: Context,
 }
@@ -107,6 +135,10 @@ impl Gatherer {
     /// won one run, 47.4 against 42.5, and the copies the other, 49.5 against 48.2).
     pub const COPIES_FROM: usize = 256 << 10;
 
+    /// Rows under this many bytes are read sorted under [`ReadOrder::Auto`]: below it the locality of sorted
+    /// reads gains more than the sort costs.
+    pub const SORT_BELOW: usize = 2 << 10;
+
     /// Loads the gather kernels into `context`.
     ///
     /// # Errors
@@ -117,7 +149,7 @@ impl Gatherer {
     }
 
     /// [`Gatherer::new`], keeping `bytes` of page-locked memory for staging the indices of gathers in flight
-    /// (default 32 MiB: 4 bytes per row, twice that sorted). A gather that finds no room there does not wait
+    /// (default 32 MiB: 4 bytes per row). A gather that finds no room there does not wait
     /// for others to complete: it pins a buffer of its own, which costs it the pinning (about 0.4 s per GiB).
     ///
     /// # Errors
@@ -129,11 +161,18 @@ impl Gatherer {
             .iter()
             .map(|width| module.kernel(&format!("cuda_pinned_gather_{width}")))
             .collect::<Result<Vec<_>>>()?;
+        let sort = SortKernels {
+            count: module.kernel("cuda_pinned_gather_count")?,
+            tiles: module.kernel("cuda_pinned_gather_tiles")?,
+            starts: module.kernel("cuda_pinned_gather_starts")?,
+            scatter: module.kernel("cuda_pinned_gather_scatter")?,
+        };
         let staging = PinnedPool::builder(context, bytes)
             .when_full(WhenFull::Fail)
             .build();
         Ok(Gatherer {
             kernels,
+            sort,
             staging,
             context: context.clone(),
         })
@@ -205,26 +244,39 @@ impl Gatherer {
         let width = WIDTHS[slot];
         let row_vecs = (row_bytes / width) as u64;
         let count = indices.len() as u64;
-        // The indices (and positions) go to device memory first: every thread of a row reads its index, and a
-        // read over the bus before each row's would double the latency the kernel waits on.
-        let staged = self.stage(indices, row_bytes, options)?;
-        let mut on_device = DeviceBuffer::<u32>::uninit(stream, staged.len())?;
-        stream.upload(&staged, &mut on_device)?;
+        // The indices go to device memory first: every thread of a row reads its index, and a read over the bus
+        // before each row's would double the latency the kernel waits on.
         let n = indices.len();
+        let mut staged = self.staged(n)?;
+        staged.as_mut_slice()?.copy_from_slice(indices);
+        let mut on_device = DeviceBuffer::<u32>::uninit(stream, n)?;
+        stream.upload(&staged, &mut on_device)?;
+        let sorted = match options.order {
+            ReadOrder::Auto => row_bytes < Gatherer::SORT_BELOW,
+            ReadOrder::Batch => false,
+            ReadOrder::Sorted => true,
+        };
+        let order = if sorted {
+            let rows = sealed::PinnedMemory::elements(table) / row_len;
+            Some(self.sorted(stream, &on_device, row_bytes, rows)?)
+        } else {
+            None
+        };
+        let (indices_arg, positions_arg) = match &order {
+            Some(order) => (order.slice(..n)?, Some(order.slice(n..)?)),
+            None => (on_device.slice(..)?, None),
+        };
         let total = n * (row_bytes / width);
-        let max_blocks = IN_FLIGHT / width / BLOCK as usize;
-        let blocks = total.div_ceil(BLOCK as usize).clamp(1, max_blocks) as u32;
+        let max_blocks = IN_FLIGHT / (UNROLL * width * BLOCK as usize);
+        let blocks = total.div_ceil(UNROLL * BLOCK as usize).clamp(1, max_blocks) as u32;
         let null = 0u64;
-        let indices_arg = on_device.slice(..n)?;
-        let positions_arg = on_device.slice(n..)?;
         let args = [
             Arg::read_host(table),
             Arg::value(&row_vecs),
             Arg::read(&indices_arg),
-            if options.sort {
-                Arg::read(&positions_arg)
-            } else {
-                Arg::value(&null)
+            match &positions_arg {
+                Some(positions) => Arg::read(positions),
+                None => Arg::value(&null),
             },
             Arg::value(&count),
             Arg::write(out),
@@ -232,11 +284,84 @@ impl Gatherer {
         // SAFETY: cuda_pinned_gather_{width} takes (const V*, unsigned long long, const unsigned*, const
         // unsigned*, unsigned long long, V*), V of `width` bytes: one pointer per buffer and 8-byte values, in
         // that order (a null pointer as an 8-byte zero). It reads rows `indices[k] < rows` of the table
-        // (checked), the `count` indices of the device buffer and, sorted, the `count` positions after them (a
-        // permutation of 0..count), and writes `count * row_bytes` bytes of `out`, its whole length (checked); it
-        // ends by itself.
+        // (checked; sorted, the same indices in another order), the `count` indices and, sorted, the `count`
+        // positions (a permutation of 0..count), and writes `count * row_bytes` bytes of `out`, its whole length
+        // (checked); it ends by itself.
         unsafe { stream.launch(&self.kernels[slot], LaunchConfig::new(blocks, BLOCK), &args) }
             .map_err(|e| e.context(format_args!("gathering {count} rows of {row_bytes} bytes")))
+    }
+
+    /// Enqueues the sort of `indices` (rows of `row_bytes` bytes of a table of `rows` rows, all below it) by
+    /// bucket of the table, and returns the buffer it writes: the sorted indices, then each one's position in
+    /// the batch. A bucket is a power of two of bytes, at least 64 KiB and about four times the table's bytes
+    /// per index of the batch, so there are about as many buckets as indices (fewer for batches denser than one
+    /// index per 16 KiB), and the sort's time and memory grow with the batch, not the table.
+    fn sorted(
+        &self,
+        stream: &Stream,
+        indices: &DeviceBuffer<u32>,
+        row_bytes: usize,
+        rows: usize,
+    ) -> Result<DeviceBuffer<u32>> {
+        let n = indices.len();
+        let table_bytes = (rows * row_bytes) as u64;
+        let spacing = (table_bytes / n as u64).max(1);
+        let shift = (spacing.ilog2() + 2).max(MIN_BUCKET_SHIFT);
+        let buckets = ((table_bytes - 1) >> shift) as usize + 1;
+        let tiles = buckets.div_ceil(TILE);
+        let mut bins = DeviceBuffer::<u32>::zeroed(stream, tiles * TILE + tiles)?;
+        let mut order = DeviceBuffer::<u32>::uninit(stream, 2 * n)?;
+        let (count, row_bytes, shift) = (n as u64, row_bytes as u64, u64::from(shift));
+        let spread = LaunchConfig::new(
+            n.div_ceil(SORT_BLOCK as usize).min(MAX_SORT_BLOCKS) as u32,
+            SORT_BLOCK,
+        );
+        let per_tile = LaunchConfig::new(
+            u32::try_from(tiles).map_err(|_| {
+                Error::invalid(format_args!(
+                    "sorting {n} indices into {buckets} buckets, more tiles of them than a grid has blocks; \
+                     gather with ReadOrder::Batch"
+                ))
+            })?,
+            SORT_BLOCK,
+        );
+        let launch = |kernel: &Kernel, config: LaunchConfig, args: &[Arg<'_>]| {
+            // SAFETY: called below, once per kernel of the sort of `cuda/gather.cu`, with its parameters in order
+            // (pointers and 8-byte values). `count` reads the `n` indices and adds to their buckets' bins (each
+            // index is below `rows`, so its bucket below `buckets`); `tiles` and `starts` read and write the
+            // `tiles * TILE` bins and the `tiles` sums after them, one tile per block; `scatter` reads the
+            // indices, takes a slot from each one's bin (the bins then hold the buckets' first slots, so the `n`
+            // slots are distinct and below `n`) and writes the index and its position there, in the `2 * n`
+            // elements of `order`. All end by themselves.
+            unsafe { stream.launch(kernel, config, args) }
+                .map_err(|e| e.context(format_args!("sorting {n} indices on the device")))
+        };
+        launch(
+            &self.sort.count,
+            spread,
+            &[
+                Arg::read(indices),
+                Arg::value(&count),
+                Arg::value(&row_bytes),
+                Arg::value(&shift),
+                Arg::write(&mut bins),
+            ],
+        )?;
+        launch(&self.sort.tiles, per_tile, &[Arg::write(&mut bins)])?;
+        launch(&self.sort.starts, per_tile, &[Arg::write(&mut bins)])?;
+        launch(
+            &self.sort.scatter,
+            spread,
+            &[
+                Arg::read(indices),
+                Arg::value(&count),
+                Arg::value(&row_bytes),
+                Arg::value(&shift),
+                Arg::write(&mut bins),
+                Arg::write(&mut order),
+            ],
+        )?;
+        Ok(order)
     }
 
     /// Checks a gather before anything is enqueued.
@@ -299,47 +424,18 @@ impl Gatherer {
         }
         .map_err(|e| e.context("staging a gather's indices"))
     }
-
-    /// The indices in page-locked memory, followed, if `options` sorts, by each one's output position: sorted
-    /// by the 2 MiB region of the table their row starts in (a counting sort: two passes over the batch, so
-    /// the host's cost stays linear), which is the locality that reads over the bus gain from.
-    fn stage(
-        &self,
-        indices: &[u32],
-        row_bytes: usize,
-        options: GatherOptions,
-    ) -> Result<Pinned<u32>> {
-        if !options.sort {
-            let mut staged = self.staged(indices.len())?;
-            staged.as_mut_slice()?.copy_from_slice(indices);
-            return Ok(staged);
-        }
-        const REGION: u32 = 21;
-        let region = |index: u32| ((u64::from(index) * row_bytes as u64) >> REGION) as usize;
-        let regions = indices
-            .iter()
-            .map(|&i| region(i))
-            .max()
-            .map_or(0, |r| r + 1);
-        let mut starts = vec![0u32; regions + 1];
-        for &index in indices {
-            starts[region(index) + 1] += 1;
-        }
-        for r in 1..starts.len() {
-            starts[r] += starts[r - 1];
-        }
-        let n = indices.len();
-        let mut staged = self.staged(2 * n)?;
-        let (sorted, positions) = staged.as_mut_slice()?.split_at_mut(n);
-        for (position, &index) in (0u32..).zip(indices) {
-            let slot = &mut starts[region(index)];
-            sorted[*slot as usize] = index;
-            positions[*slot as usize] = position;
-            *slot += 1;
-        }
-        Ok(staged)
-    }
 }
+
+/// The kernels of the device's sort of a batch's indices (`cuda/gather.cu`).
+struct SortKernels {
+    count: Kernel,
+    tiles: Kernel,
+    starts: Kernel,
+    scatter: Kernel,
+}
+
+/// Blocks of the sort's kernels over the indices at most (they stride over the rest).
+const MAX_SORT_BLOCKS: usize = 1024;
 
 /// The copy engine's gather: one copy per row, from the table's page-locked memory (at its host address: unified
 /// addressing) into `out`, enqueued by one driver call and tracked as one piece of work that reads the table and

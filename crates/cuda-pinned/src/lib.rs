@@ -121,7 +121,7 @@ pub use bytemuck::{Pod, Zeroable};
 pub use copy::{DeviceDestination, DeviceSource, PinnedDestination, PinnedSource};
 pub use driver::{Context, Device, Event, Stream};
 pub use error::{Error, Result};
-pub use gather::{GatherEngine, GatherOptions, Gatherer, RowTable};
+pub use gather::{GatherEngine, GatherOptions, Gatherer, ReadOrder, RowTable};
 pub use launch::{Arg, Kernel, LaunchConfig, Module, Use};
 pub use memory::{
     DeviceBuffer, DeviceView, DeviceViewMut, Pinned, PinnedBuilder, PinnedPool, PinnedView,

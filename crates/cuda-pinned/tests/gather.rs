@@ -10,7 +10,7 @@ mod common;
 
 use common::{data, refused, serial, spin};
 use cuda_pinned::{
-    Context, DeviceBuffer, GatherEngine, GatherOptions, Gatherer, Pinned, PinnedBuilder,
+    Context, DeviceBuffer, GatherEngine, GatherOptions, Gatherer, Pinned, PinnedBuilder, ReadOrder,
     Registered, Stream,
 };
 
@@ -93,11 +93,51 @@ fn gathered_rows_match_the_model_at_every_row_size() {
     ] {
         let kernel = GatherOptions::default().engine(GatherEngine::Kernel);
         let copies = GatherOptions::default().engine(GatherEngine::Copies);
-        for options in [kernel, kernel.sort(true), copies, GatherOptions::default()] {
+        for options in [
+            kernel.order(ReadOrder::Batch),
+            kernel.order(ReadOrder::Sorted),
+            copies,
+            GatherOptions::default(),
+        ] {
             let (got, want) = gather_once(row, rows, count, options);
             assert!(
                 got == want,
                 "rows of {row} bytes, {options:?}: the gather differs from the model"
+            );
+        }
+    }
+}
+
+#[test]
+fn sorted_reads_of_a_large_table_keep_the_batch_order() {
+    let _serial = serial();
+    let ctx = context();
+    let stream = Stream::new(&ctx).unwrap();
+    let gatherer = Gatherer::new(&ctx).unwrap();
+    // 640 MiB of 64-byte rows, each word its own index, and a batch dense enough for 64 KiB buckets: 10240 of
+    // them, three tiles of the device's scan (the last one partly empty), so that every tile's slots start after
+    // the tiles before it. Duplicates, and the table's first and last rows.
+    let (row, rows, count) = (16usize, 10 << 20, 200_000usize);
+    let table = Registered::new(&ctx, (0..(row * rows) as u32).collect::<Vec<u32>>()).unwrap();
+    let mut picks = indices(count, rows, 11);
+    picks[0] = (rows - 1) as u32;
+    picks[count - 1] = 0;
+    let mut out = DeviceBuffer::<u32>::zeroed(&stream, row * count).unwrap();
+    let mut got = Pinned::<u32>::zeroed(&ctx, row * count).unwrap();
+    for order in [ReadOrder::Sorted, ReadOrder::Batch] {
+        let options = GatherOptions::default()
+            .engine(GatherEngine::Kernel)
+            .order(order);
+        gatherer
+            .gather(&stream, &table, row, &picks, &mut out, options)
+            .unwrap();
+        stream.download(&out, &mut got).unwrap();
+        let got = got.as_slice().unwrap();
+        for (k, &pick) in picks.iter().enumerate() {
+            let first = pick * row as u32;
+            assert!(
+                (0..row).all(|w| got[k * row + w] == first + w as u32),
+                "{order:?}: output row {k} is not table row {pick}"
             );
         }
     }
@@ -269,7 +309,9 @@ fn table_dropped_under_a_gather(engine: GatherEngine) {
                 row,
                 &picks,
                 &mut out,
-                GatherOptions::default().engine(engine).sort(true),
+                GatherOptions::default()
+                    .engine(engine)
+                    .order(ReadOrder::Sorted),
             )
             .unwrap();
     }

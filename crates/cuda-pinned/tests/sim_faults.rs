@@ -20,8 +20,8 @@ use cuda_pinned::prefetch::GatherBatch;
 use cuda_pinned::sys::CUdevice_attribute;
 use cuda_pinned::{
     Arg, Context, Device, DeviceBuffer, Event, GatherEngine, GatherOptions, Gatherer, LaunchConfig,
-    Ledger, Pinned, PinnedPool, Pinning, Prefetcher, Registered, Result, RowTable, Stream, Use,
-    WhenFull,
+    Ledger, Pinned, PinnedPool, Pinning, Prefetcher, ReadOrder, Registered, Result, RowTable,
+    Stream, Use, WhenFull,
 };
 
 /// Calls that release something: when one fails, its object stays.
@@ -440,7 +440,9 @@ fault_tests! {
         let mut out = bounded!(DeviceBuffer::<u32>::zeroed(&f.b, row * picks.len()))?;
         let mut got = bounded!(Pinned::<u32>::zeroed(&f.ctx, row * picks.len()))?;
         let want: Vec<u32> = picks.iter().flat_map(|&p| values[p as usize * row..][..row].to_vec()).collect();
-        let kernel = GatherOptions::default().engine(GatherEngine::Kernel).sort(true);
+        let kernel = GatherOptions::default()
+            .engine(GatherEngine::Kernel)
+            .order(ReadOrder::Sorted);
         let copies = GatherOptions::default().engine(GatherEngine::Copies);
         for options in [kernel, copies] {
             bounded!(gatherer.gather(&f.b, &table, row, &picks, &mut out, options))?;

@@ -75,8 +75,8 @@ pub enum Mode {
     ///
     /// Batches of 64 MiB of rows (64 B to 64 KiB) at random indices of a 4 GiB table registered in place, by the
     /// crate's gather kernel (the device reads the rows over the bus; in the batch's order, and with the
-    /// indices sorted first), and by the CPU gathering into pinned memory on all cores before one upload;
-    /// each as GB/s of rows and as a ratio to a contiguous pinned upload of 64 MiB in the same run.
+    /// indices sorted on the device first), and by the CPU gathering into pinned memory on all cores before one
+    /// upload; each as GB/s of rows and as a ratio to a contiguous pinned upload of 64 MiB in the same run.
     Gather(GatherOptions),
 }
 
