@@ -127,10 +127,26 @@ impl Error {
         description: Option<&CStr>,
         function: &'static str,
     ) -> Error {
+        // A driver that is shut down (the process exiting) or not started describes no code, not even the one
+        // that says so: those two are named here.
+        let (fallback_name, fallback_description) = match code {
+            CUresult::CUDA_ERROR_DEINITIALIZED => (
+                "CUDA_ERROR_DEINITIALIZED",
+                "the driver is shut down, as it is while the process exits",
+            ),
+            CUresult::CUDA_ERROR_NOT_INITIALIZED => (
+                "CUDA_ERROR_NOT_INITIALIZED",
+                "the driver is not initialized",
+            ),
+            _ => (
+                "CUDA_ERROR_UNRECOGNIZED",
+                "a result code the driver does not describe",
+            ),
+        };
         Error::Driver {
             code,
-            name: text_or(name, "CUDA_ERROR_UNRECOGNIZED"),
-            description: text_or(description, "a result code the driver does not describe"),
+            name: text_or(name, fallback_name),
+            description: text_or(description, fallback_description),
             function,
             context: None,
         }
@@ -298,6 +314,13 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "CUDA_ERROR_UNRECOGNIZED (123456): a result code the driver does not describe, in cuInit"
+        );
+        // A driver shut down at exit describes nothing, not even its shutdown.
+        let e = Error::from_driver_parts(CUresult(4), None, None, "cuDeviceGet");
+        assert_eq!(
+            e.to_string(),
+            "CUDA_ERROR_DEINITIALIZED (4): the driver is shut down, as it is while the process exits, in \
+             cuDeviceGet"
         );
         let e =
             Error::from_runtime_parts(cudaError_t(u32::MAX), None, None, "cuda_pinned_fill_u32");

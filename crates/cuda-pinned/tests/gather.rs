@@ -496,13 +496,17 @@ unsafe extern "C" {
 
 /// A user's exit hook (registered before the crate's, so it runs after it) that synchronizes a context.
 extern "C" fn synchronize_at_exit() {
-    let result = Context::on(0).and_then(|c| c.synchronize());
-    println!("exit hook synchronized: {}", result.is_ok());
+    match Context::on(0).and_then(|c| c.synchronize()) {
+        Ok(()) => println!("exit hook synchronized"),
+        Err(e) => println!("exit hook failed: {e}"),
+    }
 }
 
 /// A program (a C host's static destructors, say) may still call the crate from an exit hook that runs after the
 /// crate's own: `Context::synchronize` there waited for a round of the release thread that, stopped by the
-/// crate's hook, never came, and the process never ended. The child runs only this test; it must end.
+/// crate's hook, never came, and the process never ended. The child runs only this test; it must end, and its
+/// hook must get an answer: done, or, where the driver's own exit handler has run first (a real driver's
+/// registers when it initializes, after this hook), the driver's error that it is shutting down.
 #[test]
 fn a_users_exit_hook_may_synchronize_after_the_crates() {
     if std::env::var_os(HOOKED_CHILD).is_some() {
@@ -524,7 +528,11 @@ fn a_users_exit_hook_may_synchronize_after_the_crates() {
         panic!("the child's exit hung for 30 s");
     };
     assert!(success, "the child failed:\n{stdout}");
-    assert!(stdout.contains("exit hook synchronized: true"), "{stdout}");
+    assert!(
+        stdout.contains("exit hook synchronized")
+            || stdout.contains("exit hook failed") && stdout.contains("DEINITIALIZED"),
+        "{stdout}"
+    );
 }
 
 /// Gathers on a held stream fill the gatherer's staging, and a gather on another, idle stream then finds no

@@ -68,15 +68,17 @@ pub enum Mode {
     /// samples/s and GB/s fed, with its streams' device time per kind of work; the prefetcher is compared with
     /// the pinned upload, the gather on the same threads and the compute alone, all measured in the same run.
     /// Then the prefetcher runs again with a compute step as long as the slower of gathering and uploading a
-    /// batch. Last, a fifth way: the prefetcher gathering on the device (GatherBatch), the dataset registered
-    /// in place and one worker writing each batch's indices, against the compute alone.
+    /// batch. Last, a fifth way: the prefetcher gathering on the device (GatherBatch), the dataset copied once
+    /// into mapped pinned memory and one worker writing each batch's indices, against the compute alone.
     TrainLoop(TrainLoopOptions),
     /// How fast rows are gathered by random index from a page-locked table into device memory
     ///
-    /// Batches of 64 MiB of rows (64 B to 64 KiB) at random indices of a 4 GiB table registered in place, by the
-    /// crate's gather kernel (the device reads the rows over the bus; in the batch's order, and with the
-    /// indices sorted on the device first), and by the CPU gathering into pinned memory on all cores before one
-    /// upload; each as GB/s of rows and as a ratio to a contiguous pinned upload of 64 MiB in the same run.
+    /// Batches of 64 MiB of rows (64 B to 256 KiB) at random indices of a 4 GiB table of mapped pinned memory,
+    /// by the crate's gather kernel (the device reads the rows over the bus; in the batch's order, and with the
+    /// indices sorted on the device first), by the copy engines (one batched call per gather), and by the CPU
+    /// gathering into pinned memory on all cores before one upload; each as GB/s of rows and as a ratio to a
+    /// contiguous pinned upload of 64 MiB in the same run. Then some of the kernel's figures from a Vec
+    /// registered in place, whose base is not page-aligned.
     Gather(GatherOptions),
 }
 

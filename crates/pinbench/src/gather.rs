@@ -11,8 +11,8 @@ use std::ffi::c_void;
 
 use cuda_pinned::sys::{CUmemcpyAttributes, CUmemcpySrcAccessOrder};
 use cuda_pinned::{
-    Context, DeviceBuffer, GatherEngine, GatherOptions, Gatherer, Pinned, ReadOrder, Registered,
-    Stream, driver_call,
+    Context, DeviceBuffer, GatherEngine, GatherOptions, Gatherer, Pinned, PinnedBuilder,
+    PinnedSource, ReadOrder, Registered, Stream, driver_call,
 };
 use serde::Serialize;
 
@@ -82,6 +82,19 @@ pub struct Row {
     pub verified: bool,
 }
 
+/// The kernel's gathers from a `Vec` of the same size registered in place, GB/s.
+#[derive(Debug, Clone, Serialize)]
+pub struct RegisteredFigures {
+    /// Bytes from the last 4 KiB boundary to the vector's first byte.
+    pub base_offset: usize,
+    /// Rows of 64 bytes, read sorted.
+    pub sorted_64_gbps: f64,
+    /// Rows of 1 KiB, read in the batch's order.
+    pub random_1k_gbps: f64,
+    /// Rows of 1 KiB, read sorted.
+    pub sorted_1k_gbps: f64,
+}
+
 /// The whole run.
 #[derive(Debug, Clone, Serialize)]
 pub struct Figures {
@@ -98,6 +111,8 @@ pub struct Figures {
     /// That over `pinned_upload_gbps`.
     pub upload_during_cpu_gather_ratio: f64,
     pub rows: Vec<Row>,
+    /// Some of the kernel's figures again, from a `Vec` registered in place.
+    pub registered: RegisteredFigures,
     /// Host time to enqueue 64 copies of 64 bytes from pinned memory: 64 `cuMemcpyHtoDAsync_v2` calls, seconds
     /// (median of [`ENQUEUE_SAMPLES`]).
     pub enqueue_64_single_seconds: f64,
@@ -121,14 +136,16 @@ pub fn measure(settings: &Settings) -> Outcome<Figures> {
     let watch = Stopwatch::new(&stream)?;
     let gbps = |seconds: f64| BATCH_BYTES as f64 / seconds / 1e9;
 
-    // The table: bytes that say where they are, page-locked in place.
+    // The table: bytes that say where they are, in page-locked memory mapped into the device's address space,
+    // which starts on a page (a table's alignment matters: see `registered` below).
     eprintln!(
         "pinbench gather: pinning a table of {} MiB",
         settings.table_bytes >> 20
     );
-    let mut values = vec![0u8; settings.table_bytes];
-    fill_words(&mut values, settings.threads);
-    let table = Registered::new(&context, values)?;
+    let mut table = PinnedBuilder::new(&context)
+        .device_mapped(true)
+        .zeroed::<u8>(settings.table_bytes)?;
+    fill_words(table.as_mut_slice()?, settings.threads);
 
     let contiguous = Pinned::<u8>::zeroed(&context, BATCH_BYTES)?;
     let mut out = DeviceBuffer::<u8>::zeroed(&stream, BATCH_BYTES)?;
@@ -183,23 +200,12 @@ pub fn measure(settings: &Settings) -> Outcome<Figures> {
             .collect();
         let mut verified = true;
         let mut kernel = |options: GatherOptions| -> Outcome<(f64, f64)> {
-            let (mut device, mut host) = (Vec::new(), Vec::new());
-            for _ in 0..settings.samples + 1 {
-                let mut calls = 0.0;
-                let took = watch.time(|| {
-                    for _ in 0..BACK_TO_BACK {
-                        let began = Instant::now();
-                        gatherer.gather(&stream, &table, row, &indices, &mut out, options)?;
-                        calls += began.elapsed().as_secs_f64();
-                    }
-                    Ok(())
-                })?;
-                device.push(took / BACK_TO_BACK as f64);
-                host.push(calls / BACK_TO_BACK as f64);
-            }
+            let timed = time_gathers(
+                &gatherer, &watch, &table, row, &indices, &mut out, options, settings,
+            )?;
             stream.download(&out, &mut check)?;
             verified &= matches(check.as_slice()?, &indices, row);
-            Ok((median(device[1..].to_vec()), median(host[1..].to_vec())))
+            Ok(timed)
         };
         let on_kernel = GatherOptions::default().engine(GatherEngine::Kernel);
         let (random, _) = kernel(on_kernel.order(ReadOrder::Batch))?;
@@ -242,6 +248,8 @@ pub fn measure(settings: &Settings) -> Outcome<Figures> {
             verified,
         });
     }
+    drop(table);
+    let registered = registered(&context, &gatherer, &watch, settings)?;
     let (single, batched) = enqueue_64(&context, &stream)?;
     Ok(Figures {
         enqueue_64_single_seconds: single,
@@ -256,6 +264,72 @@ pub fn measure(settings: &Settings) -> Outcome<Figures> {
         pinned_upload_during_cpu_gather_gbps: busy_upload_gbps,
         upload_during_cpu_gather_ratio: busy_upload_gbps / upload_gbps,
         rows,
+        registered,
+    })
+}
+
+/// Median device and host time per gather of `indices` from `table` into `out` with `options`, gathers enqueued
+/// [`BACK_TO_BACK`] at a time, seconds.
+#[allow(clippy::too_many_arguments)]
+fn time_gathers(
+    gatherer: &Gatherer,
+    watch: &Stopwatch,
+    table: &impl PinnedSource<u8>,
+    row: usize,
+    indices: &[u32],
+    out: &mut DeviceBuffer<u8>,
+    options: GatherOptions,
+    settings: &Settings,
+) -> Outcome<(f64, f64)> {
+    let stream = watch.stream();
+    let (mut device, mut host) = (Vec::new(), Vec::new());
+    for _ in 0..settings.samples + 1 {
+        let mut calls = 0.0;
+        let took = watch.time(|| {
+            for _ in 0..BACK_TO_BACK {
+                let began = Instant::now();
+                gatherer.gather(stream, table, row, indices, out, options)?;
+                calls += began.elapsed().as_secs_f64();
+            }
+            Ok(())
+        })?;
+        device.push(took / BACK_TO_BACK as f64);
+        host.push(calls / BACK_TO_BACK as f64);
+    }
+    Ok((median(device[1..].to_vec()), median(host[1..].to_vec())))
+}
+
+/// The kernel's gathers from a `Vec` registered in place, whose base the system allocator puts where it does
+/// (glibc: 16 bytes past a page for large vectors), against the page-aligned table of the rest of the run.
+fn registered(
+    context: &Context,
+    gatherer: &Gatherer,
+    watch: &Stopwatch,
+    settings: &Settings,
+) -> Outcome<RegisteredFigures> {
+    eprintln!("pinbench gather: a Vec registered in place");
+    let mut values = vec![0u8; settings.table_bytes];
+    fill_words(&mut values, settings.threads);
+    let table = Registered::new(context, values)?;
+    let base_offset = table.as_slice()?.as_ptr() as usize % 4096;
+    let mut out = DeviceBuffer::<u8>::zeroed(watch.stream(), BATCH_BYTES)?;
+    let mut gbps = |row: usize, order: ReadOrder| -> Outcome<f64> {
+        let indices: Vec<u32> = (0..(BATCH_BYTES / row) as u64)
+            .map(|k| (mix(k ^ row as u64) % (settings.table_bytes / row) as u64) as u32)
+            .collect();
+        let options = GatherOptions::default()
+            .engine(GatherEngine::Kernel)
+            .order(order);
+        let (device, _) = time_gathers(
+            gatherer, watch, &table, row, &indices, &mut out, options, settings,
+        )?;
+        Ok(BATCH_BYTES as f64 / device / 1e9)
+    };
+    Ok(RegisteredFigures {
+        base_offset,
+        sorted_64_gbps: gbps(64, ReadOrder::Sorted)?,
+        random_1k_gbps: gbps(1024, ReadOrder::Batch)?,
+        sorted_1k_gbps: gbps(1024, ReadOrder::Sorted)?,
     })
 }
 
@@ -375,7 +449,7 @@ pub fn table(f: &Figures) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "pinbench gather: {}, a table of {} MiB page-locked in place, batches of {} MiB of rows at random \
+        "pinbench gather: {}, a table of {} MiB of mapped pinned memory, batches of {} MiB of rows at random \
          indices, GB/s of gathered bytes (median of {}); ratios to a contiguous pinned upload of the same bytes \
          in this run: {:.1} GB/s",
         f.device,
@@ -421,6 +495,13 @@ pub fn table(f: &Figures) -> String {
         out,
         "the same pinned upload while {} threads gather 1 KiB rows on the CPU: {:.1} GB/s ({:.2}x)",
         f.cpu_threads, f.pinned_upload_during_cpu_gather_gbps, f.upload_during_cpu_gather_ratio
+    );
+    let r = &f.registered;
+    let _ = writeln!(
+        out,
+        "the kernel from a Vec registered in place, its base {} B past a 4 KiB page: 64 B sorted {:.1} GB/s, \
+         1 KiB {:.1}, 1 KiB sorted {:.1}",
+        r.base_offset, r.sorted_64_gbps, r.random_1k_gbps, r.sorted_1k_gbps
     );
     let _ = writeln!(
         out,

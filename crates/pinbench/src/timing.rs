@@ -144,6 +144,11 @@ impl Stopwatch {
         })
     }
 
+    /// The stream it times.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
     /// The device time of the work `enqueue` puts on the stream (waiting for it to complete).
     pub fn time(&self, enqueue: impl FnOnce() -> Outcome<()>) -> Outcome<f64> {
         self.start.record(&self.stream)?;

@@ -33,8 +33,8 @@ impl Device {
     pub fn get(ordinal: usize) -> Result<Device> {
         let ordinal = i32::try_from(ordinal).unwrap_or(i32::MAX);
         let raw = calls::device_get(ordinal).map_err(|e| {
-            let count =
-                Device::count().map_or_else(|_| "an unknown number".to_string(), |n| n.to_string());
+            let count = Device::count()
+                .map_or_else(|_| "an unknown number of".to_string(), |n| n.to_string());
             e.context(format_args!(
                 "getting device {ordinal} (the machine has {count} CUDA devices)"
             ))

@@ -39,6 +39,9 @@ pub(crate) struct Block {
 // SAFETY: a block is memory the pool owns exclusively (lent to one `Pinned` at a time); its address means the
 // same on every thread.
 unsafe impl Send for Block {}
+// SAFETY: a shared block gives access to nothing but its address and size (it has no methods taking `&self`), so
+// sharing it between threads shares no memory; the `Pinned` that borrows it guards the memory itself.
+unsafe impl Sync for Block {}
 
 impl Block {
     /// Pins `bytes` (a multiple of the page size) the way `how` says, zeroed. `context` is current.
