@@ -10,8 +10,8 @@ mod common;
 
 use common::{data, refused, serial, spin};
 use cuda_pinned::{
-    Context, DeviceBuffer, GatherEngine, GatherOptions, Gatherer, Pinned, PinnedBuilder, ReadOrder,
-    Registered, Stream,
+    Context, DeviceBuffer, Event, GatherEngine, GatherOptions, Gatherer, Pinned, PinnedBuilder,
+    ReadOrder, Registered, Stream,
 };
 
 fn context() -> Context {
@@ -215,11 +215,13 @@ fn bad_gathers_are_errors_before_anything_is_enqueued() {
 
 /// A gather queued behind 300 ms of other work on its stream, then a host write of the whole table: through
 /// `as_mut_slice` (which waits for the gather) or, for the control, through the raw pointer (which does not).
-/// Returns what was gathered and the rows the table held before the write.
+/// Returns what was gathered, the rows the table held before the write, and whether the gather's call returned
+/// only once the work queued before it had run (as under compute-sanitizer's memcheck, which serializes the
+/// batched copy), when no write can land under it.
 fn host_write_during_a_gather(
     through_the_tracker: bool,
     engine: GatherEngine,
-) -> (Vec<u8>, Vec<u8>) {
+) -> (Vec<u8>, Vec<u8>, bool) {
     let ctx = context();
     let stream = Stream::new(&ctx).unwrap();
     let gatherer = Gatherer::new(&ctx).unwrap();
@@ -233,6 +235,8 @@ fn host_write_during_a_gather(
     let mut out = DeviceBuffer::<u8>::zeroed(&stream, row * picks.len()).unwrap();
     stream.synchronize().unwrap();
     spin(&stream, 300);
+    let spun = Event::without_timing(&ctx).unwrap();
+    stream.record(&spun).unwrap();
     gatherer
         .gather(
             &stream,
@@ -243,6 +247,7 @@ fn host_write_during_a_gather(
             GatherOptions::default().engine(engine),
         )
         .unwrap();
+    let serialized = spun.query().unwrap();
     if through_the_tracker {
         table.as_mut_slice().unwrap().fill(0xEE);
     } else {
@@ -255,6 +260,7 @@ fn host_write_during_a_gather(
     (
         got.as_slice().unwrap().to_vec(),
         model(&values, row, &picks),
+        serialized,
     )
 }
 
@@ -262,7 +268,7 @@ fn host_write_during_a_gather(
 fn host_writes_to_the_table_wait_for_a_gather_in_flight() {
     let _serial = serial();
     for engine in [GatherEngine::Kernel, GatherEngine::Copies] {
-        let (got, want) = host_write_during_a_gather(true, engine);
+        let (got, want, _) = host_write_during_a_gather(true, engine);
         assert!(
             got == want,
             "{engine:?}: the host wrote the table under the gather"
@@ -274,7 +280,14 @@ fn host_writes_to_the_table_wait_for_a_gather_in_flight() {
 fn control_a_write_around_the_tracker_lands_under_the_gather() {
     let _serial = serial();
     for engine in [GatherEngine::Kernel, GatherEngine::Copies] {
-        let (got, want) = host_write_during_a_gather(false, engine);
+        let (got, want, serialized) = host_write_during_a_gather(false, engine);
+        // The kernel's launch never waits; the batched copy's call may, under a sanitizer only.
+        if serialized && engine == GatherEngine::Copies {
+            println!(
+                "{engine:?}: the gather's call waited for the work before it; no write can land under it"
+            );
+            continue;
+        }
         assert!(
             got != want,
             "{engine:?}: a write around the tracker did not reach the gather: this control cannot show the rule"
