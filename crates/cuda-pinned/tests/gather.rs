@@ -550,7 +550,8 @@ fn a_users_exit_hook_may_synchronize_after_the_crates() {
 
 /// Gathers on a held stream fill the gatherer's staging, and a gather on another, idle stream then finds no
 /// room: it must pin a buffer of its own rather than wait for the held stream's gathers (unrelated work) to
-/// complete. On the simulated driver the held stream runs only once released, after the checks.
+/// complete, and it must complete on the device while they are held. On the simulated driver the held stream
+/// runs only once released, after the checks.
 #[test]
 fn a_gather_does_not_wait_for_the_staging_of_gathers_on_another_stream() {
     let _serial = serial();
@@ -584,6 +585,15 @@ fn a_gather_does_not_wait_for_the_staging_of_gathers_on_another_stream() {
         )
         .unwrap();
     let took = started.elapsed();
+    // Nor does it wait on the device: its indices are sorted (rows of 4 bytes) on the gatherer's stream, after
+    // the held gathers' sorts, which wait for nothing.
+    let gathered = Event::without_timing(&ctx).unwrap();
+    idle.record(&gathered).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    while !gathered.query().unwrap() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let done_while_held = gathered.query().unwrap();
     let mut got = Pinned::<u32>::zeroed(&ctx, row * picks.len()).unwrap();
     idle.download(&outs[2], &mut got).unwrap();
     let rows_arrived = got.as_slice().unwrap() == model(&values, row, &picks);
@@ -592,6 +602,10 @@ fn a_gather_does_not_wait_for_the_staging_of_gathers_on_another_stream() {
     assert!(
         took < std::time::Duration::from_secs(1),
         "the gather on the idle stream waited {took:?} for the held stream's gathers"
+    );
+    assert!(
+        done_while_held,
+        "the gather on the idle stream waited on the device for the held stream's gathers"
     );
     assert!(rows_arrived, "the gather on the idle stream is wrong");
 }
