@@ -321,7 +321,7 @@ impl Gatherer {
         let n = indices.len();
         let table_bytes = (rows * row_bytes) as u64;
         let spacing = (table_bytes / n as u64).max(1);
-        let shift = (spacing.ilog2() + 2).max(MIN_BUCKET_SHIFT);
+        let shift = (spacing.ilog2() + 2).clamp(MIN_BUCKET_SHIFT, u64::BITS - 1);
         let buckets = ((table_bytes - 1) >> shift) as usize + 1;
         let tiles = buckets.div_ceil(TILE);
         let mut bins = DeviceBuffer::<u32>::zeroed(stream, tiles * TILE + tiles)?;
