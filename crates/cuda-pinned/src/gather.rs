@@ -134,7 +134,9 @@ pub struct Gatherer {
     /// Page-locked blocks the indices of gathers in flight are staged in; each goes back once its gather has run.
     staging: PinnedPool,
     /// Where the indices of sorted gathers are uploaded and sorted: work that waits for nothing but other such
-    /// work, so a gather waits on the device at most for the sorts of gathers enqueued before it.
+    /// work, so a gather waits on the device at most for the sorts of gathers enqueued before it. (Except where
+    /// device memory runs short: the driver's stream-ordered allocator may then make an allocation here wait for
+    /// memory another stream frees, as it may for any of the crate's device buffers.)
     sorter: Stream,
     context: Context,
 }
@@ -256,8 +258,11 @@ impl Gatherer {
         let width = WIDTHS[slot];
         let row_vecs = (row_bytes / width) as u64;
         let count = indices.len() as u64;
+        let rows = sealed::PinnedMemory::elements(table) / row_len;
+        let buckets = Buckets::new(rows, row_bytes, indices.len());
         let sorted = match options.order {
-            ReadOrder::Auto => row_bytes < Gatherer::SORT_BELOW,
+            // One bucket (a table of 64 KiB or less) leaves nothing to sort.
+            ReadOrder::Auto => row_bytes < Gatherer::SORT_BELOW && buckets.count > 1,
             ReadOrder::Batch => false,
             ReadOrder::Sorted => true,
         };
@@ -272,8 +277,7 @@ impl Gatherer {
         let mut on_device = DeviceBuffer::<u32>::uninit(prepare, n)?;
         prepare.upload(&staged, &mut on_device)?;
         let order = if sorted {
-            let rows = sealed::PinnedMemory::elements(table) / row_len;
-            Some(self.sorted(prepare, &on_device, row_bytes, rows)?)
+            Some(self.sorted(prepare, &on_device, row_bytes, buckets)?)
         } else {
             None
         };
@@ -306,23 +310,20 @@ impl Gatherer {
             .map_err(|e| e.context(format_args!("gathering {count} rows of {row_bytes} bytes")))
     }
 
-    /// Enqueues the sort of `indices` (rows of `row_bytes` bytes of a table of `rows` rows, all below it) by
-    /// bucket of the table, and returns the buffer it writes: the sorted indices, then each one's position in
-    /// the batch. A bucket is a power of two of bytes, at least 64 KiB and about four times the table's bytes
-    /// per index of the batch, so there are about as many buckets as indices (fewer for batches denser than one
-    /// index per 16 KiB), and the sort's time and memory grow with the batch, not the table.
+    /// Enqueues the sort of `indices` (rows of `row_bytes` bytes, all below the table's rows) into `buckets`,
+    /// and returns the buffer it writes: the sorted indices, then each one's position in the batch.
     fn sorted(
         &self,
         stream: &Stream,
         indices: &DeviceBuffer<u32>,
         row_bytes: usize,
-        rows: usize,
+        buckets: Buckets,
     ) -> Result<DeviceBuffer<u32>> {
         let n = indices.len();
-        let table_bytes = (rows * row_bytes) as u64;
-        let spacing = (table_bytes / n as u64).max(1);
-        let shift = (spacing.ilog2() + 2).clamp(MIN_BUCKET_SHIFT, u64::BITS - 1);
-        let buckets = ((table_bytes - 1) >> shift) as usize + 1;
+        let Buckets {
+            shift,
+            count: buckets,
+        } = buckets;
         let tiles = buckets.div_ceil(TILE);
         let mut bins = DeviceBuffer::<u32>::zeroed(stream, tiles * TILE + tiles)?;
         let mut order = DeviceBuffer::<u32>::uninit(stream, 2 * n)?;
@@ -438,6 +439,29 @@ impl Gatherer {
             other => other,
         }
         .map_err(|e| e.context("staging a gather's indices"))
+    }
+}
+
+/// How the device's sort groups a batch's indices: by bucket of the table, `index * row_bytes >> shift`. A bucket
+/// is a power of two of bytes, at least 64 KiB and about four times the table's bytes per index of the batch, so
+/// there are about as many buckets as indices (fewer for batches denser than one index per 16 KiB), and the
+/// sort's time and memory grow with the batch, not the table.
+#[derive(Clone, Copy)]
+struct Buckets {
+    shift: u32,
+    count: usize,
+}
+
+impl Buckets {
+    /// For `n > 0` indices into a table of `rows > 0` rows of `row_bytes` bytes.
+    fn new(rows: usize, row_bytes: usize, n: usize) -> Buckets {
+        let table_bytes = (rows * row_bytes) as u64;
+        let spacing = (table_bytes / n as u64).max(1);
+        let shift = (spacing.ilog2() + 2).clamp(MIN_BUCKET_SHIFT, u64::BITS - 1);
+        Buckets {
+            shift,
+            count: ((table_bytes - 1) >> shift) as usize + 1,
+        }
     }
 }
 

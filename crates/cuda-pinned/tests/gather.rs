@@ -563,6 +563,7 @@ fn a_gather_does_not_wait_for_the_staging_of_gathers_on_another_stream() {
     let values = data(row * rows, 31);
     let table = Registered::new(&ctx, values.clone()).unwrap();
     let picks = indices(1024, rows, 32);
+    let sorted = GatherOptions::default().order(ReadOrder::Sorted);
     let mut outs: Vec<DeviceBuffer<u32>> = (0..3)
         .map(|_| DeviceBuffer::zeroed(&idle, row * picks.len()).unwrap())
         .collect();
@@ -570,23 +571,16 @@ fn a_gather_does_not_wait_for_the_staging_of_gathers_on_another_stream() {
     let hold = common::hold(&held, std::time::Duration::from_secs(2));
     for out in &mut outs[..2] {
         gatherer
-            .gather(&held, &table, row, &picks, out, GatherOptions::default())
+            .gather(&held, &table, row, &picks, out, sorted)
             .unwrap();
     }
     let started = std::time::Instant::now();
     gatherer
-        .gather(
-            &idle,
-            &table,
-            row,
-            &picks,
-            &mut outs[2],
-            GatherOptions::default(),
-        )
+        .gather(&idle, &table, row, &picks, &mut outs[2], sorted)
         .unwrap();
     let took = started.elapsed();
-    // Nor does it wait on the device: its indices are sorted (rows of 4 bytes) on the gatherer's stream, after
-    // the held gathers' sorts, which wait for nothing.
+    // Nor does it wait on the device: its indices are sorted on the gatherer's stream, after the held gathers'
+    // sorts, which wait for nothing.
     let gathered = Event::without_timing(&ctx).unwrap();
     idle.record(&gathered).unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
