@@ -293,18 +293,6 @@ impl Stream {
         Stream::with_observer(context, Box::new(ledger.clone()))
     }
 
-    /// [`Stream::with_ledger`], with a priority as [`Stream::with_priority`] takes it.
-    ///
-    /// # Errors
-    /// The driver's.
-    pub fn with_ledger_and_priority(
-        context: &Context,
-        ledger: &Ledger,
-        priority: i32,
-    ) -> Result<Stream> {
-        Stream::create(context, Some(priority), Some(Box::new(ledger.clone())))
-    }
-
     /// The ledger this stream's work is timed in, if any.
     #[must_use]
     pub fn ledger(&self) -> Option<&Ledger> {

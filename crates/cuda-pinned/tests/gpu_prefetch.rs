@@ -131,29 +131,6 @@ fn ordered_batches_arrive_in_order_while_workers_finish_out_of_order() {
     ctx.check_deferred_errors().unwrap();
 }
 
-/// The prefetcher's own copy stream has the device's greatest priority (a kernel that fills a batch is not held
-/// behind the blocks of compute launched before it); a copy stream it is given keeps its own.
-#[test]
-fn the_prefetchers_own_copy_stream_has_the_greatest_priority() {
-    let _serial = serial();
-    let ctx = context();
-    let consumer = Stream::new(&ctx).unwrap();
-    let pool = PinnedPool::new(&ctx, 1 << 20);
-    let (least, greatest) = ctx.stream_priority_range().unwrap();
-    let given = Stream::with_priority(&ctx, least).unwrap();
-    for (copy, want) in [(None, greatest), (Some(&given), least)] {
-        let mut builder = Prefetcher::<Pinned<u32>>::builder(&pool, &consumer, 16).batches(1);
-        if let Some(copy) = copy {
-            builder = builder.copy_stream(copy);
-        }
-        let prefetcher = builder.build(|_, _| Ok(())).unwrap();
-        assert_eq!(prefetcher.copy_stream().priority().unwrap(), want);
-        for batch in prefetcher {
-            batch.unwrap();
-        }
-    }
-}
-
 #[test]
 fn unordered_delivers_every_index_exactly_once() {
     let _serial = serial();

@@ -452,10 +452,7 @@ pub fn measure(settings: &Settings) -> Outcome<TrainLoop> {
     )?;
     let gather_ledger = Ledger::new();
     let s = Stream::with_ledger(&context, &gather_ledger)?;
-    // The greatest priority, as the prefetcher gives its own copy stream: the gather kernels' blocks go before
-    // the rest of a step's axpy.
-    let greatest = context.stream_priority_range()?.1;
-    let copies = Stream::with_ledger_and_priority(&context, &gather_ledger, greatest)?;
+    let copies = Stream::with_ledger(&context, &gather_ledger)?;
     let mut scratch = DeviceBuffer::<f32>::zeroed(&s, batch_len)?;
     s.synchronize()?;
     let unused = PinnedPool::new(&context, 0);

@@ -125,7 +125,7 @@ impl Stream {
         Stream::create(context, None, Some(observer))
     }
 
-    pub(crate) fn create(
+    fn create(
         context: &Context,
         priority: Option<i32>,
         observer: Option<Box<dyn WorkObserver>>,

@@ -274,7 +274,7 @@ impl<B: Batch> PrefetcherBuilder<B> {
     }
 
     /// Runs the uploads on `stream` (of the pool's context) rather than on a new stream of the prefetcher's
-    /// own (which has the device's greatest priority): to choose its priority, or to time it with a ledger.
+    /// own: to give it a priority, or to time it with a ledger.
     pub fn copy_stream(mut self, stream: &Stream) -> PrefetcherBuilder<B> {
         self.copy = Some(stream.clone());
         self
@@ -318,12 +318,9 @@ impl<B: Batch> PrefetcherBuilder<B> {
                 "a prefetcher needs at least one worker and one slot, not {workers} and {depth}"
             )));
         }
-        // The prefetcher's own copy stream has the device's greatest priority: the blocks of a kernel that fills a
-        // batch (a gather) are then scheduled before the remaining blocks of compute launched earlier, instead of
-        // waiting for a step's kernels to drain; the copy engines do not look at it.
         let copy = match self.copy {
             Some(copy) => copy,
-            None => Stream::with_priority(context, context.stream_priority_range()?.1)?,
+            None => Stream::new(context)?,
         };
         for (stream, what) in [(&self.consumer, "consumer"), (&copy, "copy")] {
             if stream.context() != context {
