@@ -76,9 +76,10 @@ fn gather_once(
 #[test]
 fn gathered_rows_match_the_model_at_every_row_size() {
     let _serial = serial();
-    // Each access width of the kernels (16, 8, 4, 2, 1 bytes), odd sizes, and rows up to 64 KiB.
+    // Each access width of the kernels (16, 8, 4, 2, 1 bytes), odd sizes, rows up to 64 KiB, and a batch of one.
     for (row, rows, count) in [
         (1, 1000, 777),
+        (64, 1000, 1),
         (2, 500, 300),
         (3, 400, 257),
         (6, 300, 200),
