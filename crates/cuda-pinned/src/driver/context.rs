@@ -385,6 +385,11 @@ impl Context {
         GATES_HELD.get() > 0
     }
 
+    /// The devices the crate has made a context on, in the order it first did.
+    pub(crate) fn known_devices() -> Vec<Device> {
+        lock(&DEVICES).iter().map(|d| d.device).collect()
+    }
+
     /// Holds the gate of `device` (see [`Context::enqueue_gate`]) for writing, if the crate has made a context
     /// on it and the gate comes free within 20 ms (`None` otherwise): no work of the crate is being
     /// enqueued on the device until the guard drops. The calling thread

@@ -268,12 +268,13 @@ fn flush_releases(_context: &Context) {
     }
 }
 
-/// Releases every block of `held` whose work has completed, on a device found idle; returns the others.
+/// Releases every block of `held` whose work has completed, once every device is found idle; returns the
+/// others.
 ///
 /// The unpinning calls wait for all work on the device, and while they wait the driver holds back every other
 /// thread's calls too (measured on an H100, driver 580: a copy enqueued on an unrelated stream by another
 /// thread took as long as a kernel running elsewhere). So a block is released only once every stream the
-/// crate knows on its device is idle, checked and released under the device's gate, which the crate's work
+/// crate knows, on every device, is idle, checked and released under the devices' gates, which the crate's work
 /// holds while it enqueues: no work of the crate can be queued between the check and the release. Work other
 /// code enqueues through raw handles is not seen, and may still be waited for.
 fn release_idle(held: Vec<Pending>) -> Vec<Pending> {
@@ -286,19 +287,20 @@ fn release_idle(held: Vec<Pending>) -> Vec<Pending> {
             Err(e) => forget_leaked(p, e.context("checking whether memory may be released")),
         }
     }
-    while let Some(first) = ready.first() {
-        let device = first.context.device();
-        let (mine, others): (Vec<Pending>, Vec<Pending>) = ready
-            .into_iter()
-            .partition(|p| p.context.device() == device);
-        ready = others;
-        // Work is being enqueued on the device right now if the gate cannot be closed: not idle.
-        let closed = Context::close_gate(device);
-        if closed.is_some() && Context::device_is_idle(device) {
-            mine.into_iter().for_each(run);
-        } else {
-            kept.extend(mine);
-        }
+    if ready.is_empty() {
+        return kept;
+    }
+    // Page-locked memory is mapped into every device's address space (unified addressing), and unpinning it
+    // waits for the work of every device the process uses (the simulated driver's model: a block of device 0
+    // unpinned while device 1 still had frees queued waited for them). So every device the crate knows must be
+    // idle, each checked under its gate; work is being enqueued on a device right now if its gate cannot be
+    // closed: not idle.
+    let devices = Context::known_devices();
+    let closed: Option<Vec<_>> = devices.iter().map(|&d| Context::close_gate(d)).collect();
+    if closed.is_some() && devices.iter().all(|&d| Context::device_is_idle(d)) {
+        ready.into_iter().for_each(run);
+    } else {
+        kept.extend(ready);
     }
     kept
 }

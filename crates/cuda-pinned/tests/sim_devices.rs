@@ -1,0 +1,48 @@
+//! The crate with two devices on the simulated driver: what one device's work must not do to the other's.
+//!
+//! Unpinning page-locked memory (`cuMemFreeHost`, `cuMemHostUnregister`) waits for the work of every device it
+//! is mapped into, and page-locked memory is mapped into all of them (unified addressing). The simulated driver
+//! reports such a wait for queued work as a hidden wait, which fails the test that was running.
+//!
+//! Only without feature `gpu`: the lent GPU machines of one device cannot run it.
+#![cfg(not(feature = "gpu"))]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Serial, data, hold, serial};
+use cuda_pinned::{Context, DeviceBuffer, Pinned, Stream};
+
+/// [`common::serial`], with the simulator installed with two devices first.
+fn setup() -> Serial {
+    cuda_pinned_sim::install_with(cuda_pinned_sim::Settings::new().devices(2))
+        .unwrap_or_else(|e| panic!("{e}"));
+    serial()
+}
+
+/// Pinned memory of device 0 dropped while device 1 has work queued is unpinned only once device 1 is idle
+/// too. Released once its own device was idle, it waited for device 1's queued work (seen about once in 20
+/// runs of user_kernels, where one test's frees on device 1 met another's unpinning).
+#[test]
+fn pinned_memory_is_unpinned_only_once_every_device_is_idle() {
+    let _serial = setup();
+    let (ctx0, ctx1) = (Context::on(0).unwrap(), Context::on(1).unwrap());
+    let s1 = Stream::new(&ctx1).unwrap();
+    let held = hold(&s1, Duration::from_secs(2));
+    // A free queued on device 1 behind the held work.
+    drop(DeviceBuffer::<u32>::zeroed(&s1, 1 << 16).unwrap());
+    let s0 = Stream::new(&ctx0).unwrap();
+    let mut device = DeviceBuffer::<u32>::uninit(&s0, 1 << 16).unwrap();
+    for seed in 0..3 {
+        let host = Pinned::from_slice(&ctx0, &data(1 << 16, seed)).unwrap();
+        s0.upload(&host, &mut device).unwrap();
+        s0.synchronize().unwrap();
+        drop(host);
+        // Rounds of the release thread, each finding device 0 idle and device 1 not.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(held);
+    ctx1.synchronize().unwrap();
+    ctx0.synchronize().unwrap();
+}
