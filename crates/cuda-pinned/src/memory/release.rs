@@ -6,7 +6,7 @@
 //! on another stream, and so did a copy another thread enqueued during it). Doing that in `drop` would make the
 //! user's threads wait for work they have nothing to do with (the crate's rule 7), so every release is handed
 //! to one process-wide thread, `cuda-pinned-release`, and the caller returns at once. The thread keeps each
-//! block until the device work recorded on it has completed (rule 4) and until the device is idle (see
+//! block until the device work recorded on it has completed (rule 4) and until every device is idle (see
 //! `release_idle`), polls with a growing pause, and reports what it cannot do through the block's context
 //! ([`Context::check_deferred_errors`]). On a device that never goes idle, dropped pinned memory stays pinned
 //! until [`Context::synchronize`]; memory allocated and dropped repeatedly belongs in a `PinnedPool`, which
