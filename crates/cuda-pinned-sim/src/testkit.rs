@@ -172,6 +172,11 @@ fn open() -> Result<(Control, PathBuf), Error> {
     Ok((control, path))
 }
 
+/// The first `N` parameters of a launch of the crate's own kernels, each 8 bytes (a pointer or a 64-bit value).
+fn words<const N: usize>(call: &KernelCall<'_>) -> [u64; N] {
+    std::array::from_fn(|i| call.arg::<u64>(i))
+}
+
 /// The stand-ins of cuda-pinned's own gather kernels (`cuda/gather.cu` of that crate, which its `Gatherer`
 /// loads as PTX): out row `k` (or `positions[k]`) is table row `indices[k]`, whatever the grid (the kernels
 /// stride over the whole batch).
@@ -181,14 +186,7 @@ fn register_gather_kernels(control: &Control) -> Result<(), String> {
             &format!("cuda_pinned_gather_{width}"),
             &[8; 6],
             move |call| {
-                let (table, row_vecs, indices, positions, count, out) = (
-                    call.arg::<u64>(0),
-                    call.arg::<u64>(1),
-                    call.arg::<u64>(2),
-                    call.arg::<u64>(3),
-                    call.arg::<u64>(4),
-                    call.arg::<u64>(5),
-                );
+                let [table, row_vecs, indices, positions, count, out] = words(call);
                 let row_bytes = row_vecs * width;
                 let count = usize::try_from(count).unwrap_or(usize::MAX);
                 let indices = call.read::<u32>(indices, count);
@@ -213,13 +211,7 @@ fn register_sort_kernels(control: &Control) -> Result<(), String> {
     const TILE: u64 = 256 * 16;
     let bucket = |index: u32, row_bytes: u64, shift: u64| (u64::from(index) * row_bytes) >> shift;
     control.register_kernel("cuda_pinned_gather_count", &[8; 5], move |call| {
-        let (indices, count, row_bytes, shift, bins) = (
-            call.arg::<u64>(0),
-            call.arg::<u64>(1),
-            call.arg::<u64>(2),
-            call.arg::<u64>(3),
-            call.arg::<u64>(4),
-        );
+        let [indices, count, row_bytes, shift, bins] = words(call);
         for index in call.read::<u32>(indices, count as usize) {
             let at = bins + 4 * bucket(index, row_bytes, shift);
             let n = call.read::<u32>(at, 1)[0];
@@ -255,14 +247,7 @@ fn register_sort_kernels(control: &Control) -> Result<(), String> {
         call.write(bins, &counts);
     })?;
     control.register_kernel("cuda_pinned_gather_scatter", &[8; 6], move |call| {
-        let (indices, count, row_bytes, shift, bins, order) = (
-            call.arg::<u64>(0),
-            call.arg::<u64>(1),
-            call.arg::<u64>(2),
-            call.arg::<u64>(3),
-            call.arg::<u64>(4),
-            call.arg::<u64>(5),
-        );
+        let [indices, count, row_bytes, shift, bins, order] = words(call);
         for (k, index) in (0u32..).zip(call.read::<u32>(indices, count as usize)) {
             let at = bins + 4 * bucket(index, row_bytes, shift);
             let slot = call.read::<u32>(at, 1)[0];
