@@ -217,7 +217,7 @@ impl Gatherer {
         out: &mut impl DeviceDestination<T>,
         options: GatherOptions,
     ) -> Result<()> {
-        self.check(stream, table, row_len, indices, out)?;
+        let rows = self.check(stream, table, row_len, indices, out)?;
         if indices.is_empty() || size_of::<T>() == 0 {
             return Ok(());
         }
@@ -258,7 +258,6 @@ impl Gatherer {
         let width = WIDTHS[slot];
         let row_vecs = (row_bytes / width) as u64;
         let count = indices.len() as u64;
-        let rows = sealed::PinnedMemory::elements(table) / row_len;
         let buckets = Buckets::new(rows, row_bytes, indices.len());
         let sorted = match options.order {
             // One bucket (a table of 64 KiB or less) leaves nothing to sort.
@@ -271,14 +270,13 @@ impl Gatherer {
         // gatherer's own stream, which the gather then waits for on the device: that work needs nothing of
         // `stream`'s, so it runs beside whatever `stream` still has queued (the gather before, in a loop; between
         // two gathers on one stream, an upload of 8 KiB of indices cost 2% of 32 MiB batches on an H100).
-        let prepare = &self.indexer;
         let n = indices.len();
         let mut staged = self.staged(n)?;
         staged.as_mut_slice()?.copy_from_slice(indices);
-        let mut on_device = DeviceBuffer::<u32>::uninit(prepare, n)?;
-        prepare.upload(&staged, &mut on_device)?;
+        let mut on_device = DeviceBuffer::<u32>::uninit(&self.indexer, n)?;
+        self.indexer.upload(&staged, &mut on_device)?;
         let order = if sorted {
-            Some(self.sorted(prepare, &on_device, row_bytes, buckets)?)
+            Some(self.sorted(&on_device, row_bytes, buckets)?)
         } else {
             None
         };
@@ -311,28 +309,22 @@ impl Gatherer {
             .map_err(|e| e.context(format_args!("gathering {count} rows of {row_bytes} bytes")))
     }
 
-    /// Enqueues the sort of `indices` (rows of `row_bytes` bytes, all below the table's rows) into `buckets`,
-    /// and returns the buffer it writes: the sorted indices, then each one's position in the batch.
+    /// Enqueues on the gatherer's own stream the sort of `indices` (rows of `row_bytes` bytes, all below the
+    /// table's rows) into `buckets`, and returns the buffer it writes: the sorted indices, then each one's
+    /// position in the batch.
     fn sorted(
         &self,
-        stream: &Stream,
         indices: &DeviceBuffer<u32>,
         row_bytes: usize,
         buckets: Buckets,
     ) -> Result<DeviceBuffer<u32>> {
+        let stream = &self.indexer;
         let n = indices.len();
         let Buckets {
             shift,
             count: buckets,
         } = buckets;
         let tiles = buckets.div_ceil(TILE);
-        let mut bins = DeviceBuffer::<u32>::zeroed(stream, tiles * TILE + tiles)?;
-        let mut order = DeviceBuffer::<u32>::uninit(stream, 2 * n)?;
-        let (count, row_bytes, shift) = (n as u64, row_bytes as u64, u64::from(shift));
-        let spread = LaunchConfig::new(
-            n.div_ceil(SORT_BLOCK as usize).min(MAX_SORT_BLOCKS) as u32,
-            SORT_BLOCK,
-        );
         let per_tile = LaunchConfig::new(
             u32::try_from(tiles).map_err(|_| {
                 Error::invalid(format_args!(
@@ -342,46 +334,62 @@ impl Gatherer {
             })?,
             SORT_BLOCK,
         );
-        let launch = |kernel: &Kernel, config: LaunchConfig, args: &[Arg<'_>]| {
-            // SAFETY: called below, once per kernel of the sort of `cuda/gather.cu`, with its parameters in order
-            // (pointers and 8-byte values). `count` reads the `n` indices and adds to their buckets' bins (each
-            // index is below `rows`, so its bucket below `buckets`); `tiles` and `starts` read and write the
-            // `tiles * TILE` bins and the `tiles` sums after them, one tile per block; `scatter` reads the
-            // indices, takes a slot from each one's bin (the bins then hold the buckets' first slots, so the `n`
-            // slots are distinct and below `n`) and writes the index and its position there, in the `2 * n`
-            // elements of `order`. All end by themselves.
-            unsafe { stream.launch(kernel, config, args) }
-                .map_err(|e| e.context(format_args!("sorting {n} indices on the device")))
-        };
-        launch(
-            &self.sort.count,
-            spread,
-            &[
-                Arg::read(indices),
-                Arg::value(&count),
-                Arg::value(&row_bytes),
-                Arg::value(&shift),
-                Arg::write(&mut bins),
-            ],
-        )?;
-        launch(&self.sort.tiles, per_tile, &[Arg::write(&mut bins)])?;
-        launch(&self.sort.starts, per_tile, &[Arg::write(&mut bins)])?;
-        launch(
-            &self.sort.scatter,
-            spread,
-            &[
-                Arg::read(indices),
-                Arg::value(&count),
-                Arg::value(&row_bytes),
-                Arg::value(&shift),
-                Arg::write(&mut bins),
-                Arg::write(&mut order),
-            ],
-        )?;
+        let mut bins = DeviceBuffer::<u32>::zeroed(stream, tiles * TILE + tiles)?;
+        let mut order = DeviceBuffer::<u32>::uninit(stream, 2 * n)?;
+        let (count, row_bytes, shift) = (n as u64, row_bytes as u64, u64::from(shift));
+        let spread = LaunchConfig::new(
+            n.div_ceil(SORT_BLOCK as usize).min(MAX_SORT_BLOCKS) as u32,
+            SORT_BLOCK,
+        );
+        let failed = |e: Error| e.context(format_args!("sorting {n} indices on the device"));
+        // The kernels of the sort (`cuda/gather.cu`) take their parameters in the order given, pointers and 8-byte
+        // values; each ends by itself.
+        // SAFETY: `count` reads the `n` indices and adds one to each one's bin: every index is below the table's
+        // rows, so its bucket is below `buckets`, within `bins`.
+        unsafe {
+            stream.launch(
+                &self.sort.count,
+                spread,
+                &[
+                    Arg::read(indices),
+                    Arg::value(&count),
+                    Arg::value(&row_bytes),
+                    Arg::value(&shift),
+                    Arg::write(&mut bins),
+                ],
+            )
+        }
+        .map_err(failed)?;
+        // SAFETY: one block per tile: each reads its tile of `TILE` bins and writes its sum after the `tiles`
+        // tiles, within `bins`.
+        unsafe { stream.launch(&self.sort.tiles, per_tile, &[Arg::write(&mut bins)]) }
+            .map_err(failed)?;
+        // SAFETY: one block per tile: each reads the sums of the tiles before it and rewrites its own tile's bins
+        // as their first slots, within `bins`.
+        unsafe { stream.launch(&self.sort.starts, per_tile, &[Arg::write(&mut bins)]) }
+            .map_err(failed)?;
+        // SAFETY: `scatter` reads the `n` indices, takes a slot from each one's bin (the bins hold the buckets'
+        // first slots, so the `n` slots taken are distinct and below `n`) and writes the index and its position
+        // there, within the `2 * n` elements of `order`.
+        unsafe {
+            stream.launch(
+                &self.sort.scatter,
+                spread,
+                &[
+                    Arg::read(indices),
+                    Arg::value(&count),
+                    Arg::value(&row_bytes),
+                    Arg::value(&shift),
+                    Arg::write(&mut bins),
+                    Arg::write(&mut order),
+                ],
+            )
+        }
+        .map_err(failed)?;
         Ok(order)
     }
 
-    /// Checks a gather before anything is enqueued.
+    /// Checks a gather before anything is enqueued; returns the table's number of whole rows.
     fn check<T: Pod>(
         &self,
         stream: &Stream,
@@ -389,7 +397,7 @@ impl Gatherer {
         row_len: usize,
         indices: &[u32],
         out: &impl DeviceDestination<T>,
-    ) -> Result<()> {
+    ) -> Result<usize> {
         if row_len == 0 {
             return Err(Error::invalid(
                 "gathering rows of 0 elements; nothing was enqueued",
@@ -428,7 +436,7 @@ impl Gatherer {
                 "gathering row {index} (index {k} of the batch) of a table of {rows} rows; nothing was enqueued"
             )));
         }
-        Ok(())
+        Ok(rows)
     }
 
     /// `len` elements of page-locked memory to stage indices in: from the gatherer's pool, or, where it has no
