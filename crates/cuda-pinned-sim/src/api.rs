@@ -191,7 +191,10 @@ fn is_pageable(loc: Loc) -> bool {
 }
 
 /// Queues an asynchronous copy: it runs in stream order, except that pageable host memory makes it return
-/// only once done (as the driver's staged pageable copies do, at the latest).
+/// only once done (as the driver's staged pageable copies do, at the latest). So does page-locked memory of
+/// another device's context that was not made portable: the stream's context does not take it for
+/// page-locked. Device memory of another device is refused unless the stream's context was given peer access
+/// to it (`cuMemcpyPeerAsync` is the copy between devices that needs none).
 fn copy_async(
     state: MutexGuard<'static, State>,
     dst: Loc,
@@ -199,8 +202,35 @@ fn copy_async(
     bytes: usize,
     stream: CUstream,
 ) -> Outcome {
-    let sync = is_pageable(dst) || is_pageable(src);
+    let device = stream_device(&state, stream)? as i32;
+    let mut sync = is_pageable(dst) || is_pageable(src);
+    for loc in [dst, src] {
+        let Loc::Alloc { id, .. } = loc else { continue };
+        let allocation = &state.allocations[&id];
+        if allocation.device == device {
+            continue;
+        }
+        if allocation.kind.is_device() {
+            if !state.primaries[device as usize]
+                .peers
+                .contains(&allocation.device)
+            {
+                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+            }
+        } else if allocation.flags & crate::sys::CU_MEMHOSTALLOC_PORTABLE == 0 {
+            sync = true;
+        }
+    }
     submit(state, stream, Op::Copy { dst, src, bytes }, sync)
+}
+
+/// The device of `stream`'s context: the current context's for the null stream.
+fn stream_device(state: &State, stream: CUstream) -> Outcome<usize> {
+    if is_default_stream(stream) {
+        current(state)
+    } else {
+        live_stream(state, stream).map(|(_, device)| device)
+    }
 }
 
 /// A synchronous copy: after the blocking streams of the current context, in the caller's thread.
@@ -302,6 +332,13 @@ fn device_alloc(
     Ok(base)
 }
 
+/// The device whose context page-locked memory allocated or registered now belongs to: the calling thread's
+/// current context's, or the first device's for the runtime's calls made with none (as the runtime would
+/// make device 0's current).
+pub(crate) fn host_device(state: &State) -> i32 {
+    current(state).map_or(0, |device| device as i32)
+}
+
 pub(crate) fn host_alloc(state: &mut State, bytes: usize, flags: u32) -> Outcome<*mut c_void> {
     if bytes == 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
@@ -311,12 +348,13 @@ pub(crate) fn host_alloc(state: &mut State, bytes: usize, flags: u32) -> Outcome
     }
     let storage = Storage::zeroed(bytes, 4096).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
     let base = storage.as_ptr() as u64;
+    let device = host_device(state);
     state.add_allocation(Allocation {
         kind: Kind::Pinned,
         base,
         bytes,
         flags,
-        device: 0,
+        device,
         storage: Some(storage),
         pending: 0,
         executing: 0,
@@ -360,12 +398,13 @@ pub(crate) fn register(state: &mut State, p: *mut c_void, bytes: usize, flags: u
     if overlaps {
         return Err(CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
     }
+    let device = host_device(state);
     state.add_allocation(Allocation {
         kind: Kind::Registered,
         base: start,
         bytes,
         flags,
-        device: 0,
+        device,
         storage: None,
         pending: 0,
         executing: 0,
@@ -612,7 +651,11 @@ pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
             for id in owned {
                 state.unmap(id);
             }
-            // And the modules loaded into it.
+            // And the modules loaded into it, and the peer access to and from it.
+            state.primaries[device].peers.clear();
+            for primary in &mut state.primaries {
+                primary.peers.retain(|&peer| peer != dev);
+            }
             state.modules.retain(|_, m| m.device != dev);
             state.functions.retain(|_, f| f.device != dev);
         }
@@ -970,6 +1013,98 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2(
         let dst = device_loc(&mut state, dstDevice, ByteCount, "cuMemcpyDtoDAsync_v2")?;
         let src = device_loc(&mut state, srcDevice, ByteCount, "cuMemcpyDtoDAsync_v2")?;
         copy_async(state, dst, src, ByteCount, hStream)
+    })
+}
+
+/// `cuMemcpyPeerAsync`: a copy between device memory of two contexts (either may be the stream's), with or
+/// without peer access between them (the driver stages it through host memory without).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyPeerAsync(
+    dstDevice: CUdeviceptr,
+    dstContext: CUcontext,
+    srcDevice: CUdeviceptr,
+    srcContext: CUcontext,
+    ByteCount: usize,
+    hStream: CUstream,
+) -> CUresult {
+    entry("cuMemcpyPeerAsync", |mut state| {
+        let (dst_device, src_device) = (
+            live_context(&state, dstContext)?,
+            live_context(&state, srcContext)?,
+        );
+        let dst = device_loc(&mut state, dstDevice, ByteCount, "cuMemcpyPeerAsync")?;
+        let src = device_loc(&mut state, srcDevice, ByteCount, "cuMemcpyPeerAsync")?;
+        for (loc, device) in [(dst, dst_device), (src, src_device)] {
+            let Loc::Alloc { id, .. } = loc else { continue };
+            let allocation = &state.allocations[&id];
+            if !allocation.kind.is_device() || allocation.device != device as i32 {
+                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+            }
+        }
+        submit(
+            state,
+            hStream,
+            Op::Copy {
+                dst,
+                src,
+                bytes: ByteCount,
+            },
+            false,
+        )
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDeviceCanAccessPeer(
+    canAccessPeer: *mut c_int,
+    dev: CUdevice,
+    peerDev: CUdevice,
+) -> CUresult {
+    entry("cuDeviceCanAccessPeer", |_| {
+        let (device, peer) = (check_device(dev)?, check_device(peerDev)?);
+        put(
+            canAccessPeer,
+            c_int::from(device != peer && SIM.config.peer_access),
+        )
+    })
+}
+
+/// `cuCtxEnablePeerAccess`: the current context may use `peerContext`'s device memory from now on.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxEnablePeerAccess(peerContext: CUcontext, Flags: c_uint) -> CUresult {
+    entry("cuCtxEnablePeerAccess", |mut state| {
+        let device = current(&state)?;
+        let peer = live_context(&state, peerContext)?;
+        if Flags != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        if peer == device {
+            return Err(CUresult::CUDA_ERROR_INVALID_DEVICE);
+        }
+        if !SIM.config.peer_access {
+            return Err(CUresult::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
+        }
+        let peers = &mut state.primaries[device].peers;
+        if peers.contains(&(peer as i32)) {
+            return Err(CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+        }
+        peers.push(peer as i32);
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxDisablePeerAccess(peerContext: CUcontext) -> CUresult {
+    entry("cuCtxDisablePeerAccess", |mut state| {
+        let device = current(&state)?;
+        let peer = live_context(&state, peerContext)? as i32;
+        let peers = &mut state.primaries[device].peers;
+        let before = peers.len();
+        peers.retain(|&p| p != peer);
+        if peers.len() == before {
+            return Err(CUresult::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+        }
+        Ok(())
     })
 }
 
@@ -1792,6 +1927,10 @@ fn signatures(api: &DriverApi) {
         cuMemcpyHtoDAsync_v2,
         cuMemcpyDtoHAsync_v2,
         cuMemcpyDtoDAsync_v2,
+        cuMemcpyPeerAsync,
+        cuDeviceCanAccessPeer,
+        cuCtxEnablePeerAccess,
+        cuCtxDisablePeerAccess,
         cuMemcpyBatchAsync_v2,
         cuMemcpy2DAsync_v2,
         cuMemcpy3DAsync_v2,

@@ -13,6 +13,7 @@ pub(crate) const VARIABLES: &[&str] = &[
     "CUDA_SIM_DEVICE_MEMORY",
     "CUDA_SIM_PINNED_LIMIT",
     "CUDA_SIM_FAIL",
+    "CUDA_SIM_PEER_ACCESS",
 ];
 
 /// Settings chosen in code, by variable name; they take precedence over the environment.
@@ -46,6 +47,7 @@ pub(crate) fn choose(name: &str, value: &str) -> Result<(), String> {
 /// | `CUDA_SIM_DEVICE_MEMORY` | bytes of memory per device (suffixes K, M, G, T)               | 16G     |
 /// | `CUDA_SIM_PINNED_LIMIT`  | bytes of pinned host memory the process may allocate           | 8G      |
 /// | `CUDA_SIM_FAIL`          | faults to inject: see `faults.rs`                              | none    |
+/// | `CUDA_SIM_PEER_ACCESS`   | whether two devices can access each other's memory (1 or 0)    | 1       |
 pub(crate) struct Config {
     pub(crate) seed: u64,
     pub(crate) max_delay: Duration,
@@ -53,6 +55,7 @@ pub(crate) struct Config {
     pub(crate) device_memory: usize,
     pub(crate) pinned_limit: usize,
     pub(crate) fail: Option<String>,
+    pub(crate) peer_access: bool,
 }
 
 impl Config {
@@ -83,6 +86,7 @@ impl Config {
             device_memory: number("CUDA_SIM_DEVICE_MEMORY", 16 << 30) as usize,
             pinned_limit: number("CUDA_SIM_PINNED_LIMIT", 8 << 30) as usize,
             fail: var("CUDA_SIM_FAIL"),
+            peer_access: number("CUDA_SIM_PEER_ACCESS", 1) != 0,
         }
     }
 }

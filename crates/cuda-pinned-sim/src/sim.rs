@@ -336,6 +336,8 @@ pub(crate) struct Primary {
     pub(crate) retained: u32,
     pub(crate) flags: u32,
     pub(crate) pool_threshold: u64,
+    /// The devices whose memory this context was given access to (`cuCtxEnablePeerAccess`).
+    pub(crate) peers: Vec<i32>,
 }
 
 pub(crate) struct State {

@@ -25,6 +25,7 @@ use crate::kernel::SimKernelCall;
 /// | [`device_memory`]    | `CUDA_SIM_DEVICE_MEMORY` | 16 GiB  |
 /// | [`pinned_limit`]     | `CUDA_SIM_PINNED_LIMIT`  | 8 GiB   |
 /// | [`faults`]           | `CUDA_SIM_FAIL`          | none    |
+/// | [`peer_access`]      | `CUDA_SIM_PEER_ACCESS`   | yes     |
 ///
 /// [`seed`]: Settings::seed
 /// [`max_delay`]: Settings::max_delay
@@ -32,6 +33,7 @@ use crate::kernel::SimKernelCall;
 /// [`device_memory`]: Settings::device_memory
 /// [`pinned_limit`]: Settings::pinned_limit
 /// [`faults`]: Settings::faults
+/// [`peer_access`]: Settings::peer_access
 #[derive(Clone, Debug, Default)]
 #[must_use]
 pub struct Settings {
@@ -80,6 +82,13 @@ impl Settings {
     /// (`cuMemAlloc_v2:3:CUDA_ERROR_OUT_OF_MEMORY` fails the third call).
     pub fn faults(self, spec: &str) -> Settings {
         self.with("CUDA_SIM_FAIL", spec.to_string())
+    }
+
+    /// Whether two different devices can access each other's memory (`cuDeviceCanAccessPeer`), as GPUs joined
+    /// by NVLink or on one PCIe switch can; without it, `cuCtxEnablePeerAccess` fails with
+    /// `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED`, as on hosts whose GPUs cannot reach each other directly.
+    pub fn peer_access(self, yes: bool) -> Settings {
+        self.with("CUDA_SIM_PEER_ACCESS", u8::from(yes).to_string())
     }
 }
 

@@ -70,6 +70,9 @@ pub(crate) mod sealed {
         fn elements(&self) -> usize;
         /// The tracker of the allocation the memory belongs to.
         fn track(&self) -> &Track;
+        /// Whether copies on streams of `context` may use it: portable memory (the crate's default), or memory
+        /// of that context.
+        fn usable_in(&self, context: &Context) -> bool;
     }
 }
 
@@ -168,6 +171,9 @@ macro_rules! pinned_view {
             fn track(&self) -> &Track {
                 <$t>::track(self)
             }
+            fn usable_in(&self, context: &Context) -> bool {
+                self.pinned().usable_in(context)
+            }
         }
         $(impl<T> $tr<T> for $t {})+
     )+};
@@ -187,6 +193,9 @@ impl<T> sealed::PinnedMemory for Pinned<T> {
     fn track(&self) -> &Track {
         Pinned::track(self)
     }
+    fn usable_in(&self, context: &Context) -> bool {
+        Pinned::usable_in(self, context)
+    }
 }
 impl<T> PinnedSource<T> for Pinned<T> {}
 impl<T> PinnedDestination<T> for Pinned<T> {}
@@ -200,6 +209,10 @@ impl<T: Pod> sealed::PinnedMemory for Registered<T> {
     }
     fn track(&self) -> &Track {
         Registered::track(self)
+    }
+    fn usable_in(&self, _: &Context) -> bool {
+        // Registered portable (`Registered::new`).
+        true
     }
 }
 impl<T: Pod> PinnedSource<T> for Registered<T> {}
@@ -218,6 +231,7 @@ impl Stream {
         src: &impl PinnedSource<T>,
         dst: &mut impl DeviceDestination<T>,
     ) -> Result<()> {
+        self.check_host("uploading", src)?;
         let Some(bytes) = self.check_copy::<T>("uploading", src.elements(), dst)? else {
             return Ok(());
         };
@@ -248,6 +262,7 @@ impl Stream {
         src: &impl DeviceSource<T>,
         dst: &mut impl PinnedDestination<T>,
     ) -> Result<()> {
+        self.check_host("downloading", dst)?;
         let Some(bytes) = self.check_copy::<T>("downloading", dst.elements(), src)? else {
             return Ok(());
         };
@@ -267,15 +282,26 @@ impl Stream {
 
     /// Enqueues a device-to-device copy on this stream. Returns at once.
     ///
+    /// `src` and `dst` may belong to two devices, one of them this stream's: the copy then goes directly
+    /// between them where they can access each other (NVLink, or PCIe peer to peer; peer access is enabled for
+    /// both directions on the first copy between two contexts, see [`Context::enable_peer_access`]), else
+    /// through two page-locked staging buffers of up to 4 MiB allocated for the copy, each chunk downloaded on
+    /// a stream of the source's device and uploaded on one of the destination's. Either way the copy is in
+    /// this stream's order and tracked on both buffers like any copy.
+    ///
     /// # Errors
-    /// As [`Stream::upload`], also if `src` belongs to another context.
+    /// As [`Stream::upload`]; an invalid-argument error if neither buffer belongs to this stream's context;
+    /// the driver's, from enabling peer access.
     #[doc(alias = "cuMemcpyDtoDAsync")]
+    #[doc(alias = "cuMemcpyPeerAsync")]
     pub fn copy<T: Pod>(
         &self,
         src: &impl DeviceSource<T>,
         dst: &mut impl DeviceDestination<T>,
     ) -> Result<()> {
-        self.check_context(src)?;
+        if src.owner() != self.context() || dst.owner() != self.context() {
+            return self.copy_between_devices(src, dst);
+        }
         let Some(bytes) = self.check_copy::<T>("copying", src.elements(), dst)? else {
             return Ok(());
         };
@@ -395,6 +421,21 @@ impl Stream {
         }
         let bytes = crate::memory::byte_len::<T>(host_len, what)?;
         Ok((bytes > 0).then_some(bytes))
+    }
+
+    /// Refuses page-locked memory that this stream's context would take for pageable memory: memory of another
+    /// context that is not portable, which the driver would copy slowly and blocking.
+    pub(crate) fn check_host(&self, what: &str, host: &impl sealed::PinnedMemory) -> Result<()> {
+        if host.usable_in(self.context()) {
+            Ok(())
+        } else {
+            Err(Error::invalid(format_args!(
+                "{what}: page-locked memory of another device's context, not portable, used on a stream of device \
+                 {}: that context would copy it as pageable memory, slowly and blocking; nothing was enqueued \
+                 (allocate it portable: `PinnedBuilder::portable(true)`, the default)",
+                self.context().device().ordinal()
+            )))
+        }
     }
 
     pub(crate) fn check_context(&self, device: &impl sealed::DeviceMemory) -> Result<()> {

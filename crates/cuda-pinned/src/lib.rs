@@ -109,6 +109,7 @@ pub mod kernels;
 mod kernels_ffi;
 mod launch;
 mod memory;
+mod peer;
 pub mod prefetch;
 pub mod profile;
 pub mod staging;

@@ -417,7 +417,14 @@ fn accessors_report_what_was_allocated() {
         .write_combined(false)
         .zeroed::<u8>(1)
         .unwrap();
-    assert_eq!(off.flags(), 0);
+    // Portable by default: the host side of copies on every device's streams.
+    assert_eq!(off.flags(), sys::CU_MEMHOSTALLOC_PORTABLE);
+    assert!(off.is_portable());
+    let private = PinnedBuilder::new(&ctx)
+        .portable(false)
+        .zeroed::<u8>(1)
+        .unwrap();
+    assert!(!private.is_portable() && private.flags() == 0);
     let views = (pinned.slice(1..3).unwrap(), pinned.slice(5..).unwrap());
     assert_eq!((views.0.len(), views.1.is_empty()), (2, true));
 

@@ -13,9 +13,8 @@
 #[macro_use]
 mod common;
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-
-use common::{LIMIT, Serial, bounded, serial, sim};
+use common::faults::{Fixture, each_call_fails};
+use common::{Serial, bounded, serial, sim};
 use cuda_pinned::prefetch::GatherBatch;
 use cuda_pinned::sys::CUdevice_attribute;
 use cuda_pinned::{
@@ -24,160 +23,12 @@ use cuda_pinned::{
     Stream, Use, WhenFull,
 };
 
-/// Calls that release something: when one fails, its object stays.
-const RELEASES: &[&str] = &[
-    "cuMemFree_v2",
-    "cuMemFreeAsync",
-    "cuMemFreeHost",
-    "cuMemHostUnregister",
-    "cuStreamDestroy_v2",
-    "cuEventDestroy_v2",
-    "cuDevicePrimaryCtxRelease_v2",
-    "cuModuleUnload",
-];
-
-/// Calls that order work or find out whether it is done: when one fails before a release, the crate cannot
-/// know that the memory is unused and leaks it on purpose (the safety model's rule 4).
-const ORDERING: &[&str] = &[
-    "cuEventCreate",
-    "cuEventRecord",
-    "cuStreamWaitEvent",
-    "cuEventQuery",
-    "cuStreamQuery",
-    "cuEventSynchronize",
-    "cuStreamSynchronize",
-];
-
-/// What must not leak: memory and streams. (Events may outlive a failed operation inside the trackers of
-/// memory waiting in the deferred-release list until a later poll; they are not memory anyone relies on.)
-fn memory(live: cuda_pinned_sim::Live) -> cuda_pinned_sim::Live {
-    cuda_pinned_sim::Live { events: 0, ..live }
-}
-
-/// What each case starts from, made before the calls are counted.
-struct Fixture {
-    ctx: Context,
-    a: Stream,
-    b: Stream,
-}
-
-/// Runs `op` once to trace its driver calls, then once per call with that call failing. Returns how many
-/// calls were failed.
-///
-/// The simulator must find nothing in a run without faults. With a fault injected, it must find no use of
-/// freed memory and no hidden wait; a false dependency is allowed there: a failed enqueue is recorded as a use
-/// that may have happened (the crate cannot know how much of it was queued), and a wait for it waits for
-/// whatever came before on its stream.
-fn each_call_fails(serial: &mut Serial, name: &str, op: impl Fn(&Fixture) -> Result<()>) -> usize {
-    let sim = sim().expect("these tests run on the simulated driver");
-    let ctx = bounded!(Context::on(0)).unwrap();
-    let fixture = Fixture {
-        a: bounded!(Stream::new(&ctx)).unwrap(),
-        b: bounded!(Stream::new(&ctx)).unwrap(),
-        ctx,
-    };
-    let settle = |f: &Fixture| {
-        sim.clear_faults();
-        // Deferred releases run at a context synchronize once their work is done; a second pass catches
-        // what the first one's completion queued.
-        let _ = bounded!(f.ctx.synchronize());
-        let _ = bounded!(f.ctx.synchronize());
-        bounded!(f.ctx.check_deferred_errors())
-    };
-    // The whole of one run of `op`: the calls in it are bounded one by one, but not the drops at its end.
-    let run = |what: &str| bounded(what, LIMIT, || op(&fixture));
-    let live = || bounded!(sim.live());
-    // A first run makes what a context keeps for its whole life once used (its pooled events, its stream
-    // for frees that wait for several streams), so that the baseline holds them.
-    run(name).unwrap_or_else(|e| panic!("{name}: fails with no fault injected: {e}"));
-    settle(&fixture).unwrap();
-    let baseline = live();
-
-    sim.trace_start();
-    run(name).unwrap_or_else(|e| panic!("{name}: fails with no fault injected: {e}"));
-    let calls = sim.trace_stop();
-    settle(&fixture)
-        .unwrap_or_else(|e| panic!("{name}: deferred error with no fault injected: {e}"));
-    // Events are not compared: the context's pool keeps as many as were in use at once, which varies.
-    assert_eq!(
-        memory(live()),
-        memory(baseline),
-        "{name}: leaks with no fault injected"
-    );
-    assert!(!calls.is_empty(), "{name}: makes no driver call");
-
-    // Each call of the trace, by function and occurrence (a call's global index can shift between runs, as
-    // polls depend on timing; the n-th call of one function rarely does).
-    let mut seen = std::collections::HashMap::<&str, usize>::new();
-    let mut swallowed = Vec::new();
-    for function in &calls {
-        let nth = {
-            let n = seen.entry(function).or_default();
-            *n += 1;
-            *n
-        };
-        let what = format!("{name}: {function} #{nth} failing");
-        assert_eq!(
-            serial.take_violations(),
-            Vec::<String>::new(),
-            "{name}: before {what}"
-        );
-        let injected = sim.injected().len();
-        // Each case is judged against what was live just before it, not before the first: memory an earlier
-        // case leaked on purpose (a failed release, or a failed wait before one) stays leaked for good, and
-        // would otherwise count against every case after it.
-        let before = live();
-        sim.fail(&format!("{function}:{nth}:CUDA_ERROR_UNKNOWN"))
-            .unwrap();
-        let result = catch_unwind(AssertUnwindSafe(|| run(&what)));
-        let deferred = settle(&fixture);
-        let result = result.unwrap_or_else(|_| panic!("{what}: panicked"));
-        let new: Vec<String> = serial
-            .take_violations()
-            .into_iter()
-            .filter(|v| !v.starts_with("FALSE DEPENDENCY"))
-            .collect();
-        assert!(new.is_empty(), "{what}: the simulator found {new:?}");
-        if sim.injected().len() == injected {
-            continue; // this run made fewer such calls: nothing failed
-        }
-        match (&result, &deferred) {
-            (Err(e), Ok(())) => {
-                assert!(
-                    e.to_string().contains("CUDA_ERROR_UNKNOWN"),
-                    "{what}: the error lost its cause: {e}"
-                );
-                // A release the driver refused leaves its object behind: that is the driver's doing.
-                if !RELEASES.contains(&function.as_str())
-                    && !ORDERING.contains(&function.as_str())
-                    && !e.to_string().contains("leaked")
-                {
-                    assert_eq!(
-                        memory(live()),
-                        memory(before),
-                        "{what}: leaked after returning {e}"
-                    );
-                }
-            }
-            (_, Err(e)) => {
-                // A destructor's call failed: reported here; the memory concerned may be leaked on purpose.
-                assert!(
-                    e.to_string().contains("CUDA_ERROR_UNKNOWN"),
-                    "{what}: the error lost its cause: {e}"
-                );
-            }
-            // Dropping the last handle of a context cannot report anything; a failed release leaves it retained.
-            (Ok(()), Ok(())) if function == "cuDevicePrimaryCtxRelease_v2" => {}
-            // `DeviceBuffer::from_raw` asks whether memory came from a pool; unanswered, it frees the memory with
-            // cuMemFree once the device is idle, which is right for either kind.
-            (Ok(()), Ok(())) if function == "cuPointerGetAttribute" => {}
-            (Ok(()), Ok(())) => swallowed.push(what),
-        }
-    }
-    assert!(swallowed.is_empty(), "no error came back: {swallowed:#?}");
-    // The harness itself leaves nothing behind once its fixture is gone.
-    bounded!(drop(fixture));
-    calls.len()
+/// [`serial`], with the simulator installed with two devices, which reach each other, first (the copies
+/// between devices need them).
+fn setup() -> Serial {
+    cuda_pinned_sim::install_with(cuda_pinned_sim::Settings::new().devices(2))
+        .unwrap_or_else(|e| panic!("{e}"));
+    serial()
 }
 
 macro_rules! fault_tests {
@@ -186,7 +37,7 @@ macro_rules! fault_tests {
             #[test]
             $(#[$attr])*
             fn $test() {
-                let mut serial = serial();
+                let mut serial = setup();
                 let calls = each_call_fails(&mut serial, stringify!($test), |$f: &Fixture| -> Result<()> { $body });
                 eprintln!("{}: {calls} driver calls, each failed in turn", stringify!($test));
             }
@@ -221,6 +72,18 @@ fault_tests! {
         bounded!(ctx.synchronize())?;
         // Errors of its destructors' calls are kept in it: ask before it goes.
         bounded!(ctx.check_deferred_errors())
+    };
+    copies_between_devices: |f| {
+        let host = bounded!(Pinned::from_slice(&f.ctx, &[5u32; 4096]))?;
+        let mut d0 = bounded!(DeviceBuffer::<u32>::uninit(&f.a, 4096))?;
+        let mut d1 = bounded!(DeviceBuffer::<u32>::uninit(&f.c, 4096))?;
+        bounded!(f.a.upload(&host, &mut d0))?;
+        bounded!(f.c.copy(&d0, &mut d1))?;
+        bounded!(f.b.copy(&d1, &mut d0))?;
+        // Both buffers end with uses on two streams, so that the run without faults makes the streams for
+        // such frees of both contexts, as the runs with faults may.
+        let mut back = bounded!(Pinned::<u32>::zeroed(&f.ctx, 4096))?;
+        bounded!(f.a.download(&d0, &mut back))
     };
     streams: |f| {
         let s = bounded!(Stream::with_priority(&f.ctx, -1))?;
@@ -547,7 +410,7 @@ fn a_hung_call_aborts_the_process_naming_it() {
 /// wait for that work unseen (a hidden wait).
 #[test]
 fn dropping_a_busy_stream_makes_no_call_that_could_lose_its_work() {
-    let _serial = serial();
+    let _serial = setup();
     let sim = sim().expect("these tests run on the simulator");
     let context = Context::on(0).unwrap();
     let stream = Stream::new(&context).unwrap();

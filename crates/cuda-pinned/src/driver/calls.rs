@@ -91,6 +91,20 @@ pub(crate) fn device_attribute(attribute: CUdevice_attribute, device: CUdevice) 
 
 // ---- contexts
 
+/// `cuDeviceCanAccessPeer`: whether `device` can access the memory of `peer` directly.
+pub(crate) fn device_can_access_peer(device: CUdevice, peer: CUdevice) -> Result<bool> {
+    let mut can = 0;
+    // SAFETY: an out-pointer to a local.
+    unsafe { driver_call!(cuDeviceCanAccessPeer(&mut can, device, peer)) }?;
+    Ok(can != 0)
+}
+
+/// `cuCtxEnablePeerAccess`: lets the current context access `peer`'s device memory.
+pub(crate) fn ctx_enable_peer_access(peer: CUcontext) -> Result<()> {
+    // SAFETY: a context handle; the driver checks it and the current context.
+    unsafe { driver_call!(cuCtxEnablePeerAccess(peer, 0)) }
+}
+
 /// `cuDevicePrimaryCtxRetain`: the device's primary context, retained (created if no one holds it); balance it
 /// with [`primary_ctx_release`].
 pub(crate) fn primary_ctx_retain(device: CUdevice) -> Result<CUcontext> {
@@ -382,6 +396,33 @@ pub(crate) unsafe fn memcpy_dtod_async(
 ) -> Result<()> {
     // SAFETY: two ranges valid until the copy completes, and a live stream (see above).
     unsafe { driver_call!(cuMemcpyDtoDAsync_v2(dst, src, bytes, stream)) }
+}
+
+/// `cuMemcpyPeerAsync`: enqueues on `stream` a copy of `bytes` from device memory of `src_context` to device
+/// memory of `dst_context` (directly where peer access is enabled, else staged by the driver). Returns at once.
+///
+/// # Safety
+/// `src` must be `bytes` bytes of device memory of `src_context`, `dst` of `dst_context`, both staying
+/// allocated until the copy has completed, and the copy ordered after conflicting work on either range.
+pub(crate) unsafe fn memcpy_peer_async(
+    dst: CUdeviceptr,
+    dst_context: CUcontext,
+    src: CUdeviceptr,
+    src_context: CUcontext,
+    bytes: usize,
+    stream: CUstream,
+) -> Result<()> {
+    // SAFETY: two ranges valid until the copy completes, of the contexts named, and a live stream (see above).
+    unsafe {
+        driver_call!(cuMemcpyPeerAsync(
+            dst,
+            dst_context,
+            src,
+            src_context,
+            bytes,
+            stream
+        ))
+    }
 }
 
 /// `cuMemsetD8Async`: enqueues on `stream` the setting of `bytes` bytes of device memory at `dst` to `value`.

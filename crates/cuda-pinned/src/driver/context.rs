@@ -36,6 +36,34 @@ struct Inner {
     /// reading while it enqueues, the release thread for writing while it finds the device idle and unpins
     /// (see `memory/release.rs`).
     gate: &'static RwLock<()>,
+    /// What this handle knows of peer access from the context to others (see `peer.rs`).
+    peers: Mutex<Peers>,
+}
+
+/// Peer access from a context to the others, as far as one handle has seen it.
+#[derive(Default)]
+pub(crate) struct Peers {
+    /// Devices (ordinals) whose memory the device can or cannot access directly (`cuDeviceCanAccessPeer`): a
+    /// property of the hardware, asked once.
+    pub(crate) reachable: Vec<(usize, bool)>,
+    /// Context handles to whose memory access was enabled while they lived: the access lasts while one of
+    /// them does (their primary context is retained meanwhile), so it is enabled again only after.
+    enabled: Vec<Weak<Inner>>,
+}
+
+impl Peers {
+    /// Whether access to `peer`'s memory was enabled while `peer`'s handle lived.
+    pub(crate) fn is_enabled(&self, peer: &Context) -> bool {
+        self.enabled
+            .iter()
+            .any(|c| std::ptr::eq(c.as_ptr(), Arc::as_ptr(&peer.0)))
+    }
+
+    /// Notes that access to `peer`'s memory is enabled, forgetting handles that are gone.
+    pub(crate) fn set_enabled(&mut self, peer: &Context) {
+        self.enabled.retain(|c| c.strong_count() > 0);
+        self.enabled.push(Arc::downgrade(&peer.0));
+    }
 }
 
 thread_local! {
@@ -246,6 +274,7 @@ impl Context {
             streams: Mutex::new(Vec::new()),
             release_stream: Mutex::new(std::ptr::null_mut()),
             gate: known.gate,
+            peers: Mutex::new(Peers::default()),
         }));
         // Each entry is removed by its context's drop, once that has retired the context's own stream.
         known.contexts.push(Arc::downgrade(&context.0));
@@ -275,6 +304,23 @@ impl Context {
     #[must_use]
     pub fn device(&self) -> Device {
         self.0.device
+    }
+
+    /// Keeps the context for the rest of the process, for memory of it that is leaked because its work cannot
+    /// be known to be complete: destroying the context would free that memory under the work all the same
+    /// (the driver's destruction waits only for the context's own streams, not for another device's stream
+    /// that reads the memory).
+    ///
+    /// A retain of the primary context of its own, never released: not a handle of the crate, which would
+    /// keep the context's streams and its list of deferred errors alive too. Should the retain fail, there
+    /// is nothing more to do.
+    pub(crate) fn keep_for_leaked_memory(&self) {
+        let _ = calls::primary_ctx_retain(self.device().as_raw());
+    }
+
+    /// What this handle knows of peer access (see `peer.rs`).
+    pub(crate) fn peers(&self) -> MutexGuard<'_, Peers> {
+        lock(&self.0.peers)
     }
 
     /// Whether device memory is allocated stream-ordered (`cuMemAllocAsync`) in this context.

@@ -277,13 +277,15 @@ impl<T> Drop for DeviceBuffer<T> {
             return;
         }
         if let Err(e) = self.release() {
-            // The memory stays allocated: freeing it without knowing that its uses are done could let the
-            // driver hand it to other work while ours still runs.
+            // The memory stays allocated, and its context with it: freeing it without knowing that its uses
+            // are done could let the driver hand it to other work while ours still runs.
             let leaked = format!(
                 "freeing {} of device memory (it was leaked)",
                 Bytes(self.byte_len())
             );
-            self.stream.context().defer_error(e.context(leaked));
+            let context = self.stream.context();
+            context.keep_for_leaked_memory();
+            context.defer_error(e.context(leaked));
         }
     }
 }

@@ -8,7 +8,7 @@ use bytemuck::Pod;
 
 use super::host::HostRegion;
 use super::layout::{byte_len, check_alignment};
-use super::pool::Loan;
+use super::pool::{Loan, POOL_FLAGS};
 use super::release::release_host;
 use super::tracked::{Gpu, Track, lock};
 use crate::driver::Context;
@@ -59,15 +59,18 @@ pub struct PinnedBuilder {
 }
 
 impl PinnedBuilder {
-    /// Pinned memory of `context` with the default flags: not portable, not mapped, not write-combined.
+    /// Pinned memory of `context` with the default flags: portable, not mapped, not write-combined.
     pub fn new(context: &Context) -> PinnedBuilder {
         PinnedBuilder {
             context: context.clone(),
-            flags: 0,
+            flags: CU_MEMHOSTALLOC_PORTABLE,
         }
     }
 
-    /// Pinned for every context in the process, not only the allocating one (`CU_MEMHOSTALLOC_PORTABLE`).
+    /// Page-locked for every context in the process, not only the allocating one (`CU_MEMHOSTALLOC_PORTABLE`),
+    /// so that it is the host side of asynchronous copies on the streams of every device. On by default. Memory
+    /// that is not portable is refused (an `Err`) by copies on another device's streams: that device's context
+    /// would take it for pageable memory and copy it slowly, blocking the caller.
     pub fn portable(self, yes: bool) -> PinnedBuilder {
         self.flag(CU_MEMHOSTALLOC_PORTABLE, yes)
     }
@@ -153,7 +156,7 @@ impl PinnedBuilder {
 }
 
 impl<T: Pod> Pinned<T> {
-    /// Allocates `len` zeroed elements with the default flags (not portable, not mapped, not write-combined).
+    /// Allocates `len` zeroed elements with the default flags (portable, not mapped, not write-combined).
     ///
     /// # Errors
     /// As [`PinnedBuilder::zeroed`].
@@ -175,7 +178,7 @@ impl<T> Pinned<T> {
     pub(crate) fn from_pool(host: HostRegion<T>, context: Context, loan: Loan) -> Pinned<T> {
         Pinned {
             host,
-            flags: 0,
+            flags: POOL_FLAGS,
             context,
             loan: Some(loan),
         }
@@ -203,6 +206,18 @@ impl<T> Pinned<T> {
     #[must_use]
     pub fn flags(&self) -> u32 {
         self.flags
+    }
+
+    /// Whether it is the host side of copies on the streams of every device, not only its own context's (see
+    /// [`PinnedBuilder::portable`]).
+    #[must_use]
+    pub fn is_portable(&self) -> bool {
+        self.flags & CU_MEMHOSTALLOC_PORTABLE != 0
+    }
+
+    /// Whether copies on streams of `context` may use it: portable memory, or memory of that context.
+    pub(crate) fn usable_in(&self, context: &Context) -> bool {
+        self.is_portable() || self.context == *context
     }
 
     /// The context it was allocated in.

@@ -12,7 +12,7 @@ use super::tracked::{Gpu, Track, lock};
 use crate::driver::Context;
 use crate::driver::calls;
 use crate::error::Result;
-use crate::sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+use crate::sys::{CU_MEMHOSTREGISTER_DEVICEMAP, CU_MEMHOSTREGISTER_PORTABLE};
 use crate::units::Bytes;
 
 /// A `Vec<T>` page-locked in place, so it can be the host side of asynchronous copies like [`crate::Pinned`],
@@ -33,7 +33,8 @@ pub struct Registered<T: Pod> {
 }
 
 impl<T: Pod> Registered<T> {
-    /// Pins the `len` elements of `vec` in place (its spare capacity is not pinned).
+    /// Pins the `len` elements of `vec` in place (its spare capacity is not pinned), for every device's
+    /// streams (portable) and mapped.
     ///
     /// # Errors
     /// The driver's, such as `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED` when the memory overlaps a registered
@@ -45,10 +46,15 @@ impl<T: Pod> Registered<T> {
         if bytes > 0 {
             let _current = context.enter()?;
             // SAFETY: `bytes` bytes of a live allocation, which the returned value owns and never grows, moves
-            // out or frees while it is registered. Mapped into the device's address space, so that kernels
-            // can read it in place (a gather's table, a user's kernel).
+            // out or frees while it is registered. Portable, so that it is the host side of copies on every
+            // device's streams, and mapped, so that kernels can read it in place (a gather's table, a user's
+            // kernel).
             unsafe {
-                calls::mem_host_register(ptr.as_ptr().cast(), bytes, CU_MEMHOSTREGISTER_DEVICEMAP)
+                calls::mem_host_register(
+                    ptr.as_ptr().cast(),
+                    bytes,
+                    CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP,
+                )
             }
             .map_err(|e| {
                 e.context(format_args!(

@@ -317,6 +317,7 @@ fn forget_leaked(p: Pending, error: Error) {
     // would free memory a copy may still write. The tracker goes too: its marks are only events.
     std::mem::forget(release);
     drop(track);
+    context.keep_for_leaked_memory();
     context.defer_error(error.context(format_args!("releasing {} (leaked)", Bytes(bytes))));
 }
 

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use cuda_pinned::Stream;
 
+pub mod devices;
+
 /// Whether these tests run on the simulated driver (built without feature `gpu`) rather than a GPU.
 pub const SIMULATED: bool = cfg!(not(feature = "gpu"));
 
@@ -733,3 +735,7 @@ pub fn refused(result: cuda_pinned::Result<()>, says: &str) {
         other => panic!("expected an invalid-argument error saying {says:?}, got {other:?}"),
     }
 }
+
+// After the `bounded!` macro, which it uses.
+#[cfg(not(feature = "gpu"))]
+pub mod faults;

@@ -10,8 +10,20 @@ use crate::driver::calls;
 use crate::error::{Error, Result};
 use crate::memory::release::release_host;
 use crate::memory::tracked::GpuTracker;
-use crate::sys::{CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTREGISTER_DEVICEMAP};
+use crate::sys::{
+    CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTREGISTER_DEVICEMAP,
+    CU_MEMHOSTREGISTER_PORTABLE,
+};
 use crate::units::Bytes;
+
+/// How a block is pinned, as `cuMemHostAlloc` flags (a registered block has the same, as
+/// `CU_MEMHOSTREGISTER_*`): portable, so that buffers of one pool serve the streams of every device, and mapped,
+/// so that kernels can read them in place (the gather reads its indices so).
+pub(crate) const POOL_FLAGS: u32 = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP;
+const _: () = assert!(
+    POOL_FLAGS == CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP,
+    "a registered block's flags read as a pinned one's"
+);
 
 /// The page size the pool's classes are multiples of, and the alignment every block has at least.
 pub(super) const PAGE: usize = 4096;
@@ -49,9 +61,8 @@ impl Block {
         match how {
             Pinning::Auto => Block::pin(context, bytes, fastest_pinning(context)),
             Pinning::HostAlloc => {
-                // The caller's context is current. Freed in `release`. Mapped, so that kernels can read pool
-                // buffers in place (the gather reads its indices so).
-                let ptr = calls::mem_host_alloc(bytes, CU_MEMHOSTALLOC_DEVICEMAP).map_err(|e| {
+                // The caller's context is current. Freed in `release`.
+                let ptr = calls::mem_host_alloc(bytes, POOL_FLAGS).map_err(|e| {
                     e.context(format_args!("pinning {} for the pool", Bytes(bytes)))
                 })?;
                 let ptr = NonNull::new(ptr.cast::<u8>())
@@ -78,13 +89,8 @@ impl Block {
                 // fast, and initialises them.
                 zero(ptr, bytes);
                 // SAFETY: `bytes` bytes of a live allocation owned by the block, unregistered in `release`.
-                let registered = unsafe {
-                    calls::mem_host_register(
-                        ptr.as_ptr().cast(),
-                        bytes,
-                        CU_MEMHOSTREGISTER_DEVICEMAP,
-                    )
-                };
+                let registered =
+                    unsafe { calls::mem_host_register(ptr.as_ptr().cast(), bytes, POOL_FLAGS) };
                 if let Err(e) = registered {
                     // SAFETY: allocated above with `layout`, never registered.
                     unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
 
+pub(crate) use self::block::POOL_FLAGS;
 pub use self::block::Pinning;
 use self::block::{Block, PAGE};
 use self::state::{Config, Lease, PoolState, Reservation, Take};

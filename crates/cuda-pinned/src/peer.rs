@@ -1,0 +1,221 @@
+//! Copies between the memory of two devices: peer access, enabled once per pair of contexts, and
+//! `cuMemcpyPeerAsync` where the devices can reach each other (NVLink, or one PCIe switch); where they cannot,
+//! a copy staged through page-locked memory of the crate's own, on a stream of each device.
+//!
+//! The driver stages a peer copy itself where peer access is off, but that copy was seen to hold back copies
+//! enqueued later on other streams (host-staged peer copies on PCIe-only GPUs), a hidden wait; a download on
+//! one device and an upload on the other, each an ordinary tracked copy, hold back nothing but themselves.
+
+use bytemuck::Pod;
+
+use crate::copy::sealed::{DeviceMemory, PinnedMemory};
+use crate::copy::{DeviceDestination, DeviceSource};
+use crate::driver::calls;
+use crate::driver::{Category, Context, Stream};
+use crate::error::{Error, Result};
+use crate::memory::{Gpu, Pinned, Work, lock};
+use crate::sys::CUresult;
+use crate::track::Access;
+use crate::units::Bytes;
+
+/// The most bytes one staging buffer of a copy between devices without peer access holds: two of them let
+/// the download of one chunk overlap the upload of the one before.
+const STAGING_CHUNK: usize = 4 << 20;
+
+impl Context {
+    /// Whether this context's device can access `peer`'s device memory directly (NVLink, or PCIe peer to
+    /// peer), as [`Context::enable_peer_access`] would enable it. A device does not count as its own peer.
+    ///
+    /// # Errors
+    /// The driver's.
+    #[doc(alias = "cuDeviceCanAccessPeer")]
+    pub fn can_access_peer(&self, peer: &Context) -> Result<bool> {
+        let ordinal = peer.device().ordinal();
+        if ordinal == self.device().ordinal() {
+            return Ok(false);
+        }
+        if let Some(&(_, can)) = self.peers().reachable.iter().find(|(o, _)| *o == ordinal) {
+            return Ok(can);
+        }
+        let can = calls::device_can_access_peer(self.device().as_raw(), peer.device().as_raw())
+            .map_err(|e| {
+                e.context(format_args!(
+                    "asking whether device {} can access device {}'s memory",
+                    self.device().ordinal(),
+                    ordinal
+                ))
+            })?;
+        self.peers().reachable.push((ordinal, can));
+        Ok(can)
+    }
+
+    /// Lets this context's work access `peer`'s device memory directly, if the hardware allows: returns
+    /// whether it does. Done once per pair of contexts (later calls return at once); [`Stream::copy`] between
+    /// two devices does it for both directions on first use, so calling this is needed only to pay its cost
+    /// up front, or for a user's kernel that reads another device's memory. The access lasts while a handle of
+    /// `peer`'s context lives.
+    ///
+    /// # Errors
+    /// The driver's, such as `CUDA_ERROR_TOO_MANY_PEERS` (a device has at most 8 peers on most systems).
+    #[doc(alias = "cuCtxEnablePeerAccess")]
+    pub fn enable_peer_access(&self, peer: &Context) -> Result<bool> {
+        if !self.can_access_peer(peer)? {
+            return Ok(false);
+        }
+        if self.peers().is_enabled(peer) {
+            return Ok(true);
+        }
+        let _current = self.enter()?;
+        match calls::ctx_enable_peer_access(peer.as_raw()) {
+            // Enabled before, by another handle of the context or by other code in the process.
+            Err(e) if e.driver_code() == Some(CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) => {
+            }
+            Err(e) => {
+                return Err(e.context(format_args!(
+                    "enabling device {}'s access to device {}'s memory",
+                    self.device().ordinal(),
+                    peer.device().ordinal()
+                )));
+            }
+            Ok(()) => {}
+        }
+        self.peers().set_enabled(peer);
+        Ok(true)
+    }
+}
+
+impl Stream {
+    /// [`Stream::copy`] where `src` and `dst` belong to two contexts, one of them this stream's.
+    pub(crate) fn copy_between_devices<T: Pod>(
+        &self,
+        src: &impl DeviceSource<T>,
+        dst: &mut impl DeviceDestination<T>,
+    ) -> Result<()> {
+        let (from, to) = (src.owner().clone(), dst.owner().clone());
+        if *self.context() != from && *self.context() != to {
+            return Err(Error::invalid(format_args!(
+                "copying from device {} to device {} on a stream of device {}: use a stream of either; \
+                 nothing was enqueued",
+                from.device().ordinal(),
+                to.device().ordinal(),
+                self.context().device().ordinal()
+            )));
+        }
+        if src.elements() != dst.elements() {
+            return Err(Error::invalid(format_args!(
+                "copying between devices: the source has {} elements and the destination {}; nothing was \
+                 enqueued",
+                src.elements(),
+                dst.elements()
+            )));
+        }
+        let bytes = crate::memory::byte_len::<T>(src.elements(), "copying between devices")?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        let direct = from.enable_peer_access(&to)? && to.enable_peer_access(&from)?;
+        let copied = if direct {
+            self.tracked_as(
+                Work::Timed(Category::DeviceCopy, "peer", bytes),
+                Some(src.track()),
+                Some(dst.track()),
+                || {
+                    // SAFETY: `bytes` bytes of device memory of each context named (lengths checked, each
+                    // buffer's context is its owner), ordered by the trackers, which keep both alive until the
+                    // copy has completed.
+                    unsafe {
+                        calls::memcpy_peer_async(
+                            dst.device_ptr(),
+                            to.as_raw(),
+                            src.device_ptr(),
+                            from.as_raw(),
+                            bytes,
+                            self.as_raw(),
+                        )
+                    }
+                },
+            )
+        } else {
+            self.copy_staged_between_devices(src, dst, bytes)
+        };
+        copied.map_err(|e| {
+            e.context(format_args!(
+                "copying {} from device {} to device {}",
+                Bytes(bytes),
+                from.device().ordinal(),
+                to.device().ordinal()
+            ))
+        })
+    }
+
+    /// Copies `bytes` from `src` to `dst`, of two devices that cannot access each other, through two
+    /// page-locked staging buffers taken in turn: each chunk downloaded on a stream of `src`'s device, then
+    /// uploaded on one of `dst`'s (this stream is one of them, the other is made for the copy). Every step is
+    /// an ordinary tracked copy, so the buffers' trackers order the chunks (a chunk's upload after its
+    /// download, the download into a staging buffer after the upload that last read it) and every later use
+    /// of `src`, `dst` and the staging buffers; this stream then waits for the last upload, so that the copy
+    /// is in its order as any copy on it is.
+    fn copy_staged_between_devices(
+        &self,
+        src: &impl DeviceMemory,
+        dst: &mut impl DeviceMemory,
+        bytes: usize,
+    ) -> Result<()> {
+        let (from, to) = (src.owner(), dst.owner());
+        let other = Stream::new(if self.context() == from { to } else { from })?;
+        let (down, up) = if self.context() == from {
+            (self, &other)
+        } else {
+            (&other, self)
+        };
+        let chunk = bytes.min(STAGING_CHUNK);
+        let staging = [
+            Pinned::<u8>::zeroed(self.context(), chunk)?,
+            Pinned::<u8>::zeroed(self.context(), chunk)?,
+        ];
+        for (i, offset) in (0..bytes).step_by(chunk).enumerate() {
+            let n = chunk.min(bytes - offset);
+            let bounce = &staging[i % 2];
+            down.tracked_as(
+                Work::Timed(Category::Download, "peer staged", n),
+                Some(src.track()),
+                Some(PinnedMemory::track(bounce)),
+                || {
+                    // SAFETY: `n` bytes inside `src` (offset + n <= bytes, its length) and inside the staging
+                    // buffer (n <= chunk), ordered by the trackers, which keep both alive until it completes.
+                    unsafe {
+                        calls::memcpy_dtoh_async(
+                            bounce.host_ptr(),
+                            src.device_ptr() + offset as u64,
+                            n,
+                            down.as_raw(),
+                        )
+                    }
+                },
+            )?;
+            up.tracked_as(
+                Work::Timed(Category::Upload, "peer staged", n),
+                Some(PinnedMemory::track(bounce)),
+                Some(dst.track()),
+                || {
+                    // SAFETY: as above, into `dst`, after the download into the staging buffer (its tracker).
+                    unsafe {
+                        calls::memcpy_htod_async(
+                            dst.device_ptr() + offset as u64,
+                            bounce.host_ptr(),
+                            n,
+                            up.as_raw(),
+                        )
+                    }
+                },
+            )?;
+        }
+        if !std::ptr::eq(up, self) {
+            // The copy wrote `dst` on the other stream: this stream waits for that write, as its own work
+            // would have been waited for.
+            lock(dst.track()).prepare(&Gpu, self, Access::Read)?;
+        }
+        // The staging buffers and the other stream go once their work has completed (their drops defer it).
+        Ok(())
+    }
+}
