@@ -126,7 +126,7 @@ pub use gather::{GatherEngine, GatherOptions, Gatherer, ReadOrder, RowTable};
 pub use launch::{Arg, Kernel, LaunchConfig, Module, Use};
 pub use memory::{
     DeviceBuffer, DeviceView, DeviceViewMut, Pinned, PinnedBuilder, PinnedPool, PinnedView,
-    PinnedViewMut, Pinning, PoolBuilder, PoolStats, Registered, WhenFull,
+    PinnedViewMut, Pinning, Placement, PoolBuilder, PoolStats, Registered, WhenFull,
 };
 pub use prefetch::{Batch, Prefetched, Prefetcher};
 pub use profile::{Ledger, LedgerReport};

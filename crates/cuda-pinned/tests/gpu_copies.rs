@@ -7,7 +7,8 @@ mod common;
 use common::{data, serial, spin};
 use cuda_pinned::sys::{self, CUresult};
 use cuda_pinned::{
-    Context, DeviceBuffer, Error, Pinned, PinnedBuilder, Registered, Stream, driver_call,
+    Context, DeviceBuffer, Error, Pinned, PinnedBuilder, PinnedPool, Placement, Registered, Stream,
+    driver_call,
 };
 
 fn context() -> Context {
@@ -476,4 +477,38 @@ fn registered_zero_sized_elements_register_nothing_and_come_back() {
     assert_eq!(units.into_vec().unwrap().len(), 5);
     drop(Registered::new(&ctx, vec![(); 3]).unwrap());
     ctx.check_deferred_errors().unwrap();
+}
+
+/// Every placement of pinned memory allocates on this host, pooled or not, and the memory is the host side of
+/// copies as any; a node that is not online is refused with an error naming it, before anything is pinned.
+#[test]
+fn pinned_memory_is_placed_as_asked() {
+    let _serial = serial();
+    let ctx = context();
+    let stream = Stream::new(&ctx).unwrap();
+    let want = data(1 << 16, 9);
+    let mut device = DeviceBuffer::<u32>::zeroed(&stream, want.len()).unwrap();
+    for placement in [Placement::DeviceNode, Placement::Any, Placement::Node(0)] {
+        let host = PinnedBuilder::new(&ctx)
+            .placement(placement)
+            .from_slice(&want)
+            .unwrap();
+        let pool = PinnedPool::builder(&ctx, 1 << 20)
+            .placement(placement)
+            .build();
+        let mut back = pool.alloc::<u32>(want.len()).unwrap();
+        stream.upload(&host, &mut device).unwrap();
+        stream.download(&device, &mut back).unwrap();
+        assert_eq!(back.as_slice().unwrap(), want, "{placement:?}");
+    }
+    let absent = Placement::Node(4000);
+    let refused = PinnedBuilder::new(&ctx)
+        .placement(absent)
+        .zeroed::<u8>(4096);
+    let text = refused.unwrap_err().to_string();
+    assert!(text.contains("NUMA node 4000 is not online"), "{text}");
+    let pool = PinnedPool::builder(&ctx, 1 << 20).placement(absent).build();
+    let text = pool.alloc::<u8>(4096).unwrap_err().to_string();
+    assert!(text.contains("NUMA node 4000 is not online"), "{text}");
+    assert_eq!(pool.stats().reserved, 0);
 }

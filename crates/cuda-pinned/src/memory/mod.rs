@@ -7,6 +7,7 @@
 mod device;
 mod host;
 mod layout;
+mod numa;
 mod pinned;
 mod pool;
 mod registered;
@@ -16,6 +17,7 @@ mod view;
 
 pub use device::DeviceBuffer;
 pub(crate) use layout::byte_len;
+pub use numa::Placement;
 pub use pinned::{Pinned, PinnedBuilder};
 pub use pool::{PinnedPool, Pinning, PoolBuilder, PoolStats, WhenFull};
 pub use registered::Registered;

@@ -8,6 +8,7 @@ use bytemuck::Pod;
 
 use super::host::HostRegion;
 use super::layout::{byte_len, check_alignment};
+use super::numa::{self, Placement};
 use super::pool::{Loan, POOL_FLAGS};
 use super::release::release_host;
 use super::tracked::{Gpu, Track, lock};
@@ -56,6 +57,7 @@ pub struct Pinned<T> {
 pub struct PinnedBuilder {
     context: Context,
     flags: u32,
+    placement: Placement,
 }
 
 impl PinnedBuilder {
@@ -64,7 +66,16 @@ impl PinnedBuilder {
         PinnedBuilder {
             context: context.clone(),
             flags: CU_MEMHOSTALLOC_PORTABLE,
+            placement: Placement::default(),
         }
+    }
+
+    /// Which NUMA node the memory is placed on (default [`Placement::DeviceNode`]: the node of the context's
+    /// device, on hosts of several nodes; nothing is bound on a host of one). The driver places the pages as it
+    /// pins them, so a placement on a node runs the allocation on a thread bound to that node.
+    pub fn placement(mut self, placement: Placement) -> PinnedBuilder {
+        self.placement = placement;
+        self
     }
 
     /// Page-locked for every context in the process, not only the allocating one (`CU_MEMHOSTALLOC_PORTABLE`),
@@ -109,14 +120,19 @@ impl PinnedBuilder {
         let ptr = if bytes == 0 {
             NonNull::dangling()
         } else {
-            let _current = self.context.enter()?;
-            // The context is current. Freed in Drop (deferred while in use).
-            let ptr = calls::mem_host_alloc(bytes, self.flags).map_err(|e| {
+            let (context, flags) = (&self.context, self.flags);
+            // Freed in Drop (deferred while in use).
+            let ptr = numa::place(self.placement, context.device(), || {
+                let _current = context.enter()?;
+                calls::mem_host_alloc(bytes, flags).map(|ptr| ptr as usize)
+            })
+            .and_then(|allocated| allocated)
+            .map_err(|e| {
                 e.context(format_args!(
                     "allocating {} of pinned host memory",
                     Bytes(bytes)
                 ))
-            })?;
+            })? as *mut c_void;
             // The driver does not initialise the memory; a `T` made of uninitialised bytes would be undefined.
             // SAFETY: cuMemHostAlloc succeeded: `bytes` writable bytes that nothing else uses yet.
             unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, bytes) };

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use crate::driver::Context;
 use crate::driver::calls;
 use crate::error::{Error, Result};
+use crate::memory::numa::{self, Placement};
 use crate::memory::release::release_host;
 use crate::memory::tracked::GpuTracker;
 use crate::sys::{
@@ -56,16 +57,25 @@ unsafe impl Send for Block {}
 unsafe impl Sync for Block {}
 
 impl Block {
-    /// Pins `bytes` (a multiple of the page size) the way `how` says, zeroed. `context` is current.
-    pub(super) fn pin(context: &Context, bytes: usize, how: Pinning) -> Result<Block> {
+    /// Pins `bytes` (a multiple of the page size) the way `how` says, zeroed, placed as `placement` says (see
+    /// `numa`). `context` is current.
+    pub(super) fn pin(
+        context: &Context,
+        bytes: usize,
+        how: Pinning,
+        placement: Placement,
+    ) -> Result<Block> {
         match how {
-            Pinning::Auto => Block::pin(context, bytes, fastest_pinning(context)),
+            Pinning::Auto => Block::pin(context, bytes, fastest_pinning(context), placement),
             Pinning::HostAlloc => {
-                // The caller's context is current. Freed in `release`.
-                let ptr = calls::mem_host_alloc(bytes, POOL_FLAGS).map_err(|e| {
-                    e.context(format_args!("pinning {} for the pool", Bytes(bytes)))
-                })?;
-                let ptr = NonNull::new(ptr.cast::<u8>())
+                // Freed in `release`. The driver places the pages as it pins them, by the memory policy of the
+                // thread that calls it.
+                let ptr = numa::place(placement, context.device(), || {
+                    let _current = context.enter()?;
+                    calls::mem_host_alloc(bytes, POOL_FLAGS).map(|ptr| ptr as usize)
+                })?
+                .map_err(|e| e.context(format_args!("pinning {} for the pool", Bytes(bytes))))?;
+                let ptr = NonNull::new(ptr as *mut u8)
                     .ok_or_else(|| Error::invalid("cuMemHostAlloc returned null"))?;
                 zero(ptr, bytes);
                 Ok(Block {
@@ -85,6 +95,13 @@ impl Block {
                     ))
                 })?;
                 advise_huge_pages(ptr, bytes);
+                // Pages are placed when first touched: bound to the node first, so that the threads touching
+                // them may run anywhere.
+                if let Err(e) = bind(ptr, bytes, context, placement) {
+                    // SAFETY: allocated above with `layout`, never registered.
+                    unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
+                    return Err(e.context(format_args!("pinning {} for the pool", Bytes(bytes))));
+                }
                 // Touching the pages faults them in on several threads at once, which is what makes this path
                 // fast, and initialises them.
                 zero(ptr, bytes);
@@ -190,6 +207,18 @@ fn zero(ptr: NonNull<u8>, bytes: usize) {
     });
 }
 
+/// Makes the untouched pages of `bytes` at `ptr` prefer the node `placement` names for `context`'s device.
+/// A binding the system refuses is an error only for an explicit node (as `numa::place` treats it).
+fn bind(ptr: NonNull<u8>, bytes: usize, context: &Context, placement: Placement) -> Result<()> {
+    let Some(node) = numa::node_for(placement, context.device())? else {
+        return Ok(());
+    };
+    match numa::bind_range(ptr.as_ptr(), bytes, node) {
+        Err(e) if matches!(placement, Placement::Node(_)) => Err(e),
+        _ => Ok(()),
+    }
+}
+
 /// The faster of `cuMemHostAlloc` and touch + `cuMemHostRegister` on this machine, measured once per process by
 /// pinning 32 MiB each way (the first measured after a warm-up pin of each) with `context` current. The blocks
 /// are kept until every pin is timed, then handed to the release thread: unpinning waits for all work on the
@@ -200,7 +229,7 @@ fn fastest_pinning(context: &Context) -> Pinning {
         let mut blocks = Vec::new();
         let mut time = |how| -> Option<Duration> {
             let started = Instant::now();
-            let block = Block::pin(context, 32 << 20, how).ok()?;
+            let block = Block::pin(context, 32 << 20, how, Placement::Any).ok()?;
             let took = started.elapsed();
             blocks.push(block);
             Some(took)

@@ -34,6 +34,7 @@ use self::block::{Block, PAGE};
 use self::state::{Config, Lease, PoolState, Reservation, Take};
 use super::host::HostRegion;
 use super::layout::{byte_len, check_alignment};
+use super::numa::Placement;
 use super::pinned::{Pinned, PinnedBuilder};
 use super::release::release_host;
 use super::tracked::{Gpu, GpuTracker};
@@ -107,6 +108,7 @@ struct Shared {
     context: Context,
     max_wait: Duration,
     pinning: Pinning,
+    placement: Placement,
     state: Mutex<PoolState<Block, Stream, Mark>>,
     /// Signalled whenever room may have been made (a buffer given back, a pin that failed), for the requests
     /// waiting for room.
@@ -123,6 +125,7 @@ pub struct PoolBuilder {
     when_full: WhenFull,
     max_wait: Duration,
     pinning: Pinning,
+    placement: Placement,
 }
 
 impl PoolBuilder {
@@ -151,6 +154,15 @@ impl PoolBuilder {
         self
     }
 
+    /// Which NUMA node new blocks are placed on (default [`Placement::DeviceNode`]: the node of the context's
+    /// device, on hosts of several nodes). The pool's buffers serve every device's streams (they are portable);
+    /// on a host of several nodes, a pool per device, each placed on its device's node, keeps every transfer
+    /// next to its GPU.
+    pub fn placement(mut self, placement: Placement) -> PoolBuilder {
+        self.placement = placement;
+        self
+    }
+
     /// The pool. Pins nothing yet.
     pub fn build(self) -> PinnedPool {
         let state = PoolState::new(Config {
@@ -166,6 +178,7 @@ impl PoolBuilder {
                 context: self.context,
                 max_wait: self.max_wait,
                 pinning: self.pinning,
+                placement: self.placement,
                 state: Mutex::new(state),
                 room: Condvar::new(),
                 pin_nanos: AtomicU64::new(0),
@@ -218,6 +231,7 @@ impl PinnedPool {
             when_full: WhenFull::Fail,
             max_wait: PoolBuilder::DEFAULT_MAX_WAIT,
             pinning: Pinning::Auto,
+            placement: Placement::default(),
         }
     }
 
@@ -377,7 +391,12 @@ impl PinnedPool {
             block.unpin(&shared.context);
         }
         let started = Instant::now();
-        let pinned = Block::pin(&shared.context, reservation.bytes(), shared.pinning);
+        let pinned = Block::pin(
+            &shared.context,
+            reservation.bytes(),
+            shared.pinning,
+            shared.placement,
+        );
         let nanos = started.elapsed().as_nanos() as u64;
         shared.pin_nanos.fetch_add(nanos, Ordering::Relaxed);
         drop(current);
