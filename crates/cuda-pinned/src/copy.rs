@@ -101,7 +101,7 @@ pub trait DeviceSource<T>: sealed::DeviceMemory {
 /// Device memory that device work may write, taken by `&mut`: [`DeviceBuffer`], [`DeviceViewMut`].
 pub trait DeviceDestination<T>: DeviceSource<T> {}
 /// Page-locked host memory an asynchronous copy may read: [`Pinned`], [`PinnedView`], [`PinnedViewMut`],
-/// [`Registered`].
+/// [`Registered`], and an `Arc` of any of them.
 ///
 /// Generic code reads its length through the methods here.
 pub trait PinnedSource<T>: sealed::PinnedMemory {
@@ -199,6 +199,24 @@ impl<T> sealed::PinnedMemory for Pinned<T> {
 }
 impl<T> PinnedSource<T> for Pinned<T> {}
 impl<T> PinnedDestination<T> for Pinned<T> {}
+
+/// One buffer shared by several owners, as several devices' [`RowTable`](crate::RowTable)s share one table:
+/// read only (there is no `&mut` to write it through while it is shared).
+impl<M: sealed::PinnedMemory> sealed::PinnedMemory for std::sync::Arc<M> {
+    fn host_ptr(&self) -> *mut c_void {
+        (**self).host_ptr()
+    }
+    fn elements(&self) -> usize {
+        (**self).elements()
+    }
+    fn track(&self) -> &Track {
+        (**self).track()
+    }
+    fn usable_in(&self, context: &Context) -> bool {
+        (**self).usable_in(context)
+    }
+}
+impl<T, M: PinnedSource<T>> PinnedSource<T> for std::sync::Arc<M> {}
 
 impl<T: Pod> sealed::PinnedMemory for Registered<T> {
     fn host_ptr(&self) -> *mut c_void {

@@ -239,3 +239,137 @@ fn memory_of_the_wrong_context_is_refused() {
     ctx0.synchronize().unwrap();
     ctx1.synchronize().unwrap();
 }
+
+/// What batch `index` holds: `len` values that name it.
+fn batch_values(index: usize, len: usize) -> Vec<u32> {
+    data(len, 1000 + index as u64)
+}
+
+/// Consumes `prefetcher` on a thread of its own, as a data-parallel loop does: each batch downloaded on the
+/// consumer's stream and checked against what its fill wrote. Returns the batch indices in the order they came.
+fn consume<B: cuda_pinned::prefetch::Batch<Device = DeviceBuffer<u32>>>(
+    prefetcher: cuda_pinned::Prefetcher<B>,
+    consumer: Stream,
+    expected: impl Fn(usize) -> Vec<u32> + Send + 'static,
+) -> std::thread::JoinHandle<Vec<usize>> {
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        for batch in prefetcher {
+            let batch = batch.unwrap();
+            let mut out = Pinned::<u32>::zeroed(consumer.context(), batch.len()).unwrap();
+            consumer.download(&*batch, &mut out).unwrap();
+            let what = format!(
+                "batch {} on device {}",
+                batch.index(),
+                consumer.context().device().ordinal()
+            );
+            common::compare(out.as_slice().unwrap(), &expected(batch.index()), &what).unwrap();
+            seen.push(batch.index());
+        }
+        seen
+    })
+}
+
+/// One prefetcher per device from one pool (one budget), the batches shared out in turn, then by a function:
+/// each device gets its share, in order, every element as filled.
+#[test]
+fn a_sharded_prefetcher_feeds_both_devices() {
+    let _serial = setup();
+    let [ctx0, ctx1] = two_devices();
+    const LEN: usize = 1 << 16;
+    let pool = cuda_pinned::PinnedPool::new(&ctx0, 16 * LEN * 4);
+    for by_parity in [false, true] {
+        let consumers = [Stream::new(&ctx0).unwrap(), Stream::new(&ctx1).unwrap()];
+        let feeds = consumers.iter().map(|s| (s.clone(), LEN));
+        let mut builder = cuda_pinned::Prefetcher::<Pinned<u32>>::sharded(&pool, feeds)
+            .batches(21)
+            .workers(2)
+            .depth(4);
+        if by_parity {
+            // Odd batches on device 0.
+            builder = builder.shard_by(|index| 1 - index % 2);
+        }
+        let prefetchers = builder
+            .build(|index, batch| {
+                batch
+                    .as_mut_slice()?
+                    .copy_from_slice(&batch_values(index, LEN));
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(prefetchers.len(), 2);
+        let threads: Vec<_> = prefetchers
+            .into_iter()
+            .zip(consumers)
+            .map(|(prefetcher, consumer)| consume(prefetcher, consumer, |i| batch_values(i, LEN)))
+            .collect();
+        let seen: Vec<Vec<usize>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let evens: Vec<usize> = (0..21).step_by(2).collect();
+        let odds: Vec<usize> = (1..21).step_by(2).collect();
+        let want = if by_parity {
+            [odds, evens]
+        } else {
+            [evens, odds]
+        };
+        assert_eq!(seen, want, "shared out by parity: {by_parity}");
+        assert!(pool.stats().peak_reserved <= 16 * LEN * 4);
+    }
+}
+
+/// Gathered batches on both devices from one table in page-locked memory, shared by each device's
+/// [`RowTable`](cuda_pinned::RowTable) (each with a gatherer of its device), the rows read by each device in
+/// place.
+#[test]
+fn a_sharded_prefetcher_gathers_on_both_devices_from_one_table() {
+    use cuda_pinned::prefetch::GatherBatch;
+    use cuda_pinned::{GatherOptions, Gatherer, RowTable};
+    let _serial = setup();
+    let [ctx0, ctx1] = two_devices();
+    const ROW: usize = 64;
+    const ROWS: usize = 4096;
+    const PER_BATCH: usize = 512;
+    let values = data(ROW * ROWS, 77);
+    let table = std::sync::Arc::new(
+        PinnedBuilder::new(&ctx0)
+            .device_mapped(true)
+            .from_slice(&values)
+            .unwrap(),
+    );
+    let rows_of = |index: usize| -> Vec<u32> {
+        (0..PER_BATCH)
+            .map(|k| ((index * PER_BATCH + k) * 7919 % ROWS) as u32)
+            .collect()
+    };
+    let consumers = [Stream::new(&ctx0).unwrap(), Stream::new(&ctx1).unwrap()];
+    let feeds = consumers.iter().map(|stream| {
+        let gatherer = Gatherer::new(stream.context()).unwrap();
+        let rows = RowTable::new(gatherer, table.clone(), ROW, GatherOptions::default()).unwrap();
+        (stream.clone(), (rows, PER_BATCH))
+    });
+    let unused = cuda_pinned::PinnedPool::new(&ctx0, 0);
+    let prefetchers = cuda_pinned::Prefetcher::<GatherBatch<u32, _>>::sharded(&unused, feeds)
+        .batches(12)
+        .build(move |index, batch| {
+            batch.indices.clear();
+            batch.indices.extend(rows_of(index));
+            Ok(())
+        })
+        .unwrap();
+    let expected = move |index: usize| -> Vec<u32> {
+        rows_of(index)
+            .iter()
+            .flat_map(|&r| values[r as usize * ROW..][..ROW].to_vec())
+            .collect()
+    };
+    let expected = std::sync::Arc::new(expected);
+    let threads: Vec<_> = prefetchers
+        .into_iter()
+        .zip(consumers)
+        .map(|(prefetcher, consumer)| {
+            let expected = expected.clone();
+            consume(prefetcher, consumer, move |i| expected(i))
+        })
+        .collect();
+    let seen: Vec<Vec<usize>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(seen, [vec![0, 2, 4, 6, 8, 10], vec![1, 3, 5, 7, 9, 11]]);
+}

@@ -273,6 +273,26 @@ fault_tests! {
         bounded!(drop((batches, pool)));
         Ok(())
     };
+    sharded_prefetcher: |f| {
+        let pool = bounded!(PinnedPool::new(&f.ctx, 1 << 20));
+        let feeds = [(f.a.clone(), 1024), (f.c.clone(), 1024)];
+        let prefetchers = bounded!(Prefetcher::<Pinned<u32>>::sharded(&pool, feeds)
+            .batches(4)
+            .workers(1)
+            .depth(2)
+            .build(|i, host: &mut Pinned<u32>| {
+                host.as_mut_slice()?.fill(i as u32);
+                Ok(())
+            }))?;
+        for mut batches in prefetchers {
+            while let Some(batch) = bounded!(batches.next()) {
+                bounded!(batch.map(drop))?;
+            }
+            bounded!(drop(batches));
+        }
+        bounded!(drop(pool));
+        Ok(())
+    };
     user_kernel_launches: |f| {
         let module = bounded!(common::test_kernels(&f.ctx))?;
         let scale = bounded!(module.kernel("scale"))?;

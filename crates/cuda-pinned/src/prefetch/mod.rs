@@ -70,6 +70,7 @@
 //! a struct of your own that implements [`Batch`].
 
 mod batch;
+mod sharded;
 mod slots;
 #[cfg(test)]
 mod tests;
@@ -82,6 +83,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
 pub use self::batch::{Batch, DeviceParts};
+pub use self::sharded::ShardedBuilder;
 use self::slots::{Slots, Take};
 use crate::driver::Stream;
 use crate::error::{Error, Result};
@@ -187,8 +189,10 @@ pub struct Prefetched<B: Batch> {
 }
 
 impl<B: Batch> Prefetcher<B> {
-    /// A builder of a prefetcher whose batches are used on `consumer`, allocated from `pool` (in its context)
-    /// with `layout` (see [`Batch::Layout`]: a length for [`Pinned`]).
+    /// A builder of a prefetcher whose batches are used on `consumer` (and live on its device), their host
+    /// side allocated from `pool` with `layout` (see [`Batch::Layout`]: a length for [`Pinned`]). The pool may
+    /// be of another device's context: its memory serves every device's streams. To feed several devices,
+    /// see [`Prefetcher::sharded`].
     pub fn builder(
         pool: &PinnedPool,
         consumer: &Stream,
@@ -273,7 +277,7 @@ impl<B: Batch> PrefetcherBuilder<B> {
         self
     }
 
-    /// Runs the uploads on `stream` (of the pool's context) rather than on a new stream of the prefetcher's
+    /// Runs the uploads on `stream` (of the consumer's context) rather than on a new stream of the prefetcher's
     /// own: to give it a priority, or to time it with a ledger.
     pub fn copy_stream(mut self, stream: &Stream) -> PrefetcherBuilder<B> {
         self.copy = Some(stream.clone());
@@ -295,15 +299,14 @@ impl<B: Batch> PrefetcherBuilder<B> {
     ///
     /// # Errors
     /// An invalid-argument error if no batches were given ([`PrefetcherBuilder::batches`] or
-    /// [`PrefetcherBuilder::indices`]), for zero workers or depth, or for streams of another context than
-    /// the pool's; the pool's (such as [`Error::PoolExhausted`] when `depth` host batches do not fit its
+    /// [`PrefetcherBuilder::indices`]), for zero workers or depth, or for a copy stream of another context
+    /// than the consumer's; the pool's (such as [`Error::PoolExhausted`] when `depth` host batches do not fit its
     /// budget beside what others hold) and the driver's, from the allocations; an invalid-argument error if
     /// a thread cannot start.
     pub fn build<F>(self, fill: F) -> Result<Prefetcher<B>>
     where
         F: Fn(usize, &mut B) -> std::result::Result<(), FillError> + Send + Sync + 'static,
     {
-        let context = self.pool.context();
         let indices = self.indices.ok_or_else(|| {
             Error::invalid(
                 "a prefetcher needs its batches: call `batches(n)` or `indices(...)` on the builder",
@@ -318,18 +321,18 @@ impl<B: Batch> PrefetcherBuilder<B> {
                 "a prefetcher needs at least one worker and one slot, not {workers} and {depth}"
             )));
         }
+        // The batches' device memory is the consumer's device's, uploaded there; the pool's memory is portable,
+        // the host side of copies on any device's streams.
         let copy = match self.copy {
             Some(copy) => copy,
-            None => Stream::new(context)?,
+            None => Stream::new(self.consumer.context())?,
         };
-        for (stream, what) in [(&self.consumer, "consumer"), (&copy, "copy")] {
-            if stream.context() != context {
-                return Err(Error::invalid(format_args!(
-                    "the prefetcher's {what} stream is on device {}, its pool on device {}",
-                    stream.context().device().ordinal(),
-                    context.device().ordinal()
-                )));
-            }
+        if copy.context() != self.consumer.context() {
+            return Err(Error::invalid(format_args!(
+                "the prefetcher's copy stream is on device {}, its consumer stream on device {}",
+                copy.context().device().ordinal(),
+                self.consumer.context().device().ordinal()
+            )));
         }
         let total = indices.len();
         // The builder holds the slots allocated so far, which no wait brings back: where the pool waits when
