@@ -78,6 +78,10 @@
 //!   work, tracked; `into_raw` / `from_raw` hand buffers to and from other code.
 //! - [`kernels`]: the small kernels of `cuda/kernels.cu` (fill, axpy, checksum, spin) with safe launchers
 //!   under feature `gpu`, and the host reference of the checksum.
+//! - Several devices: page-locked memory is portable (the host side of copies on every device's streams, the
+//!   tracking crossing devices), [`Stream::copy`] between two devices' memory (peer access, or staged),
+//!   [`Prefetcher::sharded`] feeding one consumer stream per device, and [`Placement`] of pinned memory on the
+//!   NUMA node of its device.
 //! - [`Gatherer`]: rows of a page-locked host table gathered into device memory by index, by a kernel of the
 //!   crate that reads them in place (shipped as PTX, no feature needed) or by the copy engines; with
 //!   [`RowTable`] and [`prefetch::GatherBatch`], a [`Prefetcher`] whose host side is only the indices.
