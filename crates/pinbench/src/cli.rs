@@ -1,4 +1,5 @@
-//! pinbench's command line: the bandwidth run's flags, and the `train-loop` mode with its own.
+//! pinbench's command line: the bandwidth run's flags, and the other modes (`train-loop`, `gather`, `devices`)
+//! with their own.
 
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
@@ -80,6 +81,34 @@ pub enum Mode {
     /// contiguous pinned upload of 64 MiB in the same run. Then some of the kernel's figures from a Vec
     /// registered in place, whose base is not page-aligned.
     Gather(GatherOptions),
+    /// Every device of the machine: each alone, all at once, and copies between them
+    ///
+    /// For hosts of several GPUs. Per device: uploads and downloads of 256 MiB (64 MiB with --quick) between its
+    /// own pinned memory and its memory, on a stream of its context, timed by CUDA events (medians after
+    /// warm-up). Then every device uploading its own pinned buffer at the same time (as nvbandwidth's
+    /// host_to_all), one host thread per device started together, and every device uploading one shared pinned
+    /// buffer at the same time: aggregate GB/s over the host's wall time from the common start to the last
+    /// device's end (medians of rounds), and the ratio to device 0 alone timed the same way. Last, the copy
+    /// matrix: for every ordered pair of devices, a copy from the source's memory into the destination's
+    /// (Stream::copy on a stream of the destination; the diagonal copies within a device, its bytes counted
+    /// once). Peer access is enabled both ways before a pair's copies, untimed; each cell says whether its
+    /// copies went direct (peer access) or staged through pinned memory (the devices cannot access each
+    /// other's memory). The header gives each device's name, PCI bus id, NUMA node and PCIe link, and the
+    /// driver's release. Every copy's data is verified once. A copy of the matrix that fails (enabling peer
+    /// access included) is shown as an error in its cell, and the run then exits with status 1 once the report
+    /// is printed. With one device: its figures, "all at once" is that device alone, and a matrix of one.
+    Devices(DevicesOptions),
+}
+
+/// `devices`' flags.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Args)]
+pub struct DevicesOptions {
+    /// Copies of 64 MiB and fewer repetitions, instead of 256 MiB
+    #[arg(long)]
+    pub quick: bool,
+    /// Print one JSON document on stdout instead of the table
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `gather`'s flags.
@@ -275,6 +304,50 @@ mod tests {
     }
 
     #[test]
+    fn devices_has_its_own_flags() {
+        let cli = parsed(&["devices"]).unwrap();
+        assert_eq!(cli.mode, Some(Mode::Devices(DevicesOptions::default())));
+        assert_eq!(cli.options, Options::default());
+        for args in [
+            &["devices", "--quick", "--json"][..],
+            &["devices", "--json", "--quick"],
+        ] {
+            let cli = parsed(args).unwrap();
+            assert_eq!(
+                cli.mode,
+                Some(Mode::Devices(DevicesOptions {
+                    quick: true,
+                    json: true
+                })),
+                "{args:?}"
+            );
+        }
+        let Some(Mode::Devices(o)) = parsed(&["devices", "--json"]).unwrap().mode else {
+            panic!("not devices")
+        };
+        assert!(o.json && !o.quick);
+        // Flags of other modes, and of the bandwidth run on either side of it, are usage errors.
+        for args in [
+            &["devices", "--plot", "x.svg"][..],
+            &["devices", "--staging-sweep"],
+            &["devices", "--workers", "2"],
+            &["devices", "--progress"],
+            &["--quick", "devices"],
+            &["devices", "0"],
+            &["device"],
+        ] {
+            let e = parsed(args).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{args:?}: {e}");
+        }
+        let mut command = Cli::command();
+        let devices = command.find_subcommand_mut("devices").unwrap();
+        let help = devices.render_long_help().to_string();
+        for needle in ["--quick", "--json", "host_to_all", "NUMA"] {
+            assert!(help.contains(needle), "{needle} in\n{help}");
+        }
+    }
+
+    #[test]
     fn help_names_every_flag_and_mode() {
         let help = Cli::command().render_long_help().to_string();
         for needle in [
@@ -285,6 +358,8 @@ mod tests {
             "--staging-sweep",
             "--help",
             "train-loop",
+            "gather",
+            "devices",
             "Exit status",
             "CUDA_PINNED_LIBCUDA",
         ] {

@@ -15,7 +15,9 @@
 //! - with feature `gpu`, how well a two-stream pipeline overlaps uploads with a kernel (`overlap.rs`).
 //!
 //! `pinbench train-loop` (feature `gpu`) instead times a training-loop-shaped program fed five ways
-//! (`train_loop.rs`).
+//! (`train_loop.rs`); `pinbench gather` gathers rows by random index into device memory (`gather.rs`);
+//! `pinbench devices` measures every device of the machine, alone, all at once, and copying between each other
+//! (`devices/`).
 //!
 //! Device times come from CUDA events after warm-up, repeated until stable, as medians (`timing.rs`). Every copy's
 //! data is checked once; a figure is never a failure, however low, but data that did not arrive intact is.
@@ -25,6 +27,7 @@
 mod bandwidth;
 mod cli;
 mod costs;
+mod devices;
 mod gather;
 mod json;
 mod nvml;
@@ -89,6 +92,7 @@ fn main() -> ExitCode {
         None => run(&cli.options),
         Some(Mode::TrainLoop(options)) => train_loop(options),
         Some(Mode::Gather(options)) => gather_mode(options),
+        Some(Mode::Devices(options)) => devices_mode(options),
     };
     match outcome {
         Ok(failures) if failures.is_empty() => ExitCode::SUCCESS,
@@ -138,6 +142,34 @@ fn gather_mode(options: &cli::GatherOptions) -> Outcome<Vec<String>> {
         .filter(|r| !r.verified)
         .map(|r| format!("gather of rows of {} bytes", r.row_bytes))
         .collect())
+}
+
+/// `pinbench devices`: the failures are figures whose data arrived wrong; a copy between devices that failed
+/// is an error, returned once the report (which shows it in its cell) is printed.
+fn devices_mode(options: &cli::DevicesOptions) -> Outcome<Vec<String>> {
+    let figures = devices::measure(&devices::Settings::new(options.quick))?;
+    if options.json {
+        print(&json::pretty(&devices::document(&figures))?);
+    } else {
+        print(&devices::table(&figures));
+    }
+    let (errors, failures) = (figures.errors(), figures.failures());
+    let Some(first) = errors.first() else {
+        return Ok(failures);
+    };
+    // The report lists every failed copy; the message names the first, and how many there were.
+    let mut message = format!(
+        "{} of {} copies between devices failed (each is shown in the report); the first: {first}",
+        errors.len(),
+        figures.peer.len(),
+    );
+    if !failures.is_empty() {
+        message.push_str(&format!(
+            "; and the data that arrived differs from the source for: {}",
+            failures.join("; ")
+        ));
+    }
+    Err(message.into())
 }
 
 /// Writes to stdout; a closed stdout (`pinbench | head`) ends the output, not the program.
