@@ -501,7 +501,11 @@ fn pinned_memory_is_placed_as_asked() {
         stream.download(&device, &mut back).unwrap();
         assert_eq!(back.as_slice().unwrap(), want, "{placement:?}");
     }
+    let device = ctx.device();
+    assert_eq!(Placement::Any.node(device).unwrap(), None);
+    assert!(Placement::Node(0).node(device).unwrap().is_none_or(|node| node == 0));
     let absent = Placement::Node(4000);
+    assert!(absent.node(device).is_err());
     let refused = PinnedBuilder::new(&ctx)
         .placement(absent)
         .zeroed::<u8>(4096);

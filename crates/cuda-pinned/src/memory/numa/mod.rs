@@ -40,6 +40,20 @@ pub enum Placement {
     Node(u32),
 }
 
+impl Placement {
+    /// The NUMA node this placement puts page-locked memory for `device` on, on this host: `None` where it
+    /// binds nothing (on a host of one node, for a device the kernel reports no node for, for
+    /// [`Placement::Any`], and on systems other than Linux).
+    ///
+    /// # Errors
+    /// An invalid-argument error for [`Placement::Node`] of a node that is not online, or where the host's
+    /// topology or the device's node cannot be read from sysfs; the driver's, from reading the device's PCI
+    /// address.
+    pub fn node(self, device: Device) -> Result<Option<u32>> {
+        node_for(self, device)
+    }
+}
+
 /// The largest CPU or node number a list may hold: above any kernel's limits (8192 CPUs, 1024 nodes), and
 /// low enough that a malformed list cannot ask for a huge allocation.
 const MAX_ID: u32 = u16::MAX as u32;
