@@ -16,11 +16,14 @@ pinbench's library stages through pinned memory of its own.
     python3 scripts/torch-devices.py [--quick] > torch.json
     pinbench devices [--quick] --json > pinbench.json
 
-The two documents have the same keys, so a caller computes pinbench / PyTorch ratios key by key. The driver's
-version and each device's PCI bus id come from libcuda, the driver release and the PCIe link from NVML
-(libnvidia-ml), both through ctypes, as pinbench reads them. Exit status: 0 when the run completed, 1 when a
-copy failed or its data did not arrive intact (the JSON is printed first), 2 on a command line it does not
-understand.
+The two documents have the same keys, so a caller computes pinbench / PyTorch ratios key by key, except
+"prefetched_gathers": pinbench's sharded prefetcher of rows gathered on each device from one mapped pinned table
+has no PyTorch twin, so this script writes it as null. Each device's "pinned_numa_node" is null too: PyTorch
+(pin_memory=True) chooses no node per device and the OS places the pages, where pinbench reports the node its
+library places pinned memory for the device on. The driver's version and each device's PCI bus id come from
+libcuda, the driver release and the PCIe link from NVML (libnvidia-ml), both through ctypes, as pinbench reads
+them. Exit status: 0 when the run completed, 1 when a copy failed or its data did not arrive intact (the JSON is
+printed first), 2 on a command line it does not understand.
 """
 
 import argparse
@@ -50,11 +53,13 @@ PLANS = {
 UNITS = {
     "gb_per_s": "decimal gigabytes (1e9 bytes) per second",
     "seconds": "seconds: devices[] and peer copies are device times from CUDA events, medians per copy; "
-    "host_to_all and shared_to_all are host wall times per round, from the threads' common start to the last "
-    "device's end, medians",
+    "host_to_all, shared_to_all and prefetched_gathers are host wall times per round, from the threads' common "
+    "start to the last device's end, medians",
     "bytes": "bytes",
     "ratio_to_first_device": "aggregate GB/s over device 0 uploading alone, timed the same way (host wall time)",
     "ratio_to_sum_alone": "aggregate GB/s over the sum of the devices' event-timed uploads alone (devices[])",
+    "ratio_to_one_device": "GB/s fed to every device at once over GB/s fed to device 0 alone, timed the same way "
+    "(prefetched_gathers)",
 }
 
 
@@ -372,6 +377,8 @@ def main():
                 "name": torch.cuda.get_device_name(u.ordinal),
                 "pci_bus_id": u.bus_id,
                 "numa_node": numa_node(u.bus_id),
+                # PyTorch chooses no node for its pinned memory: the OS places it (pinbench: where its library does).
+                "pinned_numa_node": None,
                 "pcie": link,
                 "upload_gb_per_s": gb_per_s(nbytes, up_seconds),
                 "upload_seconds": up_seconds,
@@ -497,6 +504,8 @@ def main():
         "host_to_all": together_json(host_to_all),
         "shared_to_all": together_json(shared_to_all),
         "peer": {"matrix_gb_per_s": matrix, "copies": copies_json},
+        # No PyTorch twin: pinbench's Prefetcher::sharded of rows gathered on each device from one mapped table.
+        "prefetched_gathers": None,
         "failures": failures,
         "errors": errors,
     }

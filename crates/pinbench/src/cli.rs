@@ -93,10 +93,17 @@ pub enum Mode {
     /// (Stream::copy on a stream of the destination; the diagonal copies within a device, its bytes counted
     /// once). Peer access is enabled both ways before a pair's copies, untimed; each cell says whether its
     /// copies went direct (peer access) or staged through pinned memory (the devices cannot access each
-    /// other's memory). The header gives each device's name, PCI bus id, NUMA node and PCIe link, and the
-    /// driver's release. Every copy's data is verified once. A copy of the matrix that fails (enabling peer
-    /// access included) is shown as an error in its cell, and the run then exits with status 1 once the report
-    /// is printed. With one device: its figures, "all at once" is that device alone, and a matrix of one.
+    /// other's memory). Then the prefetched gathers: Prefetcher::sharded of GatherBatch, one feed per device,
+    /// each device's gather kernel reading random 16 KiB rows, 32 MiB per batch, from one table of mapped
+    /// pinned memory that all devices share (4 GiB; 1 GiB with --quick), 128 batches per device (16 with
+    /// --quick): GB/s fed to device 0 alone and to every device at once, host wall time from a common start to
+    /// the last device's end (medians of rounds), and their ratio; one batch per device is verified. The
+    /// header gives each device's name, PCI bus id, NUMA node (as sysfs gives it, and the node the library
+    /// places its pinned memory on), PCIe link, and the driver's release. Every copy's data is verified once. A
+    /// copy of the matrix that fails (enabling peer access included) is shown as an error in its cell, and the
+    /// run then exits with status 1 once the report is printed; gather kernels that cannot be loaded (a driver
+    /// older than their PTX) leave the prefetched gathers unmeasured, saying why. With one device: its figures,
+    /// "all at once" is that device alone, and a matrix of one.
     Devices(DevicesOptions),
 }
 
@@ -342,7 +349,13 @@ mod tests {
         let mut command = Cli::command();
         let devices = command.find_subcommand_mut("devices").unwrap();
         let help = devices.render_long_help().to_string();
-        for needle in ["--quick", "--json", "host_to_all", "NUMA"] {
+        for needle in [
+            "--quick",
+            "--json",
+            "host_to_all",
+            "NUMA",
+            "Prefetcher::sharded",
+        ] {
             assert!(help.contains(needle), "{needle} in\n{help}");
         }
     }

@@ -16,8 +16,8 @@
 //!
 //! `pinbench train-loop` (feature `gpu`) instead times a training-loop-shaped program fed five ways
 //! (`train_loop.rs`); `pinbench gather` gathers rows by random index into device memory (`gather.rs`);
-//! `pinbench devices` measures every device of the machine, alone, all at once, and copying between each other
-//! (`devices/`).
+//! `pinbench devices` measures every device of the machine, alone, all at once, copying between each other, and
+//! fed by the sharded prefetcher of rows gathered on each device (`devices/`).
 //!
 //! Device times come from CUDA events after warm-up, repeated until stable, as medians (`timing.rs`). Every copy's
 //! data is checked once; a figure is never a failure, however low, but data that did not arrive intact is.

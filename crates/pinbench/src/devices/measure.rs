@@ -1,13 +1,14 @@
 //! The run: per device alone, all devices at once (timed on the host), and what the header says of each device;
-//! the copy matrix is `matrix.rs`'s.
+//! the copy matrix is `matrix.rs`'s, the prefetched gathers `prefetch.rs`'s.
 
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use cuda_pinned::{Context, Device, DeviceBuffer, Pinned, Stream, sys};
+use cuda_pinned::{Context, Device, DeviceBuffer, Pinned, Placement, Stream, sys};
 
 use super::matrix::matrix;
+use super::prefetch::prefetched_gathers;
 use super::{DeviceFigures, Figure, Figures, Settings, Together};
 use crate::Outcome;
 use crate::nvml::{Link, Nvml};
@@ -63,11 +64,18 @@ pub fn measure(settings: &Settings) -> Outcome<Figures> {
         let pcie = unit.link_under_load(nvml.as_ref())?;
         let upload = unit.upload(&settings.plan, seeds.next(), &mut check)?;
         let download = unit.download(&settings.plan, seeds.next())?;
+        let device = unit.context.device();
         figures.push(DeviceFigures {
             ordinal: unit.ordinal,
-            name: unit.context.device().name()?,
+            name: device.name()?,
             pci_bus_id: unit.bus_id.clone(),
             numa_node: numa_node(&unit.bus_id),
+            pinned_numa_node: Placement::DeviceNode.node(device).map_err(|e| {
+                e.context(format_args!(
+                    "the NUMA node pinned memory for device {} is placed on",
+                    unit.ordinal
+                ))
+            })?,
             pcie,
             upload,
             download,
@@ -132,11 +140,14 @@ pub fn measure(settings: &Settings) -> Outcome<Figures> {
     };
 
     let peer = matrix(&mut units, settings, &mut seeds)?;
-
     for unit in &units {
         unit.stream.synchronize()?;
     }
     let contexts: Vec<Context> = units.iter().map(|u| u.context.clone()).collect();
+
+    // Before anything is freed: unpinning waits for every device to be idle.
+    let prefetched_gathers = prefetched_gathers(&contexts, settings, &mut seeds)?;
+
     drop(units);
     drop(shared);
     for context in &contexts {
@@ -156,6 +167,7 @@ pub fn measure(settings: &Settings) -> Outcome<Figures> {
         host_to_all,
         shared_to_all,
         peer,
+        prefetched_gathers,
         wall_seconds: started.elapsed().as_secs_f64(),
     })
 }

@@ -11,28 +11,40 @@
 //!    Between two devices, peer access is enabled both ways before the pair's first copy, so that enabling it is
 //!    never timed; the copies then go direct (`cuMemcpyPeerAsync`) where the devices can access each other's
 //!    memory, else the library stages them through pinned memory, and each cell says which;
-//! 5. the header: each device's name, PCI bus id, NUMA node (from sysfs) and PCIe link (NVML, read under load),
-//!    the driver release and its CUDA version.
+//! 5. prefetched gathers: [`Prefetcher::sharded`] of [`GatherBatch`], one feed per device, each device's gather
+//!    kernel reading 16 KiB rows at random indices from one table of mapped, portable pinned memory that every
+//!    device's [`RowTable`] shares; GB/s fed to device 0 alone and to every device at once, and their ratio (the
+//!    goal: two devices fed at least 1.8x one device's rate);
+//! 6. the header: each device's name, PCI bus id, NUMA node (from sysfs), the node the library places its pinned
+//!    memory on ([`Placement::DeviceNode`]), and PCIe link (NVML, read under load), the driver release and its
+//!    CUDA version.
 //!
-//! The figures of 2 and 3 span several devices, and CUDA times events of one device only, so they are host
-//! wall times: from the barrier's release to the last thread's end (each thread synchronizes its stream), per
-//! round, medians over rounds after warm-up. They are compared with device 0 alone timed the same way, so that
-//! the host's share of the time (the synchronization) weighs on both sides of the ratio.
+//! The figures of 2, 3 and 5 span several devices, and CUDA times events of one device only, so they are host
+//! wall times: from a common start (a barrier's release; for 5, a gate that the prefetchers' workers wait at)
+//! to the last thread's end (each thread synchronizes its stream), per round, medians over rounds after
+//! warm-up. They are compared with device 0 alone timed the same way, so that the host's share of the time (the
+//! synchronization) weighs on both sides of the ratio.
 //!
-//! Every copy's data is checked once. A copy between two devices that fails (enabling peer access included) is
-//! reported in its cell and, after the report is printed, ends the run with status 1; any other CUDA error ends it
-//! at once, as in the other modes.
+//! Every copy's data is checked once (for 5, one batch per device). A copy between two devices that fails
+//! (enabling peer access included) is reported in its cell and, after the report is printed, ends the run with
+//! status 1; gather kernels that cannot be loaded on a device (a driver older than their PTX) leave 5 unmeasured,
+//! saying why; any other CUDA error ends the run at once, as in the other modes.
 //!
-//! This file holds the settings and the figures; `measure.rs` runs 1, 2, 3 and 5, `matrix.rs` the matrix, and
-//! `report.rs` prints the figures as a table or as the JSON document.
+//! This file holds the settings and the figures; `measure.rs` runs 1, 2, 3 and 6, `matrix.rs` the matrix,
+//! `prefetch.rs` the prefetched gathers, and `report.rs` prints the figures as a table or as the JSON document.
 //!
 //! [`Pinned`]: cuda_pinned::Pinned
 //! [`DeviceBuffer`]: cuda_pinned::DeviceBuffer
 //! [`Barrier`]: std::sync::Barrier
 //! [`Stream::copy`]: cuda_pinned::Stream::copy
+//! [`Prefetcher::sharded`]: cuda_pinned::Prefetcher::sharded
+//! [`GatherBatch`]: cuda_pinned::prefetch::GatherBatch
+//! [`RowTable`]: cuda_pinned::RowTable
+//! [`Placement::DeviceNode`]: cuda_pinned::Placement::DeviceNode
 
 mod matrix;
 mod measure;
+mod prefetch;
 mod report;
 #[cfg(test)]
 mod tests;
@@ -67,11 +79,18 @@ pub struct Settings {
     pub warmup: usize,
     /// Timed rounds of the all-at-once figures.
     pub rounds: usize,
+    /// Bytes of the prefetched gathers' table.
+    pub table_bytes: usize,
+    /// Batches of the prefetched gathers per device per round.
+    pub gather_batches: usize,
+    /// Timed rounds of the prefetched gathers, for device 0 alone and again for every device.
+    pub gather_rounds: usize,
 }
 
 impl Settings {
-    /// Copies of 256 MiB, the bandwidth run's full plan and 11 timed rounds; with `quick`, 64 MiB, its quick plan
-    /// and 5.
+    /// Copies of 256 MiB, the bandwidth run's full plan and 11 timed rounds; prefetched gathers from a table of
+    /// 4 GiB, 128 batches of 32 MiB per device, 5 rounds. With `quick`: 64 MiB, its quick plan and 5; a table of 1
+    /// GiB, 16 batches, 3 rounds.
     #[must_use]
     pub fn new(quick: bool) -> Settings {
         Settings {
@@ -80,6 +99,13 @@ impl Settings {
             plan: if quick { Plan::quick() } else { Plan::full() },
             warmup: 2,
             rounds: if quick { 5 } else { 11 },
+            table_bytes: if quick {
+                prefetch::QUICK_TABLE_BYTES
+            } else {
+                prefetch::FULL_TABLE_BYTES
+            },
+            gather_batches: if quick { 16 } else { 128 },
+            gather_rounds: if quick { 3 } else { 5 },
         }
     }
 
@@ -120,6 +146,9 @@ pub struct DeviceFigures {
     pub pci_bus_id: String,
     /// The NUMA node the OS puts the device on; `None` where it says none (or cannot be read).
     pub numa_node: Option<u32>,
+    /// The NUMA node the library places pinned memory for the device on (`Placement::DeviceNode`); `None`
+    /// where it binds none and the OS places it (a host of one node, a device of no node).
+    pub pinned_numa_node: Option<u32>,
     /// The PCIe link, read while uploads ran; `None` where NVML could not be read.
     pub pcie: Option<Link>,
     /// Pinned memory to the device.
@@ -153,6 +182,67 @@ impl Together {
             self.devices.len() * self.copies_per_round * self.bytes,
             self.seconds,
         )
+    }
+}
+
+/// The prefetched gathers: device 0 fed alone, then every device at once, by one sharded prefetcher of
+/// gathered batches each time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrefetchedGathers {
+    /// Every device's ordinal: the feeds of the all-at-once figure.
+    pub devices: Vec<usize>,
+    /// Bytes of the table the rows are gathered from.
+    pub table_bytes: usize,
+    /// The NUMA node the table is pinned on (device 0's, as the library places it); `None` where none is bound.
+    pub table_numa_node: Option<u32>,
+    /// Bytes per row.
+    pub row_bytes: usize,
+    /// Bytes per batch.
+    pub bytes_per_batch: usize,
+    /// Batches per device per round.
+    pub batches_per_device: usize,
+    /// The figures, or why they were not measured (the gather kernels could not be loaded on a device).
+    pub result: Result<Fed, String>,
+}
+
+/// The times of the prefetched gathers.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fed {
+    /// The median wall time of a round feeding device 0 alone, seconds.
+    pub one_device_seconds: f64,
+    /// The same feeding every device at once (with one device, the same figure).
+    pub all_devices_seconds: f64,
+    /// Timed rounds each median is taken over.
+    pub rounds: usize,
+    /// Whether one batch per device held the table's rows it names.
+    pub verified: bool,
+}
+
+impl PrefetchedGathers {
+    /// Decimal GB/s fed to device 0 alone; `None` where not measured.
+    #[must_use]
+    pub fn one_device_gb_per_s(&self) -> Option<f64> {
+        let fed = self.result.as_ref().ok()?;
+        Some(gb_per_s(
+            self.batches_per_device * self.bytes_per_batch,
+            fed.one_device_seconds,
+        ))
+    }
+
+    /// Decimal GB/s fed to every device together; `None` where not measured.
+    #[must_use]
+    pub fn all_devices_gb_per_s(&self) -> Option<f64> {
+        let fed = self.result.as_ref().ok()?;
+        Some(gb_per_s(
+            self.devices.len() * self.batches_per_device * self.bytes_per_batch,
+            fed.all_devices_seconds,
+        ))
+    }
+
+    /// Every device's GB/s over device 0's alone; `None` where not measured.
+    #[must_use]
+    pub fn ratio_to_one_device(&self) -> Option<f64> {
+        Some(self.all_devices_gb_per_s()? / self.one_device_gb_per_s()?)
     }
 }
 
@@ -236,6 +326,8 @@ pub struct Figures {
     pub shared_to_all: Together,
     /// The copy matrix, by source then destination.
     pub peer: Vec<PeerCopy>,
+    /// The prefetched gathers.
+    pub prefetched_gathers: PrefetchedGathers,
     /// Seconds the whole run took.
     pub wall_seconds: f64,
 }
@@ -296,6 +388,9 @@ impl Figures {
                     cell.src, cell.dst
                 ));
             }
+        }
+        if matches!(&self.prefetched_gathers.result, Ok(fed) if !fed.verified) {
+            failures.push("prefetched gathers".to_string());
         }
         failures
     }

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::{Figure, Figures, Route, Together};
+use super::{Figure, Figures, PrefetchedGathers, Route, Together};
 use crate::nvml::Link;
 use crate::results::size_label;
 
@@ -46,13 +46,10 @@ pub fn table(f: &Figures) -> String {
         .max(4);
     let _ = writeln!(
         out,
-        "\n{:>6}  {:<name_width$}  {:<13} {:>4}  {:<26} {:>8} {:>9}",
-        "device", "name", "PCI", "NUMA", "PCIe (under load, max)", "upload", "download"
+        "\n{:>6}  {:<name_width$}  {:<13} {:>4} {:>6}  {:<26} {:>8} {:>9}",
+        "device", "name", "PCI", "NUMA", "pinned", "PCIe (under load, max)", "upload", "download"
     );
     for d in &f.devices {
-        let numa = d
-            .numa_node
-            .map_or_else(|| "-".to_string(), |n| n.to_string());
         let link = d.pcie.map_or_else(
             || "unknown (no NVML)".to_string(),
             |l| {
@@ -64,16 +61,22 @@ pub fn table(f: &Figures) -> String {
         );
         let _ = writeln!(
             out,
-            "{:>6}  {:<name_width$}  {:<13} {:>4}  {:<26} {:>8} {:>9}",
+            "{:>6}  {:<name_width$}  {:<13} {:>4} {:>6}  {:<26} {:>8} {:>9}",
             d.ordinal,
             d.name,
             d.pci_bus_id,
-            numa,
+            node(d.numa_node),
+            node(d.pinned_numa_node),
             link,
             gbps(d.upload.gb_per_s(), d.upload.verified),
             gbps(d.download.gb_per_s(), d.download.verified),
         );
     }
+    let _ = writeln!(
+        out,
+        "NUMA: the device's node, as sysfs gives it; pinned: the node the library places pinned memory for it on \
+         (- where it binds none and the OS places it, as on a host of one node)"
+    );
     let alone = &f.first_alone;
     let _ = writeln!(
         out,
@@ -102,6 +105,7 @@ pub fn table(f: &Figures) -> String {
         );
     }
     matrix_table(&mut out, f);
+    gathers_table(&mut out, &f.prefetched_gathers);
     let failures = f.failures();
     if !failures.is_empty() {
         out.push_str("\nDATA CHECK FAILED (figures marked !): the data that arrived differs from the source:\n");
@@ -110,6 +114,54 @@ pub fn table(f: &Figures) -> String {
         }
     }
     out
+}
+
+/// A NUMA node, `-` for none.
+fn node(node: Option<u32>) -> String {
+    node.map_or_else(|| "-".to_string(), |n| n.to_string())
+}
+
+/// The prefetched gathers: device 0 alone, every device, the ratio; or why they were not measured.
+fn gathers_table(out: &mut String, g: &PrefetchedGathers) {
+    let _ = write!(
+        out,
+        "\nprefetched gathers: Prefetcher::sharded of GatherBatch, one feed per device, each device's gather \
+         kernel reading {} rows at random indices from one {} table of mapped pinned memory (NUMA node {}); {} \
+         batches of {} per device, host wall time from a common start to the last device's end",
+        size_label(g.row_bytes),
+        size_label(g.table_bytes),
+        node(g.table_numa_node),
+        g.batches_per_device,
+        size_label(g.bytes_per_batch),
+    );
+    let fed = match &g.result {
+        Ok(fed) => fed,
+        Err(why) => {
+            let _ = writeln!(out, ":\n  not measured: {why}");
+            return;
+        }
+    };
+    let _ = writeln!(out, " (median of {} rounds):", fed.rounds);
+    let (Some(one), Some(all), Some(ratio)) = (
+        g.one_device_gb_per_s(),
+        g.all_devices_gb_per_s(),
+        g.ratio_to_one_device(),
+    ) else {
+        return;
+    };
+    let n = g.devices.len();
+    let all_label = format!("all {n} device{}:", if n == 1 { "" } else { "s" });
+    let _ = writeln!(
+        out,
+        "  {:<17} {}",
+        "device 0 alone:",
+        gbps(one, fed.verified)
+    );
+    let _ = writeln!(
+        out,
+        "  {all_label:<17} {} ({ratio:.2}x device 0 alone)",
+        gbps(all, fed.verified)
+    );
 }
 
 /// GB/s with one decimal, `!` after a figure whose data did not arrive intact.
@@ -179,6 +231,7 @@ pub struct Document<'a> {
     host_to_all: TogetherJson,
     shared_to_all: TogetherJson,
     peer: PeerJson,
+    prefetched_gathers: GathersJson,
     failures: Vec<String>,
     errors: Vec<String>,
 }
@@ -191,16 +244,19 @@ pub(super) struct Units {
     bytes: &'static str,
     ratio_to_first_device: &'static str,
     ratio_to_sum_alone: &'static str,
+    ratio_to_one_device: &'static str,
 }
 
 pub(super) const UNITS: Units = Units {
     gb_per_s: "decimal gigabytes (1e9 bytes) per second",
-    seconds: "seconds: devices[] and peer copies are device times from CUDA events, medians per copy; host_to_all \
-              and shared_to_all are host wall times per round, from the threads' common start to the last \
-              device's end, medians",
+    seconds: "seconds: devices[] and peer copies are device times from CUDA events, medians per copy; host_to_all, \
+              shared_to_all and prefetched_gathers are host wall times per round, from the threads' common start \
+              to the last device's end, medians",
     bytes: "bytes",
     ratio_to_first_device: "aggregate GB/s over device 0 uploading alone, timed the same way (host wall time)",
     ratio_to_sum_alone: "aggregate GB/s over the sum of the devices' event-timed uploads alone (devices[])",
+    ratio_to_one_device: "GB/s fed to every device at once over GB/s fed to device 0 alone, timed the same way \
+                          (prefetched_gathers)",
 };
 
 /// The machine.
@@ -220,6 +276,7 @@ struct DeviceJson<'a> {
     name: &'a str,
     pci_bus_id: &'a str,
     numa_node: Option<u32>,
+    pinned_numa_node: Option<u32>,
     pcie: Option<Link>,
     upload_gb_per_s: f64,
     upload_seconds: f64,
@@ -244,6 +301,25 @@ struct TogetherJson {
     sum_alone_gb_per_s: f64,
     ratio_to_sum_alone: f64,
     verified: bool,
+}
+
+/// The prefetched gathers; the figures `null` where not measured, and `error` says why.
+#[derive(Debug, Serialize)]
+struct GathersJson {
+    devices: Vec<usize>,
+    table_bytes: usize,
+    table_numa_node: Option<u32>,
+    row_bytes: usize,
+    bytes_per_batch: usize,
+    batches_per_device: usize,
+    rounds: Option<usize>,
+    one_device_gb_per_s: Option<f64>,
+    one_device_seconds: Option<f64>,
+    all_devices_gb_per_s: Option<f64>,
+    all_devices_seconds: Option<f64>,
+    ratio_to_one_device: Option<f64>,
+    verified: Option<bool>,
+    error: Option<String>,
 }
 
 /// The copy matrix.
@@ -310,6 +386,7 @@ pub fn document(f: &Figures) -> Document<'_> {
                 name: &d.name,
                 pci_bus_id: &d.pci_bus_id,
                 numa_node: d.numa_node,
+                pinned_numa_node: d.pinned_numa_node,
                 pcie: d.pcie,
                 upload_gb_per_s: d.upload.gb_per_s(),
                 upload_seconds: d.upload.timed.seconds,
@@ -343,7 +420,29 @@ pub fn document(f: &Figures) -> Document<'_> {
                 })
                 .collect(),
         },
+        prefetched_gathers: gathers(&f.prefetched_gathers),
         failures: f.failures(),
         errors: f.errors(),
+    }
+}
+
+/// The prefetched gathers as the document writes them.
+fn gathers(g: &PrefetchedGathers) -> GathersJson {
+    let fed = g.result.as_ref().ok();
+    GathersJson {
+        devices: g.devices.clone(),
+        table_bytes: g.table_bytes,
+        table_numa_node: g.table_numa_node,
+        row_bytes: g.row_bytes,
+        bytes_per_batch: g.bytes_per_batch,
+        batches_per_device: g.batches_per_device,
+        rounds: fed.map(|x| x.rounds),
+        one_device_gb_per_s: g.one_device_gb_per_s(),
+        one_device_seconds: fed.map(|x| x.one_device_seconds),
+        all_devices_gb_per_s: g.all_devices_gb_per_s(),
+        all_devices_seconds: fed.map(|x| x.all_devices_seconds),
+        ratio_to_one_device: g.ratio_to_one_device(),
+        verified: fed.map(|x| x.verified),
+        error: g.result.as_ref().err().cloned(),
     }
 }

@@ -4,9 +4,12 @@
 use serde_json::{Value, json};
 
 use super::measure::{parse_numa_node, round_spans, sysfs_bus_id};
+use super::prefetch::{BATCH_BYTES, ROW_BYTES};
 use super::report::UNITS;
 use super::*;
 use crate::timing::Timed;
+
+mod gathers;
 
 /// A made-up figure of `gbps` GB/s over copies of `bytes`.
 fn figure(bytes: usize, gbps: f64) -> Figure {
@@ -34,8 +37,33 @@ fn together_at(devices: &[usize], gbps: f64) -> Together {
     }
 }
 
+/// Made-up prefetched gathers on `n` devices: 128 batches of 32 MiB per device, device 0 alone at 48 GB/s,
+/// every device at 47 GB/s each.
+fn gathers(n: usize) -> PrefetchedGathers {
+    let per_device = 128 * BATCH_BYTES;
+    PrefetchedGathers {
+        devices: (0..n).collect(),
+        table_bytes: 4 << 30,
+        table_numa_node: Some(0),
+        row_bytes: ROW_BYTES,
+        bytes_per_batch: BATCH_BYTES,
+        batches_per_device: 128,
+        result: Ok(Fed {
+            one_device_seconds: per_device as f64 / 48e9,
+            all_devices_seconds: if n == 1 {
+                per_device as f64 / 48e9
+            } else {
+                per_device as f64 / 47e9
+            },
+            rounds: 5,
+            verified: true,
+        }),
+    }
+}
+
 /// A made-up run on `n` devices: each alone 50 GB/s up and 40 down, 49 timed on the host, all together 49
-/// per device (shared: 45), local copies 2000 GB/s, peer copies (direct) 100 + 10 * src + dst GB/s.
+/// per device (shared: 45), local copies 2000 GB/s, peer copies (direct) 100 + 10 * src + dst GB/s; the
+/// prefetched gathers of [`gathers`].
 fn sample(n: usize) -> Figures {
     let bytes = FULL_BYTES;
     let ordinals: Vec<usize> = (0..n).collect();
@@ -70,6 +98,7 @@ fn sample(n: usize) -> Figures {
                 name: "NVIDIA H200".to_string(),
                 pci_bus_id: format!("0000:{:02X}:00.0", 0x18 + 0x20 * ordinal),
                 numa_node: Some(u32::from(ordinal >= 4)),
+                pinned_numa_node: Some(u32::from(ordinal >= 4)),
                 pcie: Some(Link {
                     generation: 5,
                     width: 16,
@@ -88,6 +117,7 @@ fn sample(n: usize) -> Figures {
         shared_to_all: together_at(&ordinals, 45.0 * n as f64),
         first_alone,
         peer,
+        prefetched_gathers: gathers(n),
         wall_seconds: 30.0,
     }
 }
@@ -107,6 +137,13 @@ fn full_and_quick_copy_sizes_and_rounds() {
     // A round moves 256 MiB per device either way.
     assert_eq!(quick.copies_per_round() * quick.bytes, 256 << 20);
     assert!(quick.plan.quick && quick.rounds < full.rounds);
+    // The prefetched gathers: 4 GiB and 1 GiB tables, each batch 32 MiB of 16 KiB rows.
+    assert_eq!((full.table_bytes, quick.table_bytes), (4 << 30, 1 << 30));
+    assert_eq!((BATCH_BYTES, ROW_BYTES), (32 << 20, 16 << 10));
+    assert!(
+        quick.gather_batches < full.gather_batches && quick.gather_rounds <= full.gather_rounds
+    );
+    assert!(quick.gather_rounds > 0 && quick.gather_batches > 0);
 }
 
 #[test]
@@ -159,6 +196,14 @@ fn one_device_is_all_devices_and_a_matrix_of_one() {
     assert_eq!(v["peer"]["copies"][0]["peer_access"], Value::Null);
     assert_eq!(v["peer"]["copies"][0]["route"], Value::Null);
     assert_eq!(v["host_to_all"]["ratio_to_first_device"], 1.0);
+    // Every device is device 0: the same figure, a ratio of exactly 1.
+    assert_eq!(f.prefetched_gathers.ratio_to_one_device(), Some(1.0));
+    assert!(
+        text.contains("  all 1 device:     48.0 (1.00x device 0 alone)"),
+        "{text}"
+    );
+    assert_eq!(v["prefetched_gathers"]["devices"], json!([0]));
+    assert_eq!(v["prefetched_gathers"]["ratio_to_one_device"], 1.0);
 }
 
 #[test]
@@ -284,29 +329,50 @@ fn failed_data_checks_are_marked_and_listed() {
     if let Ok(figure) = &mut f.peer[2].result {
         figure.verified = false;
     }
+    if let Ok(fed) = &mut f.prefetched_gathers.result {
+        fed.verified = false;
+    }
     assert_eq!(
         f.failures(),
         [
             "download from device 1",
             "one shared buffer to all devices",
-            "copy from device 1 to device 0"
+            "copy from device 1 to device 0",
+            "prefetched gathers"
         ]
     );
     let text = table(&f);
     assert!(text.contains("40.0 !"), "{text}");
+    assert!(text.contains("  device 0 alone:   48.0 !\n"), "{text}");
     assert!(text.contains("DATA CHECK FAILED"), "{text}");
     let v = round_trip(&f);
     assert_eq!(v["devices"][1]["verified"], false);
     assert_eq!(v["shared_to_all"]["verified"], false);
-    assert_eq!(v["failures"].as_array().unwrap().len(), 3);
+    assert_eq!(v["prefetched_gathers"]["verified"], false);
+    assert_eq!(v["failures"].as_array().unwrap().len(), 4);
 }
 
 #[test]
 fn the_header_names_every_device_and_where_it_sits() {
-    let mut f = sample(2);
+    let mut f = sample(5);
     f.devices[1].pcie = None;
     f.devices[1].numa_node = None;
+    f.devices[1].pinned_numa_node = None;
+    // A node sysfs gives, where the library binds none (a host of one node): each column says its own.
+    f.devices[2].pinned_numa_node = None;
     let text = table(&f);
+    let row = |ordinal: &str| -> Vec<&str> {
+        text.lines()
+            .find(|l| l.split_whitespace().next() == Some(ordinal) && l.contains("0000:"))
+            .unwrap_or_else(|| panic!("no device row {ordinal} in\n{text}"))
+            .split_whitespace()
+            .collect()
+    };
+    // ordinal, 2 words of name, PCI, NUMA, pinned.
+    assert_eq!(row("1")[4..6], ["-", "-"], "{text}");
+    assert_eq!(row("2")[4..6], ["0", "-"], "{text}");
+    assert_eq!(row("4")[4..6], ["1", "1"], "{text}");
+    assert!(text.contains(" NUMA pinned "), "{text}");
     assert!(
         text.contains("NVIDIA 580.159.04, supports CUDA 13.0"),
         "{text}"
@@ -315,10 +381,13 @@ fn the_header_names_every_device_and_where_it_sits() {
     assert!(text.contains("gen 5 x16 (gen 5 x16)"), "{text}");
     assert!(text.contains("unknown (no NVML)"), "{text}");
     let v = round_trip(&f);
-    assert_eq!(v["header"]["device_count"], 2);
+    assert_eq!(v["header"]["device_count"], 5);
     assert_eq!(v["header"]["cuda_version"], "13.0");
     assert_eq!(v["devices"][0]["numa_node"], 0);
     assert_eq!(v["devices"][1]["numa_node"], Value::Null);
+    assert_eq!(v["devices"][2]["numa_node"], 0);
+    assert_eq!(v["devices"][2]["pinned_numa_node"], Value::Null);
+    assert_eq!(v["devices"][4]["pinned_numa_node"], 1);
     assert_eq!(v["devices"][1]["pcie"], Value::Null);
     assert_eq!(
         v["devices"][0]["pcie"],
@@ -380,6 +449,7 @@ fn the_document_has_every_figure_with_its_ratios() {
             "library",
             "mode",
             "peer",
+            "prefetched_gathers",
             "quick",
             "shared_to_all",
             "tool",
@@ -449,8 +519,17 @@ fn all_keys(v: &Value, out: &mut Vec<String>) {
 #[test]
 fn the_pytorch_script_writes_the_same_keys() {
     let script = include_str!("../../../../scripts/torch-devices.py");
+    let mut document = round_trip(&sample(2));
+    // The prefetched gathers have no PyTorch twin (the prefetcher of rows gathered on the device is the
+    // crate's): the script writes the key, as null, and none of the figures inside.
+    assert!(
+        script.contains("\"prefetched_gathers\": None,"),
+        "scripts/torch-devices.py does not write prefetched_gathers as null"
+    );
+    document["prefetched_gathers"] = Value::Null;
     let mut keys = Vec::new();
-    all_keys(&round_trip(&sample(2)), &mut keys);
+    all_keys(&document, &mut keys);
+    assert!(keys.iter().any(|k| k == "prefetched_gathers"));
     for key in keys {
         assert!(
             script.contains(&format!("\"{key}\"")),
