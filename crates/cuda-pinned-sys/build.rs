@@ -174,6 +174,8 @@ mod bindings {
         "cuCtxEnablePeerAccess",
         "cuCtxDisablePeerAccess",
         "cuMemcpyPeerAsync",
+        "cuMemPoolSetAccess",
+        "cuMemPoolGetAccess",
         // batched copies
         "cuMemcpyBatchAsync_v2",
         // stream memory operations

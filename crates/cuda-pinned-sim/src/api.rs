@@ -211,10 +211,7 @@ fn copy_async(
             continue;
         }
         if allocation.kind.is_device() {
-            if !state.primaries[device as usize]
-                .peers
-                .contains(&allocation.device)
-            {
+            if !state.accessible(device, id) {
                 return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
             }
         } else if allocation.flags & crate::sys::CU_MEMHOSTALLOC_PORTABLE == 0 {
@@ -617,6 +614,75 @@ pub extern "C" fn cuMemPoolGetAttribute(
     })
 }
 
+/// `cuMemPoolSetAccess`: which devices may use the pool's memory. The pool's own device always may (asking
+/// to take that away is an error, as on the driver).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPoolSetAccess(
+    pool: CUmemoryPool,
+    map: *const CUmemAccessDesc,
+    count: usize,
+) -> CUresult {
+    entry("cuMemPoolSetAccess", |mut state| {
+        let owner = pool_device(pool)? as i32;
+        if map.is_null() && count > 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let descs = if count == 0 {
+            &[][..]
+        } else {
+            // SAFETY: the caller passes `count` descriptors at `map`, as cuMemPoolSetAccess demands.
+            unsafe { std::slice::from_raw_parts(map, count) }
+        };
+        for desc in descs {
+            if desc.location.type_ != CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE {
+                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+            }
+            let device = check_device(desc.location.id)? as i32;
+            let none = desc.flags == CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE;
+            if device == owner {
+                if none {
+                    return Err(CUresult::CUDA_ERROR_INVALID_DEVICE);
+                }
+                continue;
+            }
+            if !none && !SIM.config.peer_access {
+                return Err(CUresult::CUDA_ERROR_INVALID_DEVICE);
+            }
+            state.pool_access.retain(|&pair| pair != (owner, device));
+            if !none {
+                state.pool_access.push((owner, device));
+            }
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPoolGetAccess(
+    flags: *mut CUmemAccess_flags,
+    memPool: CUmemoryPool,
+    location: *mut CUmemLocation,
+) -> CUresult {
+    entry("cuMemPoolGetAccess", |state| {
+        let owner = pool_device(memPool)? as i32;
+        if location.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: checked non-null; the caller passes a location, as cuMemPoolGetAccess demands.
+        let location = unsafe { location.read() };
+        let device = check_device(location.id)? as i32;
+        let access = device == owner || state.pool_access.contains(&(owner, device));
+        put(
+            flags,
+            if access {
+                CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            } else {
+                CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE
+            },
+        )
+    })
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     entry("cuDevicePrimaryCtxRetain", |mut state| {
@@ -1016,8 +1082,10 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2(
     })
 }
 
-/// `cuMemcpyPeerAsync`: a copy between device memory of two contexts (either may be the stream's), with or
-/// without peer access between them (the driver stages it through host memory without).
+/// `cuMemcpyPeerAsync`: a copy between device memory of two contexts, one of them the stream's, with or
+/// without access from the stream's device to the other memory. Without, the driver stages it through host
+/// memory, and such a copy was reported to hold back copies queued later on other streams: the simulator
+/// reports it as a hidden wait (and runs it).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemcpyPeerAsync(
     dstDevice: CUdeviceptr,
@@ -1034,11 +1102,23 @@ pub extern "C" fn cuMemcpyPeerAsync(
         );
         let dst = device_loc(&mut state, dstDevice, ByteCount, "cuMemcpyPeerAsync")?;
         let src = device_loc(&mut state, srcDevice, ByteCount, "cuMemcpyPeerAsync")?;
-        for (loc, device) in [(dst, dst_device), (src, src_device)] {
+        let device = stream_device(&state, hStream)?;
+        if device != dst_device && device != src_device {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        for (loc, owner) in [(dst, dst_device), (src, src_device)] {
             let Loc::Alloc { id, .. } = loc else { continue };
             let allocation = &state.allocations[&id];
-            if !allocation.kind.is_device() || allocation.device != device as i32 {
+            if !allocation.kind.is_device() || allocation.device != owner as i32 {
                 return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+            }
+            if !state.accessible(device as i32, id) {
+                let message = format!(
+                    "HIDDEN WAIT: cuMemcpyPeerAsync of {ByteCount} bytes between devices {src_device} and \
+                     {dst_device} on a stream of device {device}, which has no access to device {owner}'s \
+                     memory: the driver stages it through host memory, holding back copies of other streams"
+                );
+                state.violation(message);
             }
         }
         submit(
@@ -1942,6 +2022,8 @@ fn signatures(api: &DriverApi) {
         cuMemPoolTrimTo,
         cuMemPoolSetAttribute,
         cuMemPoolGetAttribute,
+        cuMemPoolSetAccess,
+        cuMemPoolGetAccess,
         cuPointerGetAttribute,
         cuPointerGetAttributes,
         cuStreamCreate,

@@ -367,6 +367,9 @@ pub(crate) struct State {
     /// Functions of loaded modules, by handle.
     pub(crate) functions: HashMap<usize, FunctionData>,
     pub(crate) next_handle: usize,
+    /// Which devices may use the memory of which device's memory pool (`cuMemPoolSetAccess`), as (pool's
+    /// device, device given access): a pool's own device always may.
+    pub(crate) pool_access: Vec<(i32, i32)>,
 }
 
 impl State {
@@ -389,6 +392,7 @@ impl State {
             events: HashMap::new(),
             modules: HashMap::new(),
             functions: HashMap::new(),
+            pool_access: Vec::new(),
             next_handle: 0x5100,
         }
     }
@@ -490,6 +494,22 @@ impl State {
                 || (blocking_only
                     && s.flags & crate::sys::CUstream_flags::CU_STREAM_NON_BLOCKING.0 != 0)
         })
+    }
+
+    /// Whether work on `device` may use allocation `id` directly: memory of its own device, pinned or
+    /// registered host memory, memory of a peer's memory pool it was given access to (`cuMemPoolSetAccess`),
+    /// or other device memory of a peer whose context it may access (`cuCtxEnablePeerAccess`, which does not
+    /// cover memory pools).
+    pub(crate) fn accessible(&self, device: i32, id: u64) -> bool {
+        let allocation = &self.allocations[&id];
+        let owner = allocation.device;
+        !allocation.kind.is_device()
+            || owner == device
+            || if allocation.kind == Kind::DeviceAsync {
+                self.pool_access.contains(&(owner, device))
+            } else {
+                self.primaries[device as usize].peers.contains(&owner)
+            }
     }
 
     /// The error a driver call returns for a violation not yet reported, once.

@@ -2309,6 +2309,24 @@ impl Default for CUDA_MEMCPY3D_st {
 }
 pub type CUDA_MEMCPY3D_v2 = CUDA_MEMCPY3D_st;
 pub type CUDA_MEMCPY3D = CUDA_MEMCPY3D_v2;
+impl CUmemAccess_flags_enum {
+    pub const CU_MEM_ACCESS_FLAGS_PROT_NONE: CUmemAccess_flags_enum = CUmemAccess_flags_enum(
+        0,
+    );
+    pub const CU_MEM_ACCESS_FLAGS_PROT_READ: CUmemAccess_flags_enum = CUmemAccess_flags_enum(
+        1,
+    );
+    pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: CUmemAccess_flags_enum = CUmemAccess_flags_enum(
+        3,
+    );
+    pub const CU_MEM_ACCESS_FLAGS_PROT_MAX: CUmemAccess_flags_enum = CUmemAccess_flags_enum(
+        2147483647,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUmemAccess_flags_enum(pub ::std::os::raw::c_uint);
+pub use self::CUmemAccess_flags_enum as CUmemAccess_flags;
 impl CUmemLocationType_enum {
     pub const CU_MEM_LOCATION_TYPE_INVALID: CUmemLocationType_enum = CUmemLocationType_enum(
         0,
@@ -2366,6 +2384,38 @@ impl Default for CUmemLocation_st {
 }
 pub type CUmemLocation_v1 = CUmemLocation_st;
 pub type CUmemLocation = CUmemLocation_v1;
+#[repr(C)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUmemAccessDesc_st {
+    pub location: CUmemLocation,
+    pub flags: CUmemAccess_flags,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUmemAccessDesc_st",
+    ][::std::mem::size_of::<CUmemAccessDesc_st>() - 12usize];
+    [
+        "Alignment of CUmemAccessDesc_st",
+    ][::std::mem::align_of::<CUmemAccessDesc_st>() - 4usize];
+    [
+        "Offset of field: CUmemAccessDesc_st::location",
+    ][::std::mem::offset_of!(CUmemAccessDesc_st, location) - 0usize];
+    [
+        "Offset of field: CUmemAccessDesc_st::flags",
+    ][::std::mem::offset_of!(CUmemAccessDesc_st, flags) - 8usize];
+};
+impl Default for CUmemAccessDesc_st {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub type CUmemAccessDesc_v1 = CUmemAccessDesc_st;
+pub type CUmemAccessDesc = CUmemAccessDesc_v1;
 impl CUmemPool_attribute_enum {
     pub const CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: CUmemPool_attribute_enum = CUmemPool_attribute_enum(
         1,
@@ -3050,6 +3100,22 @@ pub struct DriverApi {
         ) -> CUresult,
         ::libloading::Error,
     >,
+    pub cuMemPoolSetAccess: Result<
+        unsafe extern "C" fn(
+            pool: CUmemoryPool,
+            map: *const CUmemAccessDesc,
+            count: usize,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuMemPoolGetAccess: Result<
+        unsafe extern "C" fn(
+            flags: *mut CUmemAccess_flags,
+            memPool: CUmemoryPool,
+            location: *mut CUmemLocation,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
     pub cuPointerGetAttribute: Result<
         unsafe extern "C" fn(
             data: *mut ::std::os::raw::c_void,
@@ -3519,6 +3585,10 @@ impl DriverApi {
             .map(|sym| *sym);
         let cuMemPoolGetAttribute = unsafe { __library.get(b"cuMemPoolGetAttribute\0") }
             .map(|sym| *sym);
+        let cuMemPoolSetAccess = unsafe { __library.get(b"cuMemPoolSetAccess\0") }
+            .map(|sym| *sym);
+        let cuMemPoolGetAccess = unsafe { __library.get(b"cuMemPoolGetAccess\0") }
+            .map(|sym| *sym);
         let cuPointerGetAttribute = unsafe { __library.get(b"cuPointerGetAttribute\0") }
             .map(|sym| *sym);
         let cuPointerGetAttributes = unsafe {
@@ -3694,6 +3764,8 @@ impl DriverApi {
             cuMemPoolTrimTo,
             cuMemPoolSetAttribute,
             cuMemPoolGetAttribute,
+            cuMemPoolSetAccess,
+            cuMemPoolGetAccess,
             cuPointerGetAttribute,
             cuPointerGetAttributes,
             cuStreamCreate,
@@ -4552,6 +4624,32 @@ impl DriverApi {
                 .cuMemPoolGetAttribute
                 .as_ref()
                 .expect("Expected function, got error."))(pool, attr, value)
+        }
+    }
+    pub unsafe fn cuMemPoolSetAccess(
+        &self,
+        pool: CUmemoryPool,
+        map: *const CUmemAccessDesc,
+        count: usize,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuMemPoolSetAccess
+                .as_ref()
+                .expect("Expected function, got error."))(pool, map, count)
+        }
+    }
+    pub unsafe fn cuMemPoolGetAccess(
+        &self,
+        flags: *mut CUmemAccess_flags,
+        memPool: CUmemoryPool,
+        location: *mut CUmemLocation,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuMemPoolGetAccess
+                .as_ref()
+                .expect("Expected function, got error."))(flags, memPool, location)
         }
     }
     pub unsafe fn cuPointerGetAttribute(

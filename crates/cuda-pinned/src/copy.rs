@@ -441,16 +441,17 @@ impl Stream {
         Ok((bytes > 0).then_some(bytes))
     }
 
-    /// Refuses page-locked memory that this stream's context would take for pageable memory: memory of another
-    /// context that is not portable, which the driver would copy slowly and blocking.
+    /// Refuses page-locked memory that this stream's context need not take for page-locked: memory of another
+    /// context that is not portable (`CU_MEMHOSTALLOC_PORTABLE` is what makes every context take it so).
     pub(crate) fn check_host(&self, what: &str, host: &impl sealed::PinnedMemory) -> Result<()> {
         if host.usable_in(self.context()) {
             Ok(())
         } else {
             Err(Error::invalid(format_args!(
                 "{what}: page-locked memory of another device's context, not portable, used on a stream of device \
-                 {}: that context would copy it as pageable memory, slowly and blocking; nothing was enqueued \
-                 (allocate it portable: `PinnedBuilder::portable(true)`, the default)",
+                 {}: that context need not take it for page-locked memory, and may copy it as pageable memory, \
+                 slowly and blocking; nothing was enqueued (allocate it portable: `PinnedBuilder::portable(true)`, \
+                 the default)",
                 self.context().device().ordinal()
             )))
         }

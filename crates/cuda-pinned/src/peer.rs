@@ -6,6 +6,9 @@
 //! enqueued later on other streams (host-staged peer copies on PCIe-only GPUs), a hidden wait; a download on
 //! one device and an upload on the other, each an ordinary tracked copy, hold back nothing but themselves.
 
+use std::ffi::c_int;
+use std::sync::{Mutex, PoisonError};
+
 use bytemuck::Pod;
 
 use crate::copy::sealed::{DeviceMemory, PinnedMemory};
@@ -50,14 +53,21 @@ impl Context {
     }
 
     /// Lets this context's work access `peer`'s device memory directly, if the hardware allows: returns
-    /// whether it does. Done once per pair of contexts (later calls return at once); [`Stream::copy`] between
-    /// two devices does it for both directions on first use, so calling this is needed only to pay its cost
-    /// up front, or for a user's kernel that reads another device's memory. The access lasts while a handle of
-    /// `peer`'s context lives.
+    /// whether it does. That is the context's access (`cuCtxEnablePeerAccess`, for memory of `cuMemAlloc`)
+    /// and, where `peer`'s device allocates from a memory pool as the crate does, access to that pool's
+    /// memory (`cuMemPoolSetAccess`, which peer access does not cover). Done once per pair of context handles
+    /// (later calls return at once); [`Stream::copy`] between two devices does it for both directions on first
+    /// use, so calling this is needed only to pay its cost up front: the driver maps each allocation into
+    /// the other device's address space then, and, once enabled, maps every later allocation into it too,
+    /// which makes allocating slower. The access lasts while a handle of `peer`'s context lives. Where the
+    /// driver refuses for lack of hardware support or of room (`CUDA_ERROR_PEER_ACCESS_UNSUPPORTED`,
+    /// `CUDA_ERROR_TOO_MANY_PEERS`: a device has at most 8 peers on most systems), returns `Ok(false)`, and
+    /// copies between the two go through page-locked memory.
     ///
     /// # Errors
-    /// The driver's, such as `CUDA_ERROR_TOO_MANY_PEERS` (a device has at most 8 peers on most systems).
+    /// The driver's, other than those.
     #[doc(alias = "cuCtxEnablePeerAccess")]
+    #[doc(alias = "cuMemPoolSetAccess")]
     pub fn enable_peer_access(&self, peer: &Context) -> Result<bool> {
         if !self.can_access_peer(peer)? {
             return Ok(false);
@@ -65,19 +75,47 @@ impl Context {
         if self.peers().is_enabled(peer) {
             return Ok(true);
         }
-        let _current = self.enter()?;
-        match calls::ctx_enable_peer_access(peer.as_raw()) {
+        let refused = |e: &Error| {
+            [
+                CUresult::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED,
+                CUresult::CUDA_ERROR_TOO_MANY_PEERS,
+            ]
+            .into_iter()
+            .any(|code| e.driver_code() == Some(code))
+        };
+        let what = || {
+            format!(
+                "enabling device {}'s access to device {}'s memory",
+                self.device().ordinal(),
+                peer.device().ordinal()
+            )
+        };
+        let enabled = {
+            let _current = self.enter()?;
+            calls::ctx_enable_peer_access(peer.as_raw())
+        };
+        match enabled {
             // Enabled before, by another handle of the context or by other code in the process.
             Err(e) if e.driver_code() == Some(CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) => {
             }
-            Err(e) => {
-                return Err(e.context(format_args!(
-                    "enabling device {}'s access to device {}'s memory",
-                    self.device().ordinal(),
-                    peer.device().ordinal()
-                )));
+            Err(e) if refused(&e) => {
+                self.peers().set_unreachable(peer.device().ordinal());
+                return Ok(false);
             }
+            Err(e) => return Err(e.context(what())),
             Ok(()) => {}
+        }
+        if peer.has_memory_pools() {
+            let granted = calls::device_get_mem_pool(peer.device().as_raw()).and_then(|pool| {
+                calls::mem_pool_grant_access(pool, self.device().ordinal() as c_int)
+            });
+            match granted {
+                Err(e) if refused(&e) => {
+                    self.peers().set_unreachable(peer.device().ordinal());
+                    return Ok(false);
+                }
+                granted => granted.map_err(|e| e.context(what()))?,
+            }
         }
         self.peers().set_enabled(peer);
         Ok(true)
@@ -162,20 +200,17 @@ impl Stream {
         bytes: usize,
     ) -> Result<()> {
         let (from, to) = (src.owner(), dst.owner());
-        let other = Stream::new(if self.context() == from { to } else { from })?;
+        let other = SpareStream::take(if self.context() == from { to } else { from })?;
         let (down, up) = if self.context() == from {
-            (self, &other)
+            (self, other.stream())
         } else {
-            (&other, self)
+            (other.stream(), self)
         };
         let chunk = bytes.min(STAGING_CHUNK);
-        let staging = [
-            Pinned::<u8>::zeroed(self.context(), chunk)?,
-            Pinned::<u8>::zeroed(self.context(), chunk)?,
-        ];
+        let staging = Spare::take(self.context())?;
         for (i, offset) in (0..bytes).step_by(chunk).enumerate() {
             let n = chunk.min(bytes - offset);
-            let bounce = &staging[i % 2];
+            let bounce = &staging.pair()[i % 2];
             down.tracked_as(
                 Work::Timed(Category::Download, "peer staged", n),
                 Some(src.track()),
@@ -212,10 +247,106 @@ impl Stream {
         }
         if !std::ptr::eq(up, self) {
             // The copy wrote `dst` on the other stream: this stream waits for that write, as its own work
-            // would have been waited for.
-            lock(dst.track()).prepare(&Gpu, self, Access::Read)?;
+            // would have been waited for. Only a wait: no use of `dst` is recorded on this stream, which
+            // touches none of it (the crate's earlier work here keeps a mark of its own, closed first).
+            self.untracked(|| lock(dst.track()).prepare(&Gpu, self, Access::Read)).map_err(|e| {
+                e.context(
+                    "making the copying stream wait for the copy, which was enqueued (later work on the \
+                     destination still waits for it)",
+                )
+            })?;
         }
-        // The staging buffers and the other stream go once their work has completed (their drops defer it).
+        // The other stream and the staging buffers go back to the spares, the buffers to be written again only
+        // after the uploads that read them (their trackers).
         Ok(())
+    }
+}
+
+/// Streams of the copies between devices without peer access, kept for the next such copies with the staging
+/// buffers (see [`SPARES`]): a copy runs half its work on a stream of the other device. At most
+/// [`SPARE_STREAMS_KEPT`] are kept.
+static SPARE_STREAMS: Mutex<Vec<Stream>> = Mutex::new(Vec::new());
+
+/// The most streams kept in [`SPARE_STREAMS`].
+const SPARE_STREAMS_KEPT: usize = 8;
+
+/// A stream taken from [`SPARE_STREAMS`] (or made) for one copy, given back when dropped.
+struct SpareStream(Option<Stream>);
+
+impl SpareStream {
+    /// A spare stream of `context`, or a new one.
+    fn take(context: &Context) -> Result<SpareStream> {
+        let spare = {
+            let mut spares = SPARE_STREAMS.lock().unwrap_or_else(PoisonError::into_inner);
+            let found = spares.iter().position(|s| s.context() == context);
+            found.map(|at| spares.swap_remove(at))
+        };
+        let stream = match spare {
+            Some(stream) => stream,
+            None => Stream::new(context)?,
+        };
+        Ok(SpareStream(Some(stream)))
+    }
+
+    fn stream(&self) -> &Stream {
+        self.0
+            .as_ref()
+            .expect("a spare holds its stream until dropped")
+    }
+}
+
+impl Drop for SpareStream {
+    fn drop(&mut self) {
+        let mut spares = SPARE_STREAMS.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(stream) = self.0.take()
+            && spares.len() < SPARE_STREAMS_KEPT
+        {
+            spares.push(stream);
+        }
+    }
+}
+
+/// Staging buffers of copies between devices that cannot access each other, kept for the next such copies:
+/// pinning costs about half a second per GiB, and page-locked memory is unpinned only once every device is
+/// idle, which a steady load on several devices may never leave it. At most [`SPARE_PAIRS`] pairs of
+/// [`STAGING_CHUNK`] bytes each are kept, for the life of the process (with a handle of the context each was
+/// allocated in: the memory is portable, and serves copies between any devices).
+static SPARES: Mutex<Vec<[Pinned<u8>; 2]>> = Mutex::new(Vec::new());
+
+/// The most pairs of staging buffers kept: as many copies between devices without peer access at a time.
+const SPARE_PAIRS: usize = 4;
+
+/// A pair of staging buffers taken from [`SPARES`] (or allocated) for one copy, given back when dropped.
+struct Spare(Option<[Pinned<u8>; 2]>);
+
+impl Spare {
+    /// A spare pair, or a new one allocated in `context`.
+    fn take(context: &Context) -> Result<Spare> {
+        let spare = SPARES.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        let pair = match spare {
+            Some(pair) => pair,
+            None => [
+                Pinned::zeroed(context, STAGING_CHUNK)?,
+                Pinned::zeroed(context, STAGING_CHUNK)?,
+            ],
+        };
+        Ok(Spare(Some(pair)))
+    }
+
+    fn pair(&self) -> &[Pinned<u8>; 2] {
+        self.0
+            .as_ref()
+            .expect("a spare holds its pair until dropped")
+    }
+}
+
+impl Drop for Spare {
+    fn drop(&mut self) {
+        let mut spares = SPARES.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(pair) = self.0.take()
+            && spares.len() < SPARE_PAIRS
+        {
+            spares.push(pair);
+        }
     }
 }

@@ -161,6 +161,18 @@ fn peer_copies_both_ways_arrive_whole() {
         }
     }
     assert!(contexts[0].can_access_peer(&contexts[1]).unwrap() || !common::SIMULATED);
+    for context in &contexts {
+        context.synchronize().unwrap();
+        context.check_deferred_errors().unwrap();
+    }
+}
+
+/// A copy between the devices makes no unrelated stream wait, and waits for none: it completes on the
+/// device while another stream of each device is held.
+#[test]
+fn peer_copies_wait_for_no_unrelated_stream() {
+    let _serial = setup();
+    common::devices::copy_beside_held_streams(&two_devices());
 }
 
 /// A device buffer of device 0 dropped while device 1's stream still copies out of it, and a page-locked
@@ -197,6 +209,9 @@ fn buffers_dropped_while_the_other_device_reads_them_are_freed_after() {
     }
     ctx0.synchronize().unwrap();
     ctx1.synchronize().unwrap();
+    // No free was refused or leaked on the way.
+    ctx0.check_deferred_errors().unwrap();
+    ctx1.check_deferred_errors().unwrap();
 }
 
 /// Memory that a device's streams must not use is refused before anything is enqueued, beside twins that are
@@ -312,8 +327,26 @@ fn a_sharded_prefetcher_feeds_both_devices() {
             [evens, odds]
         };
         assert_eq!(seen, want, "shared out by parity: {by_parity}");
-        assert!(pool.stats().peak_reserved <= 16 * LEN * 4);
+        // Both devices' slots (4 each) came from the one pool, reused the second time round.
+        assert_eq!(pool.stats().peak_reserved, 8 * LEN * 4);
     }
+    // One budget: slots for both devices that do not fit it together are refused, though each would alone.
+    let small = cuda_pinned::PinnedPool::new(&ctx0, 7 * LEN * 4);
+    let feeds = [
+        (Stream::new(&ctx0).unwrap(), LEN),
+        (Stream::new(&ctx1).unwrap(), LEN),
+    ];
+    let refused = cuda_pinned::Prefetcher::<Pinned<u32>>::sharded(&small, feeds)
+        .batches(8)
+        .depth(4)
+        .build(|_, _| Ok(()));
+    assert!(
+        matches!(refused, Err(cuda_pinned::Error::PoolExhausted { .. })),
+        "{:?}",
+        refused.map(|p| p.len())
+    );
+    ctx0.check_deferred_errors().unwrap();
+    ctx1.check_deferred_errors().unwrap();
 }
 
 /// Gathered batches on both devices from one table in page-locked memory, shared by each device's

@@ -503,7 +503,12 @@ fn pinned_memory_is_placed_as_asked() {
     }
     let device = ctx.device();
     assert_eq!(Placement::Any.node(device).unwrap(), None);
-    assert!(Placement::Node(0).node(device).unwrap().is_none_or(|node| node == 0));
+    assert!(
+        Placement::Node(0)
+            .node(device)
+            .unwrap()
+            .is_none_or(|node| node == 0)
+    );
     let absent = Placement::Node(4000);
     assert!(absent.node(device).is_err());
     let refused = PinnedBuilder::new(&ctx)

@@ -46,3 +46,33 @@ fn pinned_memory_is_unpinned_only_once_every_device_is_idle() {
     ctx1.synchronize().unwrap();
     ctx0.synchronize().unwrap();
 }
+
+/// A buffer of device 1 whose last use is a copy on device 0's stream, dropped with every handle of device
+/// 1's context while that copy is still queued: it is freed after the copy, and its context, which the driver
+/// would destroy with all its memory once the last handle goes, stays until then. Freed on device 0's stream
+/// (its only user's), it left nothing holding device 1's context, and the context's destruction freed the
+/// memory under the queued copy.
+#[test]
+fn memory_last_used_by_another_devices_stream_keeps_its_context_until_that_use_is_done() {
+    let _serial = setup();
+    let ctx0 = Context::on(0).unwrap();
+    let s0 = Stream::new(&ctx0).unwrap();
+    let source = DeviceBuffer::<u32>::zeroed(&s0, 1 << 16).unwrap();
+    let held;
+    {
+        let ctx1 = Context::on(1).unwrap();
+        let s1 = Stream::new(&ctx1).unwrap();
+        let mut target = DeviceBuffer::<u32>::zeroed(&s1, 1 << 16).unwrap();
+        s1.synchronize().unwrap();
+        s0.synchronize().unwrap();
+        held = hold(&s0, Duration::from_secs(2));
+        s0.copy(&source, &mut target).unwrap();
+        drop(target);
+        drop(s1);
+        drop(ctx1);
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    drop(held);
+    s0.synchronize().unwrap();
+    ctx0.synchronize().unwrap();
+}

@@ -74,6 +74,11 @@ fault_tests! {
         bounded!(ctx.check_deferred_errors())
     };
     copies_between_devices: |f| {
+        // Fresh handles, which know nothing of peer access yet: their calls to enable it run every time.
+        let (c0, c1) = (bounded!(Context::on(0))?, bounded!(Context::on(1))?);
+        let enabled = bounded!(c0.enable_peer_access(&c1).and(c1.enable_peer_access(&c0)));
+        // Errors of putting back the thread's context are kept in the handle that entered it.
+        enabled.and(c0.check_deferred_errors()).and(c1.check_deferred_errors())?;
         let host = bounded!(Pinned::from_slice(&f.ctx, &[5u32; 4096]))?;
         let mut d0 = bounded!(DeviceBuffer::<u32>::uninit(&f.a, 4096))?;
         let mut d1 = bounded!(DeviceBuffer::<u32>::uninit(&f.c, 4096))?;

@@ -40,6 +40,14 @@ fn copies_between_devices_without_peer_access_are_staged_and_arrive_whole() {
     }
 }
 
+/// A staged copy makes no unrelated stream wait, and waits for none: it completes on the devices while
+/// another stream of each device is held.
+#[test]
+fn staged_copies_wait_for_no_unrelated_stream() {
+    let _serial = setup();
+    common::devices::copy_beside_held_streams(&[Context::on(0).unwrap(), Context::on(1).unwrap()]);
+}
+
 /// Each driver call of staged copies both ways (two chunks each) fails in turn: an `Err` comes back, nothing
 /// leaks but what the crate leaks on purpose, and no memory is freed under queued work (`each_call_fails`).
 #[test]

@@ -18,7 +18,8 @@ use crate::driver_call;
 use crate::error::Result;
 use crate::sys::{
     CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUfunction,
-    CUfunction_attribute, CUmodule, CUresult, CUstream, CUuuid,
+    CUfunction_attribute, CUmemAccess_flags, CUmemAccessDesc, CUmemLocation, CUmemLocationType,
+    CUmemoryPool, CUmodule, CUresult, CUstream, CUuuid,
 };
 
 /// `Ok(true)` for success, `Ok(false)` for `CUDA_ERROR_NOT_READY`, else the error: a query's answer.
@@ -103,6 +104,28 @@ pub(crate) fn device_can_access_peer(device: CUdevice, peer: CUdevice) -> Result
 pub(crate) fn ctx_enable_peer_access(peer: CUcontext) -> Result<()> {
     // SAFETY: a context handle; the driver checks it and the current context.
     unsafe { driver_call!(cuCtxEnablePeerAccess(peer, 0)) }
+}
+
+/// `cuDeviceGetMemPool`: the memory pool `cuMemAllocAsync` allocates from on `device` (its default pool,
+/// unless other code chose another).
+pub(crate) fn device_get_mem_pool(device: CUdevice) -> Result<CUmemoryPool> {
+    let mut pool = std::ptr::null_mut();
+    // SAFETY: an out-pointer to a local.
+    unsafe { driver_call!(cuDeviceGetMemPool(&mut pool, device)) }?;
+    Ok(pool)
+}
+
+/// `cuMemPoolSetAccess`: lets `device` read and write the memory of `pool` (of another device) directly.
+pub(crate) fn mem_pool_grant_access(pool: CUmemoryPool, device: c_int) -> Result<()> {
+    let desc = CUmemAccessDesc {
+        location: CUmemLocation {
+            type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: device,
+        },
+        flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: one descriptor, read during the call; the driver checks the pool and the device.
+    unsafe { driver_call!(cuMemPoolSetAccess(pool, &desc, 1)) }
 }
 
 /// `cuDevicePrimaryCtxRetain`: the device's primary context, retained (created if no one holds it); balance it

@@ -59,6 +59,13 @@ impl Peers {
             .any(|c| std::ptr::eq(c.as_ptr(), Arc::as_ptr(&peer.0)))
     }
 
+    /// Notes that the driver refused access to the memory of device `ordinal`: copies go through page-locked
+    /// memory from now on.
+    pub(crate) fn set_unreachable(&mut self, ordinal: usize) {
+        self.reachable.retain(|(o, _)| *o != ordinal);
+        self.reachable.push((ordinal, false));
+    }
+
     /// Notes that access to `peer`'s memory is enabled, forgetting handles that are gone.
     pub(crate) fn set_enabled(&mut self, peer: &Context) {
         self.enabled.retain(|c| c.strong_count() > 0);

@@ -232,12 +232,16 @@ impl<T> DeviceBuffer<T> {
         // While the free (and the waits before it) are queued, the release thread cannot find the device idle.
         let _gate = context.enqueue_gate();
         let track = lock(&self.track);
-        // Where the free goes: after the uses in stream order where they are all on one stream (no wait, and
-        // that stream's later work does not wait for anything), else on the context's release stream, which
-        // waits for each of them. Freeing on one of the users' streams behind a wait for another would make
-        // that stream's later, unrelated work wait too.
+        // Where the free goes: after the uses in stream order where they are all on one stream of the memory's
+        // own context (no wait, and that stream's later work does not wait for anything), else on the context's
+        // release stream, which waits for each of them. Freeing on one of the users' streams behind a wait for
+        // another would make that stream's later, unrelated work wait too. A stream of another device will not
+        // do: nothing would then keep this context alive until the free, and the driver frees all of a
+        // context's memory when it destroys it, with no regard for another device's queued work (the release
+        // stream, retired with a retain of the context, keeps it until its frees have run).
         let sole = match track.sole_stream() {
-            Some(stream) => Some(stream.clone()),
+            Some(stream) if stream.context() == context => Some(stream.clone()),
+            Some(_) => None,
             None if track.is_empty() => Some(self.stream.clone()),
             None => None,
         };

@@ -33,7 +33,9 @@ impl<B: Batch> Prefetcher<B> {
     /// batches there (for a [`GatherBatch`](crate::prefetch::GatherBatch), a table read by a gatherer of that
     /// device), sharing out one stream of batch indices: in turn by position (batch positions 0, n, 2n, ... to
     /// the first feed of n), or by [`ShardedBuilder::shard_by`]. Every prefetcher takes its host batches
-    /// from `pool`, so all of them stay within its budget.
+    /// from `pool`, so all of them stay within its budget. (The pool's blocks are placed on the NUMA node of
+    /// its own device: on a host of several nodes, where each device's batches would best sit on its own
+    /// node, build one prefetcher per device from a pool of that device instead.)
     ///
     /// ```no_run
     /// use cuda_pinned::{Context, Pinned, PinnedPool, Prefetcher, Stream};
@@ -165,7 +167,9 @@ impl<B: Batch> ShardedBuilder<B> {
 /// The batch indices of each of `feeds` feeds, in the order of `indices`: by `shard` of each index, else in
 /// turn by position.
 fn share_out(indices: &Indices, feeds: usize, shard: Option<&Shard>) -> Result<Vec<Vec<usize>>> {
-    let mut shares = vec![Vec::with_capacity(indices.len() / feeds + 1); feeds];
+    let mut shares: Vec<Vec<usize>> = (0..feeds)
+        .map(|_| Vec::with_capacity(indices.len() / feeds + 1))
+        .collect();
     for position in 0..indices.len() {
         let index = indices.get(position);
         let feed = shard.map_or(position % feeds, |shard| shard(index));

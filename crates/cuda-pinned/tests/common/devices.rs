@@ -59,3 +59,50 @@ pub fn peer_copy(contexts: &[Context; 2], from: usize, to: usize, len: usize, on
         );
     }
 }
+
+/// Copies between the two devices both ways (on the destination's stream, then on the source's) while an
+/// unrelated stream of each device is held: each copy must complete on the device meanwhile (an event recorded
+/// after it is seen complete), so it neither waits for those streams nor makes them wait. The copies' first
+/// use of the pair (enabling peer access, making the staging buffers and streams) is done before, untimed.
+pub fn copy_beside_held_streams(contexts: &[Context; 2]) {
+    const LEN: usize = (4 << 20) / 4 + 3; // two staging chunks
+    let streams: Vec<Stream> = contexts.iter().map(|c| Stream::new(c).unwrap()).collect();
+    let mut buffers: Vec<DeviceBuffer<u32>> = streams
+        .iter()
+        .map(|s| DeviceBuffer::zeroed(s, LEN).unwrap())
+        .collect();
+    let (first, second) = buffers.split_at_mut(1);
+    streams[1].copy(&first[0], &mut second[0]).unwrap();
+    for stream in &streams {
+        stream.synchronize().unwrap();
+    }
+    let unrelated: Vec<Stream> = contexts.iter().map(|c| Stream::new(c).unwrap()).collect();
+    let held: Vec<_> = unrelated
+        .iter()
+        .map(|s| hold(s, Duration::from_secs(2)))
+        .collect();
+    for (from, to, on) in [(0, 1, 1), (1, 0, 1)] {
+        let (src, dst) = if from == 0 {
+            let (a, b) = buffers.split_at_mut(1);
+            (&a[0], &mut b[0])
+        } else {
+            let (a, b) = buffers.split_at_mut(1);
+            (&b[0], &mut a[0])
+        };
+        streams[on].copy(src, dst).unwrap();
+        let done = cuda_pinned::Event::new(&contexts[on]).unwrap();
+        streams[on].record(&done).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_millis(1500);
+        while !done.query().unwrap() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            done.query().unwrap(),
+            "the copy from device {from} to device {to} waited for an unrelated stream"
+        );
+    }
+    drop(held);
+    for context in contexts {
+        context.synchronize().unwrap();
+    }
+}

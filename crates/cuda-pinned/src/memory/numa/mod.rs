@@ -46,9 +46,9 @@ impl Placement {
     /// [`Placement::Any`], and on systems other than Linux).
     ///
     /// # Errors
-    /// An invalid-argument error for [`Placement::Node`] of a node that is not online, or where the host's
-    /// topology or the device's node cannot be read from sysfs; the driver's, from reading the device's PCI
-    /// address.
+    /// For [`Placement::Node`], an invalid-argument error for a node that is not online or where the host's
+    /// topology cannot be read from sysfs. [`Placement::DeviceNode`] gives `None` where its node cannot be
+    /// read.
     pub fn node(self, device: Device) -> Result<Option<u32>> {
         node_for(self, device)
     }
@@ -186,12 +186,19 @@ fn system_topology() -> Result<&'static Topology> {
 /// The node to place memory for `device` on, by `placement`, on this host; `None` to leave it to the system.
 ///
 /// # Errors
-/// As [`Topology::resolve`], and the driver's, from reading the device's PCI address.
+/// For an explicit [`Placement::Node`], as [`Topology::resolve`]: [`Placement::DeviceNode`] resolves to `None`
+/// where the topology, the device's PCI address or its node cannot be read.
 pub(crate) fn node_for(placement: Placement, device: Device) -> Result<Option<u32>> {
-    if placement == Placement::Any {
-        return Ok(None);
+    let resolved = match placement {
+        Placement::Any => return Ok(None),
+        _ => system_topology().and_then(|t| t.resolve(placement, || device.pci_bus_id())),
+    };
+    match (placement, resolved) {
+        // The default prefers the device's node without requiring it: where the topology or the device's
+        // node cannot be read, the memory goes where the system puts it.
+        (Placement::DeviceNode, Err(_)) => Ok(None),
+        (_, resolved) => resolved,
     }
-    system_topology()?.resolve(placement, || device.pci_bus_id())
 }
 
 /// Runs `f`, which allocates (pins) page-locked memory for `device`, so that the memory lands where
@@ -204,10 +211,11 @@ pub(crate) fn place<R: Send>(
     device: Device,
     f: impl FnOnce() -> R + Send,
 ) -> Result<R> {
-    if placement == Placement::Any {
-        return Ok(f());
-    }
-    place_in(system_topology()?, placement, || device.pci_bus_id(), f)
+    let topology = match (placement, system_topology()) {
+        (Placement::Any, _) | (Placement::DeviceNode, Err(_)) => return Ok(f()),
+        (_, topology) => topology?,
+    };
+    place_in(topology, placement, || device.pci_bus_id(), f)
 }
 
 /// Runs `f`, which allocates (pins) page-locked memory for the device `bus_id` names, so that the memory
@@ -217,14 +225,19 @@ pub(crate) fn place<R: Send>(
 /// [`Placement::Any`].
 ///
 /// # Errors
-/// As [`Topology::resolve`] and [`on_node`]; `f` has not run then.
+/// For an explicit [`Placement::Node`], as [`Topology::resolve`] and [`on_node`]; `f` has not run then.
 fn place_in<R: Send>(
     topology: &Topology,
     placement: Placement,
     bus_id: impl FnOnce() -> Result<String>,
     f: impl FnOnce() -> R + Send,
 ) -> Result<R> {
-    match topology.resolve(placement, bus_id)? {
+    let node = match (placement, topology.resolve(placement, bus_id)) {
+        // As in `node_for`: the default binds nothing where the device's node cannot be read.
+        (Placement::DeviceNode, Err(_)) => None,
+        (_, node) => node?,
+    };
+    match node {
         None => Ok(f()),
         Some(node) => {
             let strict = matches!(placement, Placement::Node(_));

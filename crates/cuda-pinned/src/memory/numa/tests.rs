@@ -374,4 +374,9 @@ fn allocations_run_where_the_placement_says() {
     assert_ne!(refused.2.0, libc::MPOL_PREFERRED);
     fails_with(at(Placement::Node(1), ""), "set_mempolicy");
     fails_with(at(Placement::Node(2), ""), "not online");
+    // A device whose node cannot be read: the default allocates unbound, an explicit node is unaffected.
+    let unreadable = || Err(Error::invalid("no PCI address"));
+    let device_node = place_in(&topology, Placement::DeviceNode, unreadable, this_thread);
+    assert_eq!(device_node.unwrap(), caller);
+    assert!(place_in(&topology, Placement::Node(0), unreadable, this_thread).is_ok());
 }

@@ -73,7 +73,8 @@ impl Block {
                 let ptr = numa::place(placement, context.device(), || {
                     let _current = context.enter()?;
                     calls::mem_host_alloc(bytes, POOL_FLAGS).map(|ptr| ptr as usize)
-                })?
+                })
+                .and_then(|allocated| allocated)
                 .map_err(|e| e.context(format_args!("pinning {} for the pool", Bytes(bytes))))?;
                 let ptr = NonNull::new(ptr as *mut u8)
                     .ok_or_else(|| Error::invalid("cuMemHostAlloc returned null"))?;
