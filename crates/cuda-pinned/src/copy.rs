@@ -298,14 +298,17 @@ impl Stream {
         .map_err(|e| e.context(format_args!("downloading {}", Bytes(bytes))))
     }
 
-    /// Enqueues a device-to-device copy on this stream. Returns at once.
+    /// Enqueues a device-to-device copy on this stream. Returns at once, except for the first copy between two
+    /// devices (below).
     ///
     /// `src` and `dst` may belong to two devices, one of them this stream's: the copy then goes directly
     /// between them where they can access each other (NVLink, or PCIe peer to peer; peer access is enabled for
-    /// both directions on the first copy between two contexts, see [`Context::enable_peer_access`]), else
-    /// through two page-locked staging buffers of up to 4 MiB allocated for the copy, each chunk downloaded on
-    /// a stream of the source's device and uploaded on one of the destination's. Either way the copy is in
-    /// this stream's order and tracked on both buffers like any copy.
+    /// both directions on the first copy between two context handles, which takes the driver a while: see
+    /// [`Context::enable_peer_access`]), else through two page-locked staging buffers of 4 MiB, each chunk
+    /// downloaded on a stream of the source's device and uploaded on one of the destination's. The staging
+    /// buffers and that stream are made by the first such copy (pinning takes a few milliseconds) and kept
+    /// for the next ones, a few for the life of the process. Either way the copy is in this stream's order
+    /// and tracked on both buffers like any copy.
     ///
     /// # Errors
     /// As [`Stream::upload`]; an invalid-argument error if neither buffer belongs to this stream's context;

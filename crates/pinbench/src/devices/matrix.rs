@@ -4,8 +4,8 @@
 //! Between two devices, [`Stream::copy`] enables peer access both ways on its first copy and goes direct where it
 //! could, else stages the copy through pinned memory. The matrix enables it itself before a pair's first copy,
 //! with the same condition, so that enabling is in no copy's time and the cell can say which way the copies went.
-//! A staged copy's time includes what the library does for each such copy: a stream of the other device, and two
-//! pinned staging buffers of up to 4 MiB, allocated and then freed once the copy is done.
+//! The library makes a staged copy's stream of the other device and its two pinned staging buffers of 4 MiB on the
+//! first such copy and keeps them: the warm-up pays for them.
 //!
 //! [`Stream::copy`]: cuda_pinned::Stream::copy
 
