@@ -200,17 +200,17 @@ impl Stream {
         bytes: usize,
     ) -> Result<()> {
         let (from, to) = (src.owner(), dst.owner());
-        let other = SpareStream::take(if self.context() == from { to } else { from })?;
+        let other = staging_stream(if self.context() == from { to } else { from })?;
         let (down, up) = if self.context() == from {
-            (self, other.stream())
+            (self, other.get())
         } else {
-            (other.stream(), self)
+            (other.get(), self)
         };
         let chunk = bytes.min(STAGING_CHUNK);
-        let staging = Spare::take(self.context())?;
+        let staging = staging_buffers(self.context())?;
         for (i, offset) in (0..bytes).step_by(chunk).enumerate() {
             let n = chunk.min(bytes - offset);
-            let bounce = &staging.pair()[i % 2];
+            let bounce = &staging.get()[i % 2];
             down.tracked_as(
                 Work::Timed(Category::Download, "peer staged", n),
                 Some(src.track()),
@@ -262,91 +262,88 @@ impl Stream {
     }
 }
 
-/// Streams of the copies between devices without peer access, kept for the next such copies with the staging
-/// buffers (see [`SPARES`]): a copy runs half its work on a stream of the other device. At most
-/// [`SPARE_STREAMS_KEPT`] are kept.
-static SPARE_STREAMS: Mutex<Vec<Stream>> = Mutex::new(Vec::new());
-
-/// The most streams kept in [`SPARE_STREAMS`].
-const SPARE_STREAMS_KEPT: usize = 8;
-
-/// A stream taken from [`SPARE_STREAMS`] (or made) for one copy, given back when dropped.
-struct SpareStream(Option<Stream>);
-
-impl SpareStream {
-    /// A spare stream of `context`, or a new one.
-    fn take(context: &Context) -> Result<SpareStream> {
-        let spare = {
-            let mut spares = SPARE_STREAMS.lock().unwrap_or_else(PoisonError::into_inner);
-            let found = spares.iter().position(|s| s.context() == context);
-            found.map(|at| spares.swap_remove(at))
-        };
-        let stream = match spare {
-            Some(stream) => stream,
-            None => Stream::new(context)?,
-        };
-        Ok(SpareStream(Some(stream)))
-    }
-
-    fn stream(&self) -> &Stream {
-        self.0
-            .as_ref()
-            .expect("a spare holds its stream until dropped")
-    }
-}
-
-impl Drop for SpareStream {
-    fn drop(&mut self) {
-        let mut spares = SPARE_STREAMS.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(stream) = self.0.take()
-            && spares.len() < SPARE_STREAMS_KEPT
-        {
-            spares.push(stream);
-        }
-    }
-}
-
-/// Staging buffers of copies between devices that cannot access each other, kept for the next such copies:
-/// pinning costs about half a second per GiB, and page-locked memory is unpinned only once every device is
-/// idle, which a steady load on several devices may never leave it. At most [`SPARE_PAIRS`] pairs of
-/// [`STAGING_CHUNK`] bytes each are kept, for the life of the process (with a handle of the context each was
-/// allocated in: the memory is portable, and serves copies between any devices).
-static SPARES: Mutex<Vec<[Pinned<u8>; 2]>> = Mutex::new(Vec::new());
+/// What the copies between devices without peer access keep for the next such copies: pinning costs about
+/// half a second per GiB, and page-locked memory is unpinned only once every device is idle, which a steady
+/// load on several devices may never leave it. At most [`MOST_PAIRS`] pairs of staging buffers of
+/// [`STAGING_CHUNK`] bytes (portable: they serve copies between any devices) and [`MOST_STREAMS`] streams
+/// are kept, for the life of the process, each with a handle of its context.
+static KEPT_BUFFERS: Mutex<Vec<[Pinned<u8>; 2]>> = Mutex::new(Vec::new());
+static KEPT_STREAMS: Mutex<Vec<Stream>> = Mutex::new(Vec::new());
 
 /// The most pairs of staging buffers kept: as many copies between devices without peer access at a time.
-const SPARE_PAIRS: usize = 4;
+const MOST_PAIRS: usize = 4;
+/// The most streams kept: two per device of a host of four.
+const MOST_STREAMS: usize = 8;
 
-/// A pair of staging buffers taken from [`SPARES`] (or allocated) for one copy, given back when dropped.
-struct Spare(Option<[Pinned<u8>; 2]>);
-
-impl Spare {
-    /// A spare pair, or a new one allocated in `context`.
-    fn take(context: &Context) -> Result<Spare> {
-        let spare = SPARES.lock().unwrap_or_else(PoisonError::into_inner).pop();
-        let pair = match spare {
-            Some(pair) => pair,
-            None => [
+/// A pair of staging buffers for one copy: a kept one, or one allocated in `context`.
+fn staging_buffers(context: &Context) -> Result<Spare<[Pinned<u8>; 2]>> {
+    Spare::take(
+        &KEPT_BUFFERS,
+        MOST_PAIRS,
+        |_| true,
+        || {
+            Ok([
                 Pinned::zeroed(context, STAGING_CHUNK)?,
                 Pinned::zeroed(context, STAGING_CHUNK)?,
-            ],
+            ])
+        },
+    )
+}
+
+/// A stream of `context` for one copy: a kept one, or a new one.
+fn staging_stream(context: &Context) -> Result<Spare<Stream>> {
+    let of_context = |stream: &Stream| stream.context() == context;
+    Spare::take(&KEPT_STREAMS, MOST_STREAMS, of_context, || {
+        Stream::new(context)
+    })
+}
+
+/// Something taken from a list of kept ones (or made) for one copy, put back when dropped, unless the list
+/// holds its most already.
+struct Spare<T: 'static> {
+    item: Option<T>,
+    kept: &'static Mutex<Vec<T>>,
+    most: usize,
+}
+
+impl<T> Spare<T> {
+    /// The first kept item that `fits`, taken out of `kept`, else one `make` makes.
+    fn take(
+        kept: &'static Mutex<Vec<T>>,
+        most: usize,
+        fits: impl FnMut(&T) -> bool,
+        make: impl FnOnce() -> Result<T>,
+    ) -> Result<Spare<T>> {
+        let found = {
+            let mut list = kept.lock().unwrap_or_else(PoisonError::into_inner);
+            let at = list.iter().position(fits);
+            at.map(|at| list.swap_remove(at))
         };
-        Ok(Spare(Some(pair)))
+        let item = match found {
+            Some(item) => item,
+            None => make()?,
+        };
+        Ok(Spare {
+            item: Some(item),
+            kept,
+            most,
+        })
     }
 
-    fn pair(&self) -> &[Pinned<u8>; 2] {
-        self.0
+    fn get(&self) -> &T {
+        self.item
             .as_ref()
-            .expect("a spare holds its pair until dropped")
+            .expect("a spare holds its item until dropped")
     }
 }
 
-impl Drop for Spare {
+impl<T> Drop for Spare<T> {
     fn drop(&mut self) {
-        let mut spares = SPARES.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(pair) = self.0.take()
-            && spares.len() < SPARE_PAIRS
+        let mut list = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(item) = self.item.take()
+            && list.len() < self.most
         {
-            spares.push(pair);
+            list.push(item);
         }
     }
 }

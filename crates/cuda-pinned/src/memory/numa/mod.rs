@@ -4,8 +4,8 @@
 //! fraction of the bandwidth of memory next to the GPU's PCIe root. The kernel places a page when it is first
 //! touched or pinned, by the memory policy of the thread doing it, and the driver pins the pages of
 //! `cuMemHostAlloc` in the calling thread. So memory is placed by allocating it on a helper thread whose
-//! policy prefers the node ([`on_node`]); memory the crate maps itself can instead be bound before its first
-//! touch ([`bind_range`]). [`node_of_address`] reports where a page ended up.
+//! policy prefers the node (`place`); memory the crate maps itself can instead be bound before its first
+//! touch ([`bind_range`]). The tests read where a page ended up (`node_of_address`).
 //!
 //! The topology comes from sysfs ([`Topology::read`]), whose root is an argument so that tests build fake
 //! trees. Only Linux binds anything: elsewhere every placement resolves to "do not bind".
@@ -225,7 +225,7 @@ pub(crate) fn place<R: Send>(
 /// [`Placement::Any`].
 ///
 /// # Errors
-/// For an explicit [`Placement::Node`], as [`Topology::resolve`] and [`on_node`]; `f` has not run then.
+/// For an explicit [`Placement::Node`], as [`Topology::resolve`] and `run_on_node`; `f` has not run then.
 fn place_in<R: Send>(
     topology: &Topology,
     placement: Placement,
@@ -362,7 +362,7 @@ pub(crate) fn on_node<R: Send>(
     run_on_node(node, topology, true, f)
 }
 
-/// [`on_node`], where a binding the system refuses is an error only if `strict`; otherwise `f` runs on the
+/// `on_node`, where a binding the system refuses is an error only if `strict`; otherwise `f` runs on the
 /// helper thread unbound.
 fn run_on_node<R: Send>(
     node: u32,
