@@ -312,7 +312,8 @@ impl Stream {
     ///
     /// # Errors
     /// As [`Stream::upload`]; an invalid-argument error if neither buffer belongs to this stream's context;
-    /// the driver's, from enabling peer access.
+    /// the driver's, from enabling peer access. A staged copy that fails partway leaves part of `dst` written
+    /// (every part enqueued is still tracked).
     #[doc(alias = "cuMemcpyDtoDAsync")]
     #[doc(alias = "cuMemcpyPeerAsync")]
     pub fn copy<T: Pod>(

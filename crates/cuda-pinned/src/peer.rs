@@ -188,7 +188,7 @@ impl Stream {
 
     /// Copies `bytes` from `src` to `dst`, of two devices that cannot access each other, through two
     /// page-locked staging buffers taken in turn: each chunk downloaded on a stream of `src`'s device, then
-    /// uploaded on one of `dst`'s (this stream is one of them, the other is made for the copy). Every step is
+    /// uploaded on one of `dst`'s (this stream is one of them, the other a kept one). Every step is
     /// an ordinary tracked copy, so the buffers' trackers order the chunks (a chunk's upload after its
     /// download, the download into a staging buffer after the upload that last read it) and every later use
     /// of `src`, `dst` and the staging buffers; this stream then waits for the last upload, so that the copy
