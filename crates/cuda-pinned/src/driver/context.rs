@@ -188,12 +188,15 @@ impl Known {
     }
 }
 
-/// Reports `errors` of a sweep of `device` through one of its contexts still alive, if any: a context's
-/// deferred errors ([`Context::check_deferred_errors`]). Call it without holding the list of devices (a
-/// context's handle may be the last, and its drop takes the list).
+/// Reports `errors` met while looking at a device through every handle of its context still alive: each
+/// handle's deferred errors ([`Context::check_deferred_errors`]), so that whichever handles the user holds
+/// hear of them (others may be the crate's own, such as a kept stream's). Call it without holding the list of
+/// devices (a context's handle may be the last, and its drop takes the list).
 fn report_sweep(contexts: &[Context], errors: Vec<Error>) {
-    if let Some(context) = contexts.first() {
-        errors.into_iter().for_each(|e| context.defer_error(e));
+    for error in errors {
+        for context in contexts {
+            context.defer_error(error.clone());
+        }
     }
 }
 
@@ -502,9 +505,8 @@ impl Context {
         drained
             && contexts.iter().all(|context| {
                 context.idle().unwrap_or_else(|e| {
-                    context.defer_error(
-                        e.context("finding whether the device is idle, to unpin memory"),
-                    );
+                    let e = e.context("finding whether the device is idle, to unpin memory");
+                    report_sweep(&contexts, vec![e]);
                     false
                 })
             })
