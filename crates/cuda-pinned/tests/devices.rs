@@ -73,6 +73,9 @@ fn produce_and_consume(tracked: bool) -> (Vec<u32>, Vec<u32>) {
         }
         .unwrap()
         .unwrap();
+        // It waits for nothing: done while the producer is still held (the simulator's streams run after
+        // random delays, so without this the producer, released below, could win the race).
+        s1.synchronize().unwrap();
     }
     s1.download(&d1, &mut out).unwrap();
     drop(held);
