@@ -324,7 +324,11 @@ impl Stream {
         if src.owner() != self.context() || dst.owner() != self.context() {
             return self.copy_between_devices(src, dst);
         }
-        let Some(bytes) = self.check_copy::<T>("copying", src.elements(), dst)? else {
+        let sides = (
+            ("the source", src.elements()),
+            ("the destination", dst.elements()),
+        );
+        let Some(bytes) = copy_bytes::<T>("copying", sides.0, sides.1)? else {
             return Ok(());
         };
         self.tracked_as(
@@ -435,14 +439,11 @@ impl Stream {
         device: &impl sealed::DeviceMemory,
     ) -> Result<Option<usize>> {
         self.check_context(device)?;
-        if host_len != device.elements() {
-            return Err(Error::invalid(format_args!(
-                "{what}: the host memory has {host_len} elements and the device memory {}; nothing was enqueued",
-                device.elements()
-            )));
-        }
-        let bytes = crate::memory::byte_len::<T>(host_len, what)?;
-        Ok((bytes > 0).then_some(bytes))
+        copy_bytes::<T>(
+            what,
+            ("the host memory", host_len),
+            ("the device memory", device.elements()),
+        )
     }
 
     /// Refuses page-locked memory that this stream's context need not take for page-locked: memory of another
@@ -492,4 +493,34 @@ impl Stream {
             }
         }
     }
+}
+
+/// That the two sides of a transfer, each `(name, elements)`, have the same number of elements.
+///
+/// # Errors
+/// An invalid-argument error naming both where they differ.
+pub(crate) fn check_lengths(
+    what: &str,
+    (one, one_len): (&str, usize),
+    (other, other_len): (&str, usize),
+) -> Result<()> {
+    if one_len == other_len {
+        Ok(())
+    } else {
+        Err(Error::invalid(format_args!(
+            "{what}: {one} has {one_len} elements and {other} {other_len}; nothing was enqueued"
+        )))
+    }
+}
+
+/// The size in bytes of a copy between two sides of `(name, elements)`, or `None` for an empty copy, which
+/// enqueues nothing, after checking that the lengths agree ([`check_lengths`]).
+pub(crate) fn copy_bytes<T>(
+    what: &str,
+    one: (&str, usize),
+    other: (&str, usize),
+) -> Result<Option<usize>> {
+    check_lengths(what, one, other)?;
+    let bytes = crate::memory::byte_len::<T>(one.1, what)?;
+    Ok((bytes > 0).then_some(bytes))
 }

@@ -470,7 +470,7 @@ pub mod ranges {
     /// # Errors
     /// An invalid-argument error naming both lengths if they differ.
     pub fn check_lengths(what: &str, host: usize, device: usize) -> Result<()> {
-        crate::staging::check_lengths(what, host, device)
+        crate::staging::check_host_device(what, host, device)
     }
 
     /// How a staged transfer of `total` bytes with `options` splits.

@@ -12,7 +12,7 @@ use std::sync::{Mutex, PoisonError};
 use bytemuck::Pod;
 
 use crate::copy::sealed::{DeviceMemory, PinnedMemory};
-use crate::copy::{DeviceDestination, DeviceSource};
+use crate::copy::{DeviceDestination, DeviceSource, copy_bytes};
 use crate::driver::calls;
 use crate::driver::{Category, Context, Stream};
 use crate::error::{Error, Result};
@@ -37,7 +37,7 @@ impl Context {
         if ordinal == self.device().ordinal() {
             return Ok(false);
         }
-        if let Some(&(_, can)) = self.peers().reachable.iter().find(|(o, _)| *o == ordinal) {
+        if let Some(can) = self.peers().reachable(ordinal) {
             return Ok(can);
         }
         let can = calls::device_can_access_peer(self.device().as_raw(), peer.device().as_raw())
@@ -48,7 +48,7 @@ impl Context {
                     ordinal
                 ))
             })?;
-        self.peers().reachable.push((ordinal, can));
+        self.peers().set_reachable(ordinal, can);
         Ok(can)
     }
 
@@ -99,7 +99,7 @@ impl Context {
             Err(e) if e.driver_code() == Some(CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) => {
             }
             Err(e) if refused(&e) => {
-                self.peers().set_unreachable(peer.device().ordinal());
+                self.peers().set_reachable(peer.device().ordinal(), false);
                 return Ok(false);
             }
             Err(e) => return Err(e.context(what())),
@@ -111,7 +111,7 @@ impl Context {
             });
             match granted {
                 Err(e) if refused(&e) => {
-                    self.peers().set_unreachable(peer.device().ordinal());
+                    self.peers().set_reachable(peer.device().ordinal(), false);
                     return Ok(false);
                 }
                 granted => granted.map_err(|e| e.context(what()))?,
@@ -139,18 +139,13 @@ impl Stream {
                 self.context().device().ordinal()
             )));
         }
-        if src.elements() != dst.elements() {
-            return Err(Error::invalid(format_args!(
-                "copying between devices: the source has {} elements and the destination {}; nothing was \
-                 enqueued",
-                src.elements(),
-                dst.elements()
-            )));
-        }
-        let bytes = crate::memory::byte_len::<T>(src.elements(), "copying between devices")?;
-        if bytes == 0 {
+        let sides = (
+            ("the source", src.elements()),
+            ("the destination", dst.elements()),
+        );
+        let Some(bytes) = copy_bytes::<T>("copying between devices", sides.0, sides.1)? else {
             return Ok(());
-        }
+        };
         let direct = from.enable_peer_access(&to)? && to.enable_peer_access(&from)?;
         let copied = if direct {
             self.tracked_as(

@@ -44,7 +44,7 @@ use std::thread::{Scope, ScopedJoinHandle};
 
 use bytemuck::Pod;
 
-use crate::copy::{DeviceDestination, DeviceSource};
+use crate::copy::{DeviceDestination, DeviceSource, check_lengths};
 use crate::driver::calls;
 use crate::driver::{Category, Stream};
 use crate::error::{Error, Result};
@@ -261,7 +261,7 @@ fn upload<T: Pod>(
 ) -> Result<()> {
     let plan = options.plan(size_of_val(src))?;
     stream.check_context(dst)?;
-    check_lengths("staged upload", src.len(), dst.elements())?;
+    check_host_device("staged upload", src.len(), dst.elements())?;
     let bytes: &[u8] = bytemuck::cast_slice(src);
     if bytes.is_empty() {
         return Ok(());
@@ -396,7 +396,7 @@ fn download<T: Pod>(
     let total = size_of_val(dst);
     let plan = options.plan(total)?;
     stream.check_context(src)?;
-    check_lengths("staged download", dst.len(), src.elements())?;
+    check_host_device("staged download", dst.len(), src.elements())?;
     if total == 0 {
         return Ok(());
     }
@@ -618,18 +618,16 @@ fn stream_copy(to: &mut [u8], from: &[u8]) {
     to.copy_from_slice(from);
 }
 
-/// That the host and device sides of a transfer have the same number of elements.
+/// That the host and device sides of a transfer have the same number of elements ([`check_lengths`]).
 ///
 /// # Errors
 /// An invalid-argument error naming both lengths where they differ.
-pub(crate) fn check_lengths(what: &str, host: usize, device: usize) -> Result<()> {
-    if host == device {
-        Ok(())
-    } else {
-        Err(Error::invalid(format_args!(
-            "{what}: the host memory has {host} elements and the device memory {device}; nothing was enqueued"
-        )))
-    }
+pub(crate) fn check_host_device(what: &str, host: usize, device: usize) -> Result<()> {
+    check_lengths(
+        what,
+        ("the host memory", host),
+        ("the device memory", device),
+    )
 }
 
 /// The shared state of one staged transfer's threads: its staging buffers (of type `B`), at most `limit` of

@@ -34,6 +34,15 @@ fn two_devices() -> [Context; 2] {
 
 const N: usize = 1 << 20;
 
+/// Waits for the work of both devices, then checks that no free was refused or leaked on the way (the errors
+/// a destructor keeps in its context).
+fn settle(contexts: &[Context; 2]) {
+    for context in contexts {
+        context.synchronize().unwrap();
+        context.check_deferred_errors().unwrap();
+    }
+}
+
 /// A device buffer of `stream`'s device holding `values`, uploaded on `stream`.
 fn device_copy(stream: &Stream, values: &[u32]) -> DeviceBuffer<u32> {
     let host = Pinned::from_slice(stream.context(), values).unwrap();
@@ -164,10 +173,7 @@ fn peer_copies_both_ways_arrive_whole() {
         }
     }
     assert!(contexts[0].can_access_peer(&contexts[1]).unwrap() || !common::SIMULATED);
-    for context in &contexts {
-        context.synchronize().unwrap();
-        context.check_deferred_errors().unwrap();
-    }
+    settle(&contexts);
 }
 
 /// A copy between the devices makes no unrelated stream wait, and waits for none: it completes on the
@@ -210,11 +216,7 @@ fn buffers_dropped_while_the_other_device_reads_them_are_freed_after() {
         s1.download(buffer, &mut out).unwrap();
         common::compare(out.as_slice().unwrap(), &want, what).unwrap();
     }
-    ctx0.synchronize().unwrap();
-    ctx1.synchronize().unwrap();
-    // No free was refused or leaked on the way.
-    ctx0.check_deferred_errors().unwrap();
-    ctx1.check_deferred_errors().unwrap();
+    settle(&[ctx0, ctx1]);
 }
 
 /// Memory that a device's streams must not use is refused before anything is enqueued, beside twins that are
@@ -348,8 +350,7 @@ fn a_sharded_prefetcher_feeds_both_devices() {
         "{:?}",
         refused.map(|p| p.len())
     );
-    ctx0.check_deferred_errors().unwrap();
-    ctx1.check_deferred_errors().unwrap();
+    settle(&[ctx0, ctx1]);
 }
 
 /// Gathered batches on both devices from one table in page-locked memory, shared by each device's

@@ -44,8 +44,8 @@ struct Inner {
 #[derive(Default)]
 pub(crate) struct Peers {
     /// Devices (ordinals) whose memory the device can or cannot access directly (`cuDeviceCanAccessPeer`): a
-    /// property of the hardware, asked once.
-    pub(crate) reachable: Vec<(usize, bool)>,
+    /// property of the hardware, asked once; also `false` where the driver refused to enable access.
+    reachable: Vec<(usize, bool)>,
     /// Context handles to whose memory access was enabled while they lived: the access lasts while one of
     /// them does (their primary context is retained meanwhile), so it is enabled again only after.
     enabled: Vec<Weak<Inner>>,
@@ -59,11 +59,18 @@ impl Peers {
             .any(|c| std::ptr::eq(c.as_ptr(), Arc::as_ptr(&peer.0)))
     }
 
-    /// Notes that the driver refused access to the memory of device `ordinal`: copies go through page-locked
-    /// memory from now on.
-    pub(crate) fn set_unreachable(&mut self, ordinal: usize) {
+    /// Whether the device can access the memory of device `ordinal`, if known.
+    pub(crate) fn reachable(&self, ordinal: usize) -> Option<bool> {
+        self.reachable
+            .iter()
+            .find_map(|&(o, can)| (o == ordinal).then_some(can))
+    }
+
+    /// Notes whether the device can access the memory of device `ordinal` (`false` also where the driver
+    /// refused to enable it: copies go through page-locked memory from then on).
+    pub(crate) fn set_reachable(&mut self, ordinal: usize, can: bool) {
         self.reachable.retain(|(o, _)| *o != ordinal);
-        self.reachable.push((ordinal, false));
+        self.reachable.push((ordinal, can));
     }
 
     /// Notes that access to `peer`'s memory is enabled, forgetting handles that are gone.

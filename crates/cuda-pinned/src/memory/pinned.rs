@@ -81,7 +81,7 @@ impl PinnedBuilder {
     /// Page-locked for every context in the process, not only the allocating one (`CU_MEMHOSTALLOC_PORTABLE`),
     /// so that it is the host side of asynchronous copies on the streams of every device. On by default. Memory
     /// that is not portable is refused (an `Err`) by copies on another device's streams: that device's context
-    /// would take it for pageable memory and copy it slowly, blocking the caller.
+    /// need not take it for page-locked memory, and may copy it as pageable memory, slowly and blocking.
     pub fn portable(self, yes: bool) -> PinnedBuilder {
         self.flag(CU_MEMHOSTALLOC_PORTABLE, yes)
     }
@@ -121,7 +121,8 @@ impl PinnedBuilder {
             NonNull::dangling()
         } else {
             let (context, flags) = (&self.context, self.flags);
-            // Freed in Drop (deferred while in use).
+            // Freed in Drop (deferred while in use). The address comes back as a number: a raw pointer cannot
+            // leave the helper thread that `place` may run the allocation on.
             let ptr = numa::place(self.placement, context.device(), || {
                 let _current = context.enter()?;
                 calls::mem_host_alloc(bytes, flags).map(|ptr| ptr as usize)

@@ -189,15 +189,22 @@ fn system_topology() -> Result<&'static Topology> {
 /// For an explicit [`Placement::Node`], as [`Topology::resolve`]: [`Placement::DeviceNode`] resolves to `None`
 /// where the topology, the device's PCI address or its node cannot be read.
 pub(crate) fn node_for(placement: Placement, device: Device) -> Result<Option<u32>> {
-    let resolved = match placement {
-        Placement::Any => return Ok(None),
-        _ => system_topology().and_then(|t| t.resolve(placement, || device.pci_bus_id())),
-    };
-    match (placement, resolved) {
-        // The default prefers the device's node without requiring it: where the topology or the device's
-        // node cannot be read, the memory goes where the system puts it.
+    match (placement, system_topology()) {
+        (Placement::Any, _) | (Placement::DeviceNode, Err(_)) => Ok(None),
+        (_, topology) => node_in(topology?, placement, || device.pci_bus_id()),
+    }
+}
+
+/// [`Topology::resolve`], except that the default, [`Placement::DeviceNode`], prefers the device's node
+/// without requiring it: where the device's node cannot be read, the memory goes where the system puts it.
+fn node_in(
+    topology: &Topology,
+    placement: Placement,
+    bus_id: impl FnOnce() -> Result<String>,
+) -> Result<Option<u32>> {
+    match (placement, topology.resolve(placement, bus_id)) {
         (Placement::DeviceNode, Err(_)) => Ok(None),
-        (_, resolved) => resolved,
+        (_, node) => node,
     }
 }
 
@@ -211,18 +218,17 @@ pub(crate) fn place<R: Send>(
     device: Device,
     f: impl FnOnce() -> R + Send,
 ) -> Result<R> {
-    let topology = match (placement, system_topology()) {
-        (Placement::Any, _) | (Placement::DeviceNode, Err(_)) => return Ok(f()),
-        (_, topology) => topology?,
-    };
-    place_in(topology, placement, || device.pci_bus_id(), f)
+    match (placement, system_topology()) {
+        (Placement::Any, _) | (Placement::DeviceNode, Err(_)) => Ok(f()),
+        (_, topology) => place_in(topology?, placement, || device.pci_bus_id(), f),
+    }
 }
 
 /// Runs `f`, which allocates (pins) page-locked memory for the device `bus_id` names, so that the memory
-/// lands where `placement` says in `topology`: on the calling thread where there is nothing to bind, else on
-/// a helper thread bound to the node ([`run_on_node`]). A binding the system refuses is an error for an
-/// explicit [`Placement::Node`]; for [`Placement::DeviceNode`], the default, `f` runs unbound then, as for
-/// [`Placement::Any`].
+/// lands where `placement` says in `topology` ([`node_in`]): on the calling thread where there is nothing to
+/// bind, else on a helper thread bound to the node ([`run_on_node`]). A binding the system refuses is an error
+/// for an explicit [`Placement::Node`]; for [`Placement::DeviceNode`], the default, `f` runs unbound then, as
+/// for [`Placement::Any`].
 ///
 /// # Errors
 /// For an explicit [`Placement::Node`], as [`Topology::resolve`] and `run_on_node`; `f` has not run then.
@@ -232,17 +238,33 @@ fn place_in<R: Send>(
     bus_id: impl FnOnce() -> Result<String>,
     f: impl FnOnce() -> R + Send,
 ) -> Result<R> {
-    let node = match (placement, topology.resolve(placement, bus_id)) {
-        // As in `node_for`: the default binds nothing where the device's node cannot be read.
-        (Placement::DeviceNode, Err(_)) => None,
-        (_, node) => node?,
-    };
-    match node {
+    match node_in(topology, placement, bus_id)? {
         None => Ok(f()),
         Some(node) => {
             let strict = matches!(placement, Placement::Node(_));
             run_on_node(node, topology, strict, f)
         }
+    }
+}
+
+/// Makes the pages of `len` bytes at `ptr` (page-aligned, mapped, not touched yet) prefer the node
+/// `placement` names for `device` when they are first touched. A binding the system refuses is an error only
+/// for an explicit [`Placement::Node`], as in [`place`].
+///
+/// # Errors
+/// As [`node_for`], and for an explicit node, as [`bind_range`].
+pub(crate) fn bind_for(
+    ptr: *mut u8,
+    len: usize,
+    placement: Placement,
+    device: Device,
+) -> Result<()> {
+    let Some(node) = node_for(placement, device)? else {
+        return Ok(());
+    };
+    match bind_range(ptr, len, node) {
+        Err(e) if matches!(placement, Placement::Node(_)) => Err(e),
+        _ => Ok(()),
     }
 }
 

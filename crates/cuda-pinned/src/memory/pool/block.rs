@@ -69,7 +69,8 @@ impl Block {
             Pinning::Auto => Block::pin(context, bytes, fastest_pinning(context), placement),
             Pinning::HostAlloc => {
                 // Freed in `release`. The driver places the pages as it pins them, by the memory policy of the
-                // thread that calls it.
+                // thread that calls it. The address comes back as a number: a raw pointer cannot leave the
+                // helper thread that `place` may run the allocation on.
                 let ptr = numa::place(placement, context.device(), || {
                     let _current = context.enter()?;
                     calls::mem_host_alloc(bytes, POOL_FLAGS).map(|ptr| ptr as usize)
@@ -98,7 +99,7 @@ impl Block {
                 advise_huge_pages(ptr, bytes);
                 // Pages are placed when first touched: bound to the node first, so that the threads touching
                 // them may run anywhere.
-                if let Err(e) = bind(ptr, bytes, context, placement) {
+                if let Err(e) = numa::bind_for(ptr.as_ptr(), bytes, placement, context.device()) {
                     // SAFETY: allocated above with `layout`, never registered.
                     unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
                     return Err(e.context(format_args!("pinning {} for the pool", Bytes(bytes))));
@@ -206,18 +207,6 @@ fn zero(ptr: NonNull<u8>, bytes: usize) {
             });
         }
     });
-}
-
-/// Makes the untouched pages of `bytes` at `ptr` prefer the node `placement` names for `context`'s device.
-/// A binding the system refuses is an error only for an explicit node (as `numa::place` treats it).
-fn bind(ptr: NonNull<u8>, bytes: usize, context: &Context, placement: Placement) -> Result<()> {
-    let Some(node) = numa::node_for(placement, context.device())? else {
-        return Ok(());
-    };
-    match numa::bind_range(ptr.as_ptr(), bytes, node) {
-        Err(e) if matches!(placement, Placement::Node(_)) => Err(e),
-        _ => Ok(()),
-    }
 }
 
 /// The faster of `cuMemHostAlloc` and touch + `cuMemHostRegister` on this machine, measured once per process by
