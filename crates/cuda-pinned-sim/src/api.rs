@@ -14,8 +14,8 @@ use crate::codes;
 use crate::detect::{self, DeviceSync};
 use crate::kernel::{self, Launch};
 use crate::sim::{
-    Allocation, DEVICE_GAP, EventData, FunctionData, HostCall, Kind, Loc, ModuleData, Op, Primary,
-    SIM, State, Storage,
+    Allocation, DEVICE_GAP, EventData, FunctionData, HostCall, Kind, Loc, ModuleData, Op, PoolData,
+    Primary, SIM, State, Storage,
 };
 use crate::stream;
 use crate::sys::*;
@@ -299,6 +299,7 @@ fn device_alloc(
     device: usize,
     bytes: usize,
     kind: Kind,
+    pool: usize,
 ) -> Outcome<CUdeviceptr> {
     if bytes == 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
@@ -325,6 +326,8 @@ fn device_alloc(
         executing: 0,
         ready: kind == Kind::Device,
         free_queued: false,
+        free_stream: 0,
+        pool,
     });
     Ok(base)
 }
@@ -357,6 +360,8 @@ pub(crate) fn host_alloc(state: &mut State, bytes: usize, flags: u32) -> Outcome
         executing: 0,
         ready: true,
         free_queued: false,
+        free_stream: 0,
+        pool: 0,
     });
     Ok(base as *mut c_void)
 }
@@ -407,6 +412,8 @@ pub(crate) fn register(state: &mut State, p: *mut c_void, bytes: usize, flags: u
         executing: 0,
         ready: true,
         free_queued: false,
+        free_stream: 0,
+        pool: 0,
     });
     Ok(())
 }
@@ -472,6 +479,11 @@ pub extern "C" fn cuInit(Flags: c_uint) -> CUresult {
             state.primaries = (0..SIM.config.devices)
                 .map(|_| Primary::default())
                 .collect();
+            for device in 0..SIM.config.devices {
+                let pool = state.handle();
+                state.pools.insert(pool, PoolData::new(device));
+                state.default_pools.push(pool);
+            }
             state.initialized = true;
         }
         Ok(())
@@ -543,8 +555,11 @@ pub extern "C" fn cuDeviceGetAttribute(
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
-    entry("cuDeviceGetMemPool", |_| {
-        put(pool, pool_handle(check_device(dev)?))
+    entry("cuDeviceGetMemPool", |state| {
+        put(
+            pool,
+            state.default_pools[check_device(dev)?] as CUmemoryPool,
+        )
     })
 }
 
@@ -553,30 +568,68 @@ pub extern "C" fn cuDeviceGetDefaultMemPool(
     pool_out: *mut CUmemoryPool,
     dev: CUdevice,
 ) -> CUresult {
-    entry("cuDeviceGetDefaultMemPool", |_| {
-        put(pool_out, pool_handle(check_device(dev)?))
+    entry("cuDeviceGetDefaultMemPool", |state| {
+        put(
+            pool_out,
+            state.default_pools[check_device(dev)?] as CUmemoryPool,
+        )
     })
 }
 
-const POOL_BASE: usize = 0x9000;
-
-fn pool_handle(device: usize) -> CUmemoryPool {
-    (POOL_BASE + device * 0x10) as CUmemoryPool
+/// The pool behind a handle, if it is one not destroyed.
+fn live_pool(state: &mut State, pool: CUmemoryPool) -> Outcome<&mut PoolData> {
+    state
+        .pools
+        .get_mut(&(pool as usize))
+        .filter(|p| !p.destroyed)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
 }
 
-fn pool_device(pool: CUmemoryPool) -> Outcome<usize> {
-    let offset = (pool as usize)
-        .checked_sub(POOL_BASE)
-        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-    let device = offset / 0x10;
-    (offset % 0x10 == 0 && device < SIM.config.devices as usize)
-        .then_some(device)
-        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+/// `cuMemPoolCreate`: a pool of a device's memory, pinned, with no handle types (all the simulator models).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPoolCreate(
+    pool: *mut CUmemoryPool,
+    poolProps: *const CUmemPoolProps,
+) -> CUresult {
+    entry("cuMemPoolCreate", |mut state| {
+        if poolProps.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: checked non-null; the caller passes the properties, as cuMemPoolCreate demands.
+        let props = unsafe { poolProps.read() };
+        if props.allocType != CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED
+            || props.location.type_ != CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE
+        {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        if props.handleTypes != CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE {
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        let device = check_device(props.location.id)? as i32;
+        let handle = state.handle();
+        put(pool, handle as CUmemoryPool)?;
+        state.pools.insert(handle, PoolData::new(device));
+        Ok(())
+    })
+}
+
+/// `cuMemPoolDestroy`: no more allocations from the pool; what was allocated from it stays valid.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
+    entry("cuMemPoolDestroy", |mut state| {
+        if state.default_pools.contains(&(pool as usize)) {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        live_pool(&mut state, pool)?.destroyed = true;
+        Ok(())
+    })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, _minBytesToKeep: usize) -> CUresult {
-    entry("cuMemPoolTrimTo", |_| pool_device(pool).map(drop))
+    entry("cuMemPoolTrimTo", |mut state| {
+        live_pool(&mut state, pool).map(drop)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -586,15 +639,21 @@ pub extern "C" fn cuMemPoolSetAttribute(
     value: *mut c_void,
 ) -> CUresult {
     entry("cuMemPoolSetAttribute", |mut state| {
-        let device = pool_device(pool)?;
-        if attr != CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD {
-            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
-        }
+        let pool = live_pool(&mut state, pool)?;
         if value.is_null() {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        // SAFETY: for this attribute the value is a cuuint64_t, as cuda.h documents; checked non-null.
-        state.primaries[device].pool_threshold = unsafe { value.cast::<u64>().read_unaligned() };
+        match attr {
+            CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD => {
+                // SAFETY: for this attribute the value is a cuuint64_t, as cuda.h documents; checked non-null.
+                pool.threshold = unsafe { value.cast::<u64>().read_unaligned() };
+            }
+            CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {
+                // SAFETY: for this attribute the value is an int, as cuda.h documents; checked non-null.
+                pool.internal_dependencies = unsafe { value.cast::<c_int>().read_unaligned() } != 0;
+            }
+            _ => return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED),
+        }
         Ok(())
     })
 }
@@ -605,12 +664,18 @@ pub extern "C" fn cuMemPoolGetAttribute(
     attr: CUmemPool_attribute,
     value: *mut c_void,
 ) -> CUresult {
-    entry("cuMemPoolGetAttribute", |state| {
-        let device = pool_device(pool)?;
-        if attr != CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD {
-            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    entry("cuMemPoolGetAttribute", |mut state| {
+        let pool = live_pool(&mut state, pool)?;
+        match attr {
+            CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD => {
+                put(value.cast::<u64>(), pool.threshold)
+            }
+            CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => put(
+                value.cast::<c_int>(),
+                c_int::from(pool.internal_dependencies),
+            ),
+            _ => Err(CUresult::CUDA_ERROR_NOT_SUPPORTED),
         }
-        put(value.cast::<u64>(), state.primaries[device].pool_threshold)
     })
 }
 
@@ -623,7 +688,7 @@ pub extern "C" fn cuMemPoolSetAccess(
     count: usize,
 ) -> CUresult {
     entry("cuMemPoolSetAccess", |mut state| {
-        let owner = pool_device(pool)? as i32;
+        let pool = live_pool(&mut state, pool)?;
         if map.is_null() && count > 0 {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
@@ -639,7 +704,7 @@ pub extern "C" fn cuMemPoolSetAccess(
             }
             let device = check_device(desc.location.id)? as i32;
             let none = desc.flags == CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE;
-            if device == owner {
+            if device == pool.device {
                 if none {
                     return Err(CUresult::CUDA_ERROR_INVALID_DEVICE);
                 }
@@ -648,9 +713,9 @@ pub extern "C" fn cuMemPoolSetAccess(
             if !none && !SIM.config.peer_access {
                 return Err(CUresult::CUDA_ERROR_INVALID_DEVICE);
             }
-            state.pool_access.retain(|&pair| pair != (owner, device));
+            pool.access.retain(|&d| d != device);
             if !none {
-                state.pool_access.push((owner, device));
+                pool.access.push(device);
             }
         }
         Ok(())
@@ -663,15 +728,15 @@ pub extern "C" fn cuMemPoolGetAccess(
     memPool: CUmemoryPool,
     location: *mut CUmemLocation,
 ) -> CUresult {
-    entry("cuMemPoolGetAccess", |state| {
-        let owner = pool_device(memPool)? as i32;
+    entry("cuMemPoolGetAccess", |mut state| {
+        let pool = live_pool(&mut state, memPool)?;
         if location.is_null() {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         // SAFETY: checked non-null; the caller passes a location, as cuMemPoolGetAccess demands.
         let location = unsafe { location.read() };
         let device = check_device(location.id)? as i32;
-        let access = device == owner || state.pool_access.contains(&(owner, device));
+        let access = device == pool.device || pool.access.contains(&device);
         put(
             flags,
             if access {
@@ -845,7 +910,7 @@ pub extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUre
         if dptr.is_null() {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        let address = device_alloc(&mut state, device, bytesize, Kind::Device)?;
+        let address = device_alloc(&mut state, device, bytesize, Kind::Device, 0)?;
         put(dptr, address)
     })
 }
@@ -871,20 +936,77 @@ pub extern "C" fn cuMemAllocAsync(
     bytesize: usize,
     hStream: CUstream,
 ) -> CUresult {
-    entry("cuMemAllocAsync", |mut state| {
-        let device = if is_default_stream(hStream) {
-            current(&state)?
-        } else {
-            live_stream(&state, hStream)?.1
-        };
-        if dptr.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        let address = device_alloc(&mut state, device, bytesize, Kind::DeviceAsync)?;
-        put(dptr, address)?;
-        let id = state.device_map[&address];
-        submit(state, hStream, Op::Allocate { id }, false)
+    entry("cuMemAllocAsync", |state| {
+        alloc_from_pool(state, "cuMemAllocAsync", dptr, bytesize, None, hStream)
     })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    pool: CUmemoryPool,
+    hStream: CUstream,
+) -> CUresult {
+    entry("cuMemAllocFromPoolAsync", |state| {
+        alloc_from_pool(
+            state,
+            "cuMemAllocFromPoolAsync",
+            dptr,
+            bytesize,
+            Some(pool),
+            hStream,
+        )
+    })
+}
+
+/// A stream-ordered allocation on `stream` from `pool` (the device's default pool where `None`). Where the
+/// pool lets the driver make `stream` wait for a free still pending on another stream (internal dependencies
+/// on, the driver's default) and such a free is queued, reports a hidden wait: under memory pressure the
+/// driver would reuse that memory and order `stream` after the other stream's work.
+fn alloc_from_pool(
+    mut state: MutexGuard<'static, State>,
+    function: &str,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    pool: Option<CUmemoryPool>,
+    stream: CUstream,
+) -> Outcome {
+    let device = if is_default_stream(stream) {
+        current(&state)?
+    } else {
+        live_stream(&state, stream)?.1
+    };
+    let pool = match pool {
+        Some(pool) => pool as usize,
+        None => state.default_pools[device],
+    };
+    let data = live_pool(&mut state, pool as CUmemoryPool)?;
+    if data.device != device as i32 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    if dptr.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let internal_dependencies = data.internal_dependencies;
+    let pending_elsewhere = state
+        .allocations
+        .values()
+        .filter(|a| a.kind == Kind::DeviceAsync && a.pool == pool && a.free_queued)
+        .find(|a| a.free_stream != stream as usize)
+        .map(|a| a.free_stream);
+    if let (true, Some(other)) = (internal_dependencies, pending_elsewhere) {
+        let message = format!(
+            "HIDDEN WAIT: {function} of {bytes} bytes on stream {stream:p} from a pool that may reuse memory \
+             whose free is still pending on stream {other:#x} by making this stream wait for that one's work \
+             (CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES is on), as the driver does under memory pressure"
+        );
+        state.finding(message);
+    }
+    let address = device_alloc(&mut state, device, bytes, Kind::DeviceAsync, pool)?;
+    put(dptr, address)?;
+    let id = state.device_map[&address];
+    submit(state, stream, Op::Allocate { id }, false)
 }
 
 #[unsafe(no_mangle)]
@@ -903,6 +1025,7 @@ pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) -> CUresu
             .allocations
             .get_mut(&id)
             .expect("mapped allocations exist");
+        allocation.free_stream = hStream as usize;
         if std::mem::replace(&mut allocation.free_queued, true) {
             let message = format!("cuMemFreeAsync: device memory {dptr:#x} freed twice");
             state.violation(message);
@@ -1387,10 +1510,10 @@ pub extern "C" fn cuPointerGetAttribute(
             CUpointer_attribute::CU_POINTER_ATTRIBUTE_HOST_POINTER => {
                 Err(CUresult::CUDA_ERROR_INVALID_VALUE)
             }
-            // The pool of a stream-ordered allocation (the device's default pool), null for any other.
+            // The pool of a stream-ordered allocation, null for any other.
             CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE => {
                 let pool = if allocation.kind == Kind::DeviceAsync {
-                    pool_handle(allocation.device as usize)
+                    allocation.pool as CUmemoryPool
                 } else {
                     std::ptr::null_mut()
                 };
@@ -2019,6 +2142,9 @@ fn signatures(api: &DriverApi) {
         cuMemsetD32Async,
         cuMemFreeAsync,
         cuMemAllocAsync,
+        cuMemAllocFromPoolAsync,
+        cuMemPoolCreate,
+        cuMemPoolDestroy,
         cuMemPoolTrimTo,
         cuMemPoolSetAttribute,
         cuMemPoolGetAttribute,

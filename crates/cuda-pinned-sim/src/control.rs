@@ -14,7 +14,7 @@ use crate::testkit::{KernelCall, trampoline};
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Live {
-    /// Device allocations (`cuMemAlloc_v2`, `cuMemAllocAsync`) not yet freed.
+    /// Device allocations (`cuMemAlloc_v2`, `cuMemAllocAsync`, `cuMemAllocFromPoolAsync`) not yet freed.
     pub device_allocations: u64,
     /// Their bytes.
     pub device_bytes: u64,

@@ -89,7 +89,7 @@ pub(crate) const DEVICE_GAP: u64 = 1 << 16;
 pub(crate) enum Kind {
     /// `cuMemAlloc_v2`.
     Device,
-    /// `cuMemAllocAsync`: usable only once its stream reaches the allocation.
+    /// `cuMemAllocAsync`, `cuMemAllocFromPoolAsync`: usable only once its stream reaches the allocation.
     DeviceAsync,
     /// `cuMemHostAlloc` (or the runtime's `cudaHostAlloc`): memory the simulator owns.
     Pinned,
@@ -114,31 +114,51 @@ impl Kind {
 
 /// Memory the simulator allocated (device memory, pinned host memory), freed when dropped.
 pub(crate) struct Storage {
-    ptr: std::ptr::NonNull<u8>,
+    /// The block as allocated; the memory handed out starts `offset` bytes in.
+    block: std::ptr::NonNull<u8>,
+    offset: usize,
     layout: std::alloc::Layout,
 }
 
 // SAFETY: Storage is a uniquely owned heap block; moving it between threads moves only the ownership.
 unsafe impl Send for Storage {}
 
+/// The alignment the system allocator gives a zeroed block without zeroing it itself (`calloc`).
+const CALLOC_ALIGN: usize = 16;
+
 impl Storage {
-    /// Zeroed memory, or `None` where the host has none to give.
+    /// `bytes` of zeroed memory aligned to `align` (a power of two), or `None` where the host has none to give.
+    /// The block is allocated at the system allocator's own alignment and aligned by hand: `alloc_zeroed` of
+    /// a larger alignment writes every byte, where `calloc`'s fresh pages of a large block are zero already
+    /// and cost nothing until touched (a simulated device can be filled without filling the host).
     pub(crate) fn zeroed(bytes: usize, align: usize) -> Option<Storage> {
-        let layout = std::alloc::Layout::from_size_align(bytes.max(1), align).ok()?;
+        let size = bytes.max(1).checked_add(align.max(CALLOC_ALIGN))?;
+        let layout = std::alloc::Layout::from_size_align(size, CALLOC_ALIGN).ok()?;
         // SAFETY: the layout has a non-zero size.
-        let ptr = std::ptr::NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })?;
-        Some(Storage { ptr, layout })
+        let block = std::ptr::NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })?;
+        let offset = block.as_ptr().align_offset(align);
+        if offset >= align.max(CALLOC_ALIGN) {
+            // align_offset may decline to compute (it is allowed to): give up rather than overrun.
+            // SAFETY: allocated just above with this layout.
+            unsafe { std::alloc::dealloc(block.as_ptr(), layout) };
+            return None;
+        }
+        Some(Storage {
+            block,
+            offset,
+            layout,
+        })
     }
 
     pub(crate) fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.block.as_ptr().wrapping_add(self.offset)
     }
 }
 
 impl Drop for Storage {
     fn drop(&mut self) {
-        // SAFETY: ptr came from alloc_zeroed with this layout in `zeroed` and is freed only here.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        // SAFETY: the block came from alloc_zeroed with this layout in `zeroed` and is freed only here.
+        unsafe { std::alloc::dealloc(self.block.as_ptr(), self.layout) }
     }
 }
 
@@ -160,6 +180,10 @@ pub(crate) struct Allocation {
     pub(crate) ready: bool,
     /// Whether a stream-ordered free of it has been queued.
     pub(crate) free_queued: bool,
+    /// The stream of that free (its handle; 0 for the default stream).
+    pub(crate) free_stream: usize,
+    /// For `DeviceAsync`: the memory pool it came from (its handle).
+    pub(crate) pool: usize,
 }
 
 impl Allocation {
@@ -335,7 +359,6 @@ pub(crate) struct FunctionData {
 pub(crate) struct Primary {
     pub(crate) retained: u32,
     pub(crate) flags: u32,
-    pub(crate) pool_threshold: u64,
     /// The devices whose memory this context was given access to (`cuCtxEnablePeerAccess`).
     pub(crate) peers: Vec<i32>,
 }
@@ -367,9 +390,36 @@ pub(crate) struct State {
     /// Functions of loaded modules, by handle.
     pub(crate) functions: HashMap<usize, FunctionData>,
     pub(crate) next_handle: usize,
-    /// Which devices may use the memory of which device's memory pool (`cuMemPoolSetAccess`), as (pool's
-    /// device, device given access): a pool's own device always may.
-    pub(crate) pool_access: Vec<(i32, i32)>,
+    /// Memory pools by handle: each device's default pool and those made with `cuMemPoolCreate`.
+    pub(crate) pools: HashMap<usize, PoolData>,
+    /// The handle of each device's default pool.
+    pub(crate) default_pools: Vec<usize>,
+}
+
+/// A memory pool: a device's default pool or one made with `cuMemPoolCreate`.
+pub(crate) struct PoolData {
+    pub(crate) device: i32,
+    /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`.
+    pub(crate) threshold: u64,
+    /// `CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`, on unless set off (as on the driver): an allocation
+    /// may then reuse memory whose free is still pending on another stream by making its own stream wait.
+    pub(crate) internal_dependencies: bool,
+    /// The other devices given access to its memory (`cuMemPoolSetAccess`); its own device always has it.
+    pub(crate) access: Vec<i32>,
+    /// Whether `cuMemPoolDestroy` was called: no more allocations from it.
+    pub(crate) destroyed: bool,
+}
+
+impl PoolData {
+    pub(crate) fn new(device: i32) -> PoolData {
+        PoolData {
+            device,
+            threshold: 0,
+            internal_dependencies: true,
+            access: Vec::new(),
+            destroyed: false,
+        }
+    }
 }
 
 impl State {
@@ -392,7 +442,8 @@ impl State {
             events: HashMap::new(),
             modules: HashMap::new(),
             functions: HashMap::new(),
-            pool_access: Vec::new(),
+            pools: HashMap::new(),
+            default_pools: Vec::new(),
             next_handle: 0x5100,
         }
     }
@@ -497,7 +548,7 @@ impl State {
     }
 
     /// Whether work on `device` may use allocation `id` directly: memory of its own device, pinned or
-    /// registered host memory, memory of a peer's memory pool it was given access to (`cuMemPoolSetAccess`),
+    /// registered host memory, memory of a peer's memory pool that it was given access to (`cuMemPoolSetAccess`),
     /// or other device memory of a peer whose context it may access (`cuCtxEnablePeerAccess`, which does not
     /// cover memory pools).
     pub(crate) fn accessible(&self, device: i32, id: u64) -> bool {
@@ -506,7 +557,7 @@ impl State {
         !allocation.kind.is_device()
             || owner == device
             || if allocation.kind == Kind::DeviceAsync {
-                self.pool_access.contains(&(owner, device))
+                self.pools[&allocation.pool].access.contains(&device)
             } else {
                 self.primaries[device as usize].peers.contains(&owner)
             }

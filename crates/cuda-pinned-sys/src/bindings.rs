@@ -2309,6 +2309,30 @@ impl Default for CUDA_MEMCPY3D_st {
 }
 pub type CUDA_MEMCPY3D_v2 = CUDA_MEMCPY3D_st;
 pub type CUDA_MEMCPY3D = CUDA_MEMCPY3D_v2;
+impl CUmemAllocationHandleType_enum {
+    pub const CU_MEM_HANDLE_TYPE_NONE: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(
+        0,
+    );
+    pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(
+        1,
+    );
+    pub const CU_MEM_HANDLE_TYPE_WIN32: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(
+        2,
+    );
+    pub const CU_MEM_HANDLE_TYPE_WIN32_KMT: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(
+        4,
+    );
+    pub const CU_MEM_HANDLE_TYPE_FABRIC: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(
+        8,
+    );
+    pub const CU_MEM_HANDLE_TYPE_MAX: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(
+        2147483647,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUmemAllocationHandleType_enum(pub ::std::os::raw::c_uint);
+pub use self::CUmemAllocationHandleType_enum as CUmemAllocationHandleType;
 impl CUmemAccess_flags_enum {
     pub const CU_MEM_ACCESS_FLAGS_PROT_NONE: CUmemAccess_flags_enum = CUmemAccess_flags_enum(
         0,
@@ -2354,6 +2378,24 @@ impl CUmemLocationType_enum {
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUmemLocationType_enum(pub ::std::os::raw::c_uint);
 pub use self::CUmemLocationType_enum as CUmemLocationType;
+impl CUmemAllocationType_enum {
+    pub const CU_MEM_ALLOCATION_TYPE_INVALID: CUmemAllocationType_enum = CUmemAllocationType_enum(
+        0,
+    );
+    pub const CU_MEM_ALLOCATION_TYPE_PINNED: CUmemAllocationType_enum = CUmemAllocationType_enum(
+        1,
+    );
+    pub const CU_MEM_ALLOCATION_TYPE_MANAGED: CUmemAllocationType_enum = CUmemAllocationType_enum(
+        2,
+    );
+    pub const CU_MEM_ALLOCATION_TYPE_MAX: CUmemAllocationType_enum = CUmemAllocationType_enum(
+        2147483647,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUmemAllocationType_enum(pub ::std::os::raw::c_uint);
+pub use self::CUmemAllocationType_enum as CUmemAllocationType;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUmemLocation_st {
@@ -2446,6 +2488,56 @@ impl CUmemPool_attribute_enum {
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUmemPool_attribute_enum(pub ::std::os::raw::c_uint);
 pub use self::CUmemPool_attribute_enum as CUmemPool_attribute;
+#[repr(C)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUmemPoolProps_st {
+    pub allocType: CUmemAllocationType,
+    pub handleTypes: CUmemAllocationHandleType,
+    pub location: CUmemLocation,
+    pub win32SecurityAttributes: *mut ::std::os::raw::c_void,
+    pub maxSize: usize,
+    pub usage: ::std::os::raw::c_ushort,
+    pub reserved: [::std::os::raw::c_uchar; 54usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUmemPoolProps_st"][::std::mem::size_of::<CUmemPoolProps_st>() - 88usize];
+    [
+        "Alignment of CUmemPoolProps_st",
+    ][::std::mem::align_of::<CUmemPoolProps_st>() - 8usize];
+    [
+        "Offset of field: CUmemPoolProps_st::allocType",
+    ][::std::mem::offset_of!(CUmemPoolProps_st, allocType) - 0usize];
+    [
+        "Offset of field: CUmemPoolProps_st::handleTypes",
+    ][::std::mem::offset_of!(CUmemPoolProps_st, handleTypes) - 4usize];
+    [
+        "Offset of field: CUmemPoolProps_st::location",
+    ][::std::mem::offset_of!(CUmemPoolProps_st, location) - 8usize];
+    [
+        "Offset of field: CUmemPoolProps_st::win32SecurityAttributes",
+    ][::std::mem::offset_of!(CUmemPoolProps_st, win32SecurityAttributes) - 16usize];
+    [
+        "Offset of field: CUmemPoolProps_st::maxSize",
+    ][::std::mem::offset_of!(CUmemPoolProps_st, maxSize) - 24usize];
+    [
+        "Offset of field: CUmemPoolProps_st::usage",
+    ][::std::mem::offset_of!(CUmemPoolProps_st, usage) - 32usize];
+    [
+        "Offset of field: CUmemPoolProps_st::reserved",
+    ][::std::mem::offset_of!(CUmemPoolProps_st, reserved) - 34usize];
+};
+impl Default for CUmemPoolProps_st {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub type CUmemPoolProps_v1 = CUmemPoolProps_st;
+pub type CUmemPoolProps = CUmemPoolProps_v1;
 impl CUmemcpyFlags_enum {
     pub const CU_MEMCPY_FLAG_DEFAULT: CUmemcpyFlags_enum = CUmemcpyFlags_enum(0);
     pub const CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE: CUmemcpyFlags_enum = CUmemcpyFlags_enum(
@@ -3116,6 +3208,26 @@ pub struct DriverApi {
         ) -> CUresult,
         ::libloading::Error,
     >,
+    pub cuMemPoolCreate: Result<
+        unsafe extern "C" fn(
+            pool: *mut CUmemoryPool,
+            poolProps: *const CUmemPoolProps,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuMemPoolDestroy: Result<
+        unsafe extern "C" fn(pool: CUmemoryPool) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuMemAllocFromPoolAsync: Result<
+        unsafe extern "C" fn(
+            dptr: *mut CUdeviceptr,
+            bytesize: usize,
+            pool: CUmemoryPool,
+            hStream: CUstream,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
     pub cuPointerGetAttribute: Result<
         unsafe extern "C" fn(
             data: *mut ::std::os::raw::c_void,
@@ -3589,6 +3701,14 @@ impl DriverApi {
             .map(|sym| *sym);
         let cuMemPoolGetAccess = unsafe { __library.get(b"cuMemPoolGetAccess\0") }
             .map(|sym| *sym);
+        let cuMemPoolCreate = unsafe { __library.get(b"cuMemPoolCreate\0") }
+            .map(|sym| *sym);
+        let cuMemPoolDestroy = unsafe { __library.get(b"cuMemPoolDestroy\0") }
+            .map(|sym| *sym);
+        let cuMemAllocFromPoolAsync = unsafe {
+            __library.get(b"cuMemAllocFromPoolAsync\0")
+        }
+            .map(|sym| *sym);
         let cuPointerGetAttribute = unsafe { __library.get(b"cuPointerGetAttribute\0") }
             .map(|sym| *sym);
         let cuPointerGetAttributes = unsafe {
@@ -3766,6 +3886,9 @@ impl DriverApi {
             cuMemPoolGetAttribute,
             cuMemPoolSetAccess,
             cuMemPoolGetAccess,
+            cuMemPoolCreate,
+            cuMemPoolDestroy,
+            cuMemAllocFromPoolAsync,
             cuPointerGetAttribute,
             cuPointerGetAttributes,
             cuStreamCreate,
@@ -4650,6 +4773,40 @@ impl DriverApi {
                 .cuMemPoolGetAccess
                 .as_ref()
                 .expect("Expected function, got error."))(flags, memPool, location)
+        }
+    }
+    pub unsafe fn cuMemPoolCreate(
+        &self,
+        pool: *mut CUmemoryPool,
+        poolProps: *const CUmemPoolProps,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuMemPoolCreate
+                .as_ref()
+                .expect("Expected function, got error."))(pool, poolProps)
+        }
+    }
+    pub unsafe fn cuMemPoolDestroy(&self, pool: CUmemoryPool) -> CUresult {
+        unsafe {
+            (self
+                .cuMemPoolDestroy
+                .as_ref()
+                .expect("Expected function, got error."))(pool)
+        }
+    }
+    pub unsafe fn cuMemAllocFromPoolAsync(
+        &self,
+        dptr: *mut CUdeviceptr,
+        bytesize: usize,
+        pool: CUmemoryPool,
+        hStream: CUstream,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuMemAllocFromPoolAsync
+                .as_ref()
+                .expect("Expected function, got error."))(dptr, bytesize, pool, hStream)
         }
     }
     pub unsafe fn cuPointerGetAttribute(

@@ -102,6 +102,8 @@ mod layout {
     assert_eq_size!(CUcontext, *mut std::ffi::c_void);
     assert_eq_size!(CUDA_MEMCPY2D, [u8; 128]);
     assert_eq_size!(CUDA_MEMCPY3D, [u8; 200]);
+    assert_eq_size!(CUmemPoolProps, [u8; 88]);
+    assert_eq_size!(CUmemAccessDesc, [u8; 12]);
 
     const_assert_eq!(CUresult::CUDA_SUCCESS.0, 0);
     const_assert_eq!(CUresult::CUDA_ERROR_NOT_READY.0, 600);
@@ -140,6 +142,12 @@ mod layout {
     const_assert_eq!(
         CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED.0,
         115
+    );
+    const_assert_eq!(CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED.0, 1);
+    const_assert_eq!(CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE.0, 1);
+    const_assert_eq!(
+        CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES.0,
+        3
     );
     const_assert_eq!(CUDA_VERSION, 13000);
 }

@@ -112,7 +112,7 @@ impl<T: bytemuck::Pod> DeviceBuffer<T> {
         let len = slice.len();
         // cudarc makes the slice's stream wait for the slice's own pending reads and writes.
         let ptr = slice.leak();
-        // SAFETY: a whole allocation of `len` Ts of the context (cuMemAllocAsync or cuMemAlloc: from_raw asks
+        // SAFETY: a whole allocation of `len` Ts of the context (of a memory pool or cuMemAlloc: from_raw asks
         // the driver which, to free it the same way), owned by nobody else now; work still pending on it is on
         // `home`, recorded just below as a write before the buffer is used.
         let buffer = unsafe { DeviceBuffer::from_raw(stream, ptr, len) };

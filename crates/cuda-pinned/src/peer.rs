@@ -54,8 +54,9 @@ impl Context {
 
     /// Lets this context's work access `peer`'s device memory directly, if the hardware allows: returns
     /// whether it does. That is the context's access (`cuCtxEnablePeerAccess`, for memory of `cuMemAlloc`)
-    /// and, where `peer`'s device allocates from a memory pool as the crate does, access to that pool's
-    /// memory (`cuMemPoolSetAccess`, which peer access does not cover). Done once per pair of context handles
+    /// and, where `peer`'s device allocates from a memory pool, access to the crate's pool of it
+    /// (`cuMemPoolSetAccess`, which peer access does not cover; other pools of the device are left as they
+    /// are). Done once per pair of context handles
     /// (later calls return at once); [`Stream::copy`] between two devices does it for both directions on first
     /// use, so calling this is needed only to pay its cost up front: the driver maps each allocation into
     /// the other device's address space then, and, once enabled, maps every later allocation into it too,
@@ -106,7 +107,7 @@ impl Context {
             Ok(()) => {}
         }
         if peer.has_memory_pools() {
-            let granted = calls::device_get_mem_pool(peer.device().as_raw()).and_then(|pool| {
+            let granted = peer.memory_pool().and_then(|pool| {
                 calls::mem_pool_grant_access(pool, self.device().ordinal() as c_int)
             });
             match granted {

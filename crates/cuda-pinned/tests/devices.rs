@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use common::devices::{PEER_LENGTHS, peer_copy};
 use common::{Serial, data, hold, refused, serial};
-use cuda_pinned::{Context, DeviceBuffer, Event, Pinned, PinnedBuilder, Stream, Use};
+use cuda_pinned::sys::{CUmemAccess_flags, CUmemLocation, CUmemLocationType};
+use cuda_pinned::{Context, DeviceBuffer, Event, Pinned, PinnedBuilder, Stream, Use, driver_call};
 
 fn setup() -> Serial {
     #[cfg(not(feature = "gpu"))]
@@ -173,6 +174,44 @@ fn peer_copies_both_ways_arrive_whole() {
         }
     }
     assert!(contexts[0].can_access_peer(&contexts[1]).unwrap() || !common::SIMULATED);
+    settle(&contexts);
+}
+
+/// Peer copies grant access only to the crate's own memory pools: each device's current pool, which belongs
+/// to whoever set it (the default pool here), is left as it was, closed to the other device. The copies
+/// themselves show that the crate's pools are open (on the simulated driver a copy without access is
+/// reported as a hidden wait).
+#[test]
+fn peer_copies_leave_the_devices_own_memory_pools_as_they_were() {
+    let _serial = setup();
+    let contexts = two_devices();
+    for (from, to) in [(0, 1), (1, 0)] {
+        peer_copy(&contexts, from, to, 1025, true);
+    }
+    for (owner, other) in [(0, 1), (1, 0)] {
+        let (mut pool, mut flags) = (
+            std::ptr::null_mut(),
+            CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        );
+        let mut location = CUmemLocation {
+            type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: contexts[other].device().as_raw(),
+        };
+        // SAFETY: out-pointers to locals and a location read during the call.
+        unsafe {
+            driver_call!(cuDeviceGetMemPool(
+                &mut pool,
+                contexts[owner].device().as_raw()
+            ))
+            .unwrap();
+            driver_call!(cuMemPoolGetAccess(&mut flags, pool, &mut location)).unwrap();
+        }
+        assert_eq!(
+            flags,
+            CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE,
+            "device {owner}'s current memory pool was opened to device {other}"
+        );
+    }
     settle(&contexts);
 }
 

@@ -40,7 +40,7 @@ use cuda_pinned::kernels::{axpy, device_checksum, fill, spin};
 use cuda_pinned::staging::StagingOptions;
 use cuda_pinned::{
     Context, Device, DeviceBuffer, Error, Event, Ledger, Pinned, PinnedBuilder, PinnedDestination,
-    PinnedPool, Pinning, Prefetcher, Registered, Stream, WhenFull,
+    PinnedPool, Pinning, Prefetcher, Registered, Stream, WhenFull, driver_call,
 };
 
 /// How long the unrelated work on the busy stream runs: 500 ms of the `spin` kernel on a GPU; a second on the
@@ -449,6 +449,81 @@ fn allocating_device_memory_does_not_wait() {
         assert_eq!(b.byte_len(), 4 * N);
         assert!(empty.is_empty() && empty.as_raw() == 0);
     });
+}
+
+/// Under memory pressure the driver may give an allocation memory whose free is still pending on another
+/// stream, and make the allocating stream wait for that stream's work (a memory pool's
+/// `CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`, on in the device's default pool). The crate allocates
+/// from a pool of its own with that off: the allocation fails with `CUDA_ERROR_OUT_OF_MEMORY` instead (or
+/// finds other memory), and nothing waits. The control does the same through the default pool with raw
+/// driver calls: there the allocating stream waits for the busy work (the simulated driver reports it).
+#[test]
+fn allocating_under_memory_pressure_does_not_wait_for_frees_on_other_streams() {
+    let mut serial = serial();
+    let case = Case::new("allocating under memory pressure");
+    let s = case.stream();
+    let mut probes = [case.probe("the allocating stream", &s)];
+    // All but 256 MiB of what is free: a second allocation of the size fits only in the first one's memory.
+    let (free, _) = case.ctx.memory_info().unwrap();
+    let big = (free - 256 * MIB) / (2 * MIB) * (2 * MIB);
+
+    // The control: the device's default pool, through raw calls.
+    let (x, mut held, mut again) = (case.x.as_raw(), 0, 0);
+    // SAFETY: an out-pointer to a local; a live stream.
+    unsafe { driver_call!(cuMemAllocAsync(&mut held, big, x)) }.unwrap();
+    let busy = case.start_busy();
+    // SAFETY: allocated above on `x`, unused, freed once.
+    unsafe { driver_call!(cuMemFreeAsync(held, x)) }.unwrap();
+    // SAFETY: an out-pointer to a local; a live stream.
+    let allocated = unsafe { driver_call!(cuMemAllocAsync(&mut again, big, s.as_raw())) };
+    probes[0].enqueue();
+    probes[0].event.synchronize().unwrap();
+    if common::SIMULATED {
+        let found = serial.take_violations();
+        assert!(
+            found.len() == 1 && found[0].starts_with("HIDDEN WAIT: cuMemAllocAsync"),
+            "the control: the default pool's allocation was not reported: {found:?}"
+        );
+    } else {
+        assert!(
+            allocated.is_ok() && busy.query().unwrap(),
+            "the control: the default pool's allocation ({allocated:?}) did not make its stream wait for the \
+             busy work on another stream"
+        );
+    }
+    if allocated.is_ok() {
+        // SAFETY: allocated above on `s`, unused, freed once.
+        unsafe { driver_call!(cuMemFreeAsync(again, s.as_raw())) }.unwrap();
+    }
+    case.settle();
+    let mut pool = std::ptr::null_mut();
+    // SAFETY: out-pointers to locals; the pool's memory is all free (the context is synchronized).
+    unsafe {
+        driver_call!(cuDeviceGetDefaultMemPool(
+            &mut pool,
+            case.ctx.device().as_raw()
+        ))
+        .unwrap();
+        driver_call!(cuMemPoolTrimTo(pool, 0)).unwrap();
+    }
+
+    // The crate: its pool takes no memory whose free waits behind the busy work.
+    let held = DeviceBuffer::<u8>::uninit(&case.x, big).unwrap();
+    let busy = case.start_busy();
+    drop(held);
+    let allocated = case.check(
+        "allocating memory freed behind unrelated work on another stream",
+        &busy,
+        &mut probes,
+        || DeviceBuffer::<u8>::uninit(&s, big),
+    );
+    if let Err(e) = allocated {
+        assert_eq!(
+            e.driver_code(),
+            Some(cuda_pinned::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY),
+            "{e}"
+        );
+    }
 }
 
 #[test]

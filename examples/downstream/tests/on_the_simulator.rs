@@ -104,7 +104,7 @@ fn a_failing_driver_call_is_an_error_of_the_crate_not_a_panic() {
     let pipeline = Pipeline::new(0).expect("the pipeline on the simulator");
     // The next device allocation fails as a full device would.
     sim.fail("cuMemAlloc_v2:1:CUDA_ERROR_OUT_OF_MEMORY")
-        .and_then(|()| sim.fail("cuMemAllocAsync:1:CUDA_ERROR_OUT_OF_MEMORY"))
+        .and_then(|()| sim.fail("cuMemAllocFromPoolAsync:1:CUDA_ERROR_OUT_OF_MEMORY"))
         .expect("a valid fault list");
     let error = pipeline
         .run(&[1, 2, 3], 1, 0)

@@ -18,7 +18,8 @@ use crate::driver_call;
 use crate::error::Result;
 use crate::sys::{
     CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUfunction,
-    CUfunction_attribute, CUmemAccess_flags, CUmemAccessDesc, CUmemLocation, CUmemLocationType,
+    CUfunction_attribute, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationHandleType,
+    CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPool_attribute, CUmemPoolProps,
     CUmemoryPool, CUmodule, CUresult, CUstream, CUuuid,
 };
 
@@ -106,13 +107,43 @@ pub(crate) fn ctx_enable_peer_access(peer: CUcontext) -> Result<()> {
     unsafe { driver_call!(cuCtxEnablePeerAccess(peer, 0)) }
 }
 
-/// `cuDeviceGetMemPool`: the memory pool `cuMemAllocAsync` allocates from on `device` (its default pool,
-/// unless other code chose another).
-pub(crate) fn device_get_mem_pool(device: CUdevice) -> Result<CUmemoryPool> {
+/// `cuMemPoolCreate`: a memory pool of `device`'s memory, with the driver's default attributes; destroy it with
+/// [`mem_pool_destroy`].
+pub(crate) fn mem_pool_create(device: c_int) -> Result<CUmemoryPool> {
+    let props = CUmemPoolProps {
+        allocType: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        handleTypes: CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        location: CUmemLocation {
+            type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: device,
+        },
+        ..CUmemPoolProps::default()
+    };
     let mut pool = std::ptr::null_mut();
-    // SAFETY: an out-pointer to a local.
-    unsafe { driver_call!(cuDeviceGetMemPool(&mut pool, device)) }?;
+    // SAFETY: the properties are read during the call; an out-pointer to a local.
+    unsafe { driver_call!(cuMemPoolCreate(&mut pool, &props)) }?;
     Ok(pool)
+}
+
+/// `cuMemPoolDestroy`: ends the crate's use of `pool`. Its memory still allocated stays valid: the driver
+/// releases the pool once the last of it is freed.
+pub(crate) fn mem_pool_destroy(pool: CUmemoryPool) -> Result<()> {
+    // SAFETY: a pool handle; the driver checks it.
+    unsafe { driver_call!(cuMemPoolDestroy(pool)) }
+}
+
+/// `cuMemPoolSetAttribute` of `CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`: whether an allocation may
+/// reuse memory whose free is still pending on another stream, by making its own stream wait for that one.
+pub(crate) fn mem_pool_set_internal_dependencies(pool: CUmemoryPool, allow: bool) -> Result<()> {
+    let mut value = c_int::from(allow);
+    // SAFETY: this attribute's value is an int, read during the call.
+    unsafe {
+        driver_call!(cuMemPoolSetAttribute(
+            pool,
+            CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+            (&raw mut value).cast::<c_void>()
+        ))
+    }
 }
 
 /// `cuMemPoolSetAccess`: lets `device` read and write the memory of `pool` (of another device) directly.
@@ -302,12 +333,17 @@ pub(crate) fn mem_alloc(bytes: usize) -> Result<CUdeviceptr> {
     Ok(ptr)
 }
 
-/// `cuMemAllocAsync`: `bytes` of device memory, allocated in stream order on `stream` (usable there at once,
-/// and by work on other streams ordered after it); free it with [`mem_free_async`].
-pub(crate) fn mem_alloc_async(bytes: usize, stream: CUstream) -> Result<CUdeviceptr> {
+/// `cuMemAllocFromPoolAsync`: `bytes` of device memory from `pool`, allocated in stream order on `stream`
+/// (usable there at once, and by work on other streams ordered after it); free it with [`mem_free_async`].
+pub(crate) fn mem_alloc_from_pool_async(
+    bytes: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+) -> Result<CUdeviceptr> {
     let mut ptr = 0;
-    // SAFETY: an out-pointer to a local and a live stream (see the module docs).
-    unsafe { driver_call!(cuMemAllocAsync(&mut ptr, bytes, stream)) }?;
+    // SAFETY: an out-pointer to a local, a pool handle the driver checks, and a live stream (see the module
+    // docs).
+    unsafe { driver_call!(cuMemAllocFromPoolAsync(&mut ptr, bytes, pool, stream)) }?;
     Ok(ptr)
 }
 
@@ -324,7 +360,7 @@ pub(crate) unsafe fn mem_free(ptr: CUdeviceptr) -> Result<()> {
 /// run.
 ///
 /// # Safety
-/// `ptr` must come from [`mem_alloc_async`] (or [`mem_alloc`]) and not be freed already; every use of it must be
+/// `ptr` must come from [`mem_alloc_from_pool_async`] (or [`mem_alloc`]) and not be freed already; every use of it must be
 /// ordered before the free on `stream` (queued there before, or waited for by it), and none may follow.
 pub(crate) unsafe fn mem_free_async(ptr: CUdeviceptr, stream: CUstream) -> Result<()> {
     // SAFETY: an allocation whose uses are all ordered before the free (see above), and a live stream.
@@ -598,7 +634,7 @@ pub(crate) unsafe fn memcpy_batch_async(
 }
 
 /// `cuPointerGetAttribute` with `CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE`: whether device memory at `ptr` came
-/// from a memory pool (`cuMemAllocAsync`), and is freed stream-ordered.
+/// from a memory pool (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`), and is freed stream-ordered.
 pub(crate) fn pointer_is_pool_memory(ptr: CUdeviceptr) -> Result<bool> {
     let mut pool: crate::sys::CUmemoryPool = std::ptr::null_mut();
     // SAFETY: an out-pointer to a local of the attribute's type; the driver only looks the address up.

@@ -3,12 +3,12 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, RwLockReadGuard, Weak};
 
 use super::calls;
 use super::device::Device;
 use crate::error::{Error, Result};
-use crate::sys::{CUcontext, CUevent, CUevent_flags, CUstream, CUstream_flags};
+use crate::sys::{CUcontext, CUevent, CUevent_flags, CUmemoryPool, CUstream, CUstream_flags};
 
 /// The primary context of a device, retained while any clone (or any stream, event or buffer made in it) lives.
 ///
@@ -23,6 +23,8 @@ struct Inner {
     raw: CUcontext,
     /// Whether the device supports stream-ordered allocation, read once: device memory is allocated with it.
     memory_pools: bool,
+    /// The device's memory pool of the crate ([`Context::memory_pool`]), once this handle has asked for it.
+    pool: OnceLock<CUmemoryPool>,
     /// Errors that a destructor met and could not return (a failed wait before a release, say): kept for
     /// [`Context::check_deferred_errors`] rather than lost or turned into a panic.
     deferred: Mutex<Vec<Error>>,
@@ -218,6 +220,18 @@ impl Drop for ClosedGate {
     }
 }
 
+/// A memory pool of `device`'s memory whose allocations never wait for other streams' pending frees (see
+/// [`Context::memory_pool`]).
+fn create_pool(device: Device) -> Result<CUmemoryPool> {
+    let pool = calls::mem_pool_create(device.as_raw())?;
+    if let Err(e) = calls::mem_pool_set_internal_dependencies(pool, false) {
+        // Nothing was allocated from it.
+        let _ = calls::mem_pool_destroy(pool);
+        return Err(e);
+    }
+    Ok(pool)
+}
+
 /// Every context made, by device: to find all the crate's streams on a device, and the device's gate.
 static DEVICES: Mutex<Vec<Known>> = Mutex::new(Vec::new());
 
@@ -237,7 +251,17 @@ struct Known {
     /// One per device for the life of the process (a few bytes), so that guards of it can outlive any handle.
     gate: &'static RwLock<()>,
     contexts: Vec<Weak<Inner>>,
+    /// The crate's memory pool of the device, made on first use and kept for the life of the process (it
+    /// outlives the primary context's destruction and re-creation, and its memory goes back to the device at
+    /// every synchronization, as the default pool's does).
+    pool: Option<DevicePool>,
 }
+
+/// A memory pool of [`Known::pool`].
+struct DevicePool(CUmemoryPool);
+
+// SAFETY: a pool handle, which the driver lets any thread use; only passed to driver calls.
+unsafe impl Send for DevicePool {}
 
 /// The most idle events a context keeps for reuse; more are destroyed as they come back.
 const POOLED_EVENTS: usize = 1024;
@@ -277,6 +301,7 @@ impl Context {
                     draining: Vec::new(),
                     gate: Box::leak(Box::default()),
                     contexts: Vec::new(),
+                    pool: None,
                 });
                 devices.len() - 1
             }
@@ -286,6 +311,7 @@ impl Context {
             device,
             raw,
             memory_pools,
+            pool: OnceLock::new(),
             deferred: Mutex::new(Vec::new()),
             events: Mutex::new(Vec::new()),
             streams: Mutex::new(Vec::new()),
@@ -340,9 +366,49 @@ impl Context {
         lock(&self.0.peers)
     }
 
-    /// Whether device memory is allocated stream-ordered (`cuMemAllocAsync`) in this context.
+    /// Whether device memory is allocated stream-ordered (from [`Context::memory_pool`]) in this context.
     pub(crate) fn has_memory_pools(&self) -> bool {
         self.0.memory_pools
+    }
+
+    /// The memory pool the crate allocates the device's memory from (`cuMemAllocFromPoolAsync`): one of its
+    /// own per device, made on first use, rather than the device's current pool, which belongs to whoever set
+    /// it. Its allocations never reuse memory whose free is still pending on another stream by making their
+    /// stream wait for that one (`CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES` off): the driver would
+    /// otherwise do so under memory pressure, making a stream wait for unrelated work. Such an allocation
+    /// fails with `CUDA_ERROR_OUT_OF_MEMORY` instead. Peer access is granted on this pool only.
+    ///
+    /// # Errors
+    /// The driver's, from creating the pool or setting its attribute (nothing is kept then: the next call tries
+    /// again).
+    #[doc(alias = "cuMemPoolCreate")]
+    pub(crate) fn memory_pool(&self) -> Result<CUmemoryPool> {
+        if let Some(&pool) = self.0.pool.get() {
+            return Ok(pool);
+        }
+        let device = self.device();
+        let mut devices = lock(&DEVICES);
+        let Some(known) = devices.iter_mut().find(|d| d.device == device) else {
+            return Err(Error::invalid(format_args!(
+                "device {} has no context of the crate",
+                device.ordinal()
+            )));
+        };
+        let pool = match &known.pool {
+            Some(DevicePool(pool)) => *pool,
+            None => {
+                let pool = create_pool(device).map_err(|e| {
+                    e.context(format_args!(
+                        "creating the memory pool of device {}",
+                        device.ordinal()
+                    ))
+                })?;
+                known.pool = Some(DevicePool(pool));
+                pool
+            }
+        };
+        drop(devices);
+        Ok(*self.0.pool.get_or_init(|| pool))
     }
 
     /// The driver's handle, for interop with other CUDA libraries. It stays valid while this context lives.

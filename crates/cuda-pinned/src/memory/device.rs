@@ -20,7 +20,8 @@ const ALIGNMENT: usize = 256;
 
 /// `len` elements of `T` in device memory.
 ///
-/// Allocation is stream-ordered (`cuMemAllocAsync`) on devices with memory pools, else `cuMemAlloc`. Dropping
+/// Allocation is stream-ordered (`cuMemAllocFromPoolAsync`, from a memory pool of the crate's own for the
+/// device) on devices with memory pools, else `cuMemAlloc`. Dropping
 /// the buffer never frees memory that enqueued work may still use, never blocks the host and never makes a
 /// stream wait for anything: the free is enqueued after every pending use, on the stream of those uses when
 /// they are all on one, else on a stream of the crate's own that waits for them (on devices without memory
@@ -30,7 +31,7 @@ pub struct DeviceBuffer<T> {
     len: usize,
     /// The stream the allocation was made on; the free goes there if no use is pending.
     stream: Stream,
-    /// Whether the memory came from `cuMemAllocAsync` (and goes back with `cuMemFreeAsync`).
+    /// Whether the memory came from a memory pool (and goes back with `cuMemFreeAsync`).
     ordered: bool,
     track: Track,
     _elements: PhantomData<T>,
@@ -40,10 +41,16 @@ impl<T: Pod> DeviceBuffer<T> {
     /// Allocates `len` elements whose contents are unspecified (any bytes are a valid `T`), ordered on `stream`:
     /// the memory is ready for work on `stream` at once, and other streams wait for the allocation.
     ///
+    /// Never makes `stream` wait for other streams: memory freed on another stream whose work is still running
+    /// is not taken (the driver would make `stream` wait for that work), so under memory pressure this may
+    /// fail where the memory would become free later.
+    ///
     /// # Errors
-    /// `CUDA_ERROR_OUT_OF_MEMORY` naming the size and device; [`crate::Error::InvalidArgument`] if the size in
-    /// bytes overflows, or if `T` is aligned to more than the 256 bytes the driver guarantees.
-    #[doc(alias = "cuMemAllocAsync")]
+    /// `CUDA_ERROR_OUT_OF_MEMORY` naming the size and device (memory freed on other streams is reused once
+    /// their work has completed, or once `stream` waits for it: [`Context::synchronize`] or an
+    /// [`Event`](crate::Event) waited on `stream` makes it available); [`crate::Error::InvalidArgument`] if
+    /// the size in bytes overflows, or if `T` is aligned to more than the 256 bytes the driver guarantees.
+    #[doc(alias = "cuMemAllocFromPoolAsync")]
     #[doc(alias = "cuMemAlloc")]
     pub fn uninit(stream: &Stream, len: usize) -> Result<DeviceBuffer<T>> {
         let bytes = byte_len::<T>(len, "allocating device memory")?;
@@ -65,10 +72,11 @@ impl<T: Pod> DeviceBuffer<T> {
         // The context is current. Freed in Drop.
         let allocated = if buffer.ordered {
             // The allocation is work on `stream`: another stream must wait for it like for a write.
+            let pool = context.memory_pool()?;
             let mut ptr = 0;
             stream
                 .tracked(None, Some(&buffer.track), || {
-                    ptr = calls::mem_alloc_async(bytes, stream.as_raw())?;
+                    ptr = calls::mem_alloc_from_pool_async(bytes, pool, stream.as_raw())?;
                     Ok(())
                 })
                 .map(|()| ptr)
@@ -151,8 +159,8 @@ impl<T> DeviceBuffer<T> {
     /// (blocks until then): returns its device address and length in elements.
     ///
     /// The memory stays allocated until the caller frees it with `cuMemFree`, which frees it whether it came
-    /// from `cuMemAllocAsync` (the crate's allocations on devices with memory pools) or from `cuMemAlloc`, or
-    /// with `cuMemFreeAsync` on a stream after its last use where it came from `cuMemAllocAsync`
+    /// from a memory pool (the crate's allocations on devices with memory pools) or from `cuMemAlloc`, or
+    /// with `cuMemFreeAsync` on a stream after its last use where it came from a memory pool
     /// (`cuPointerGetAttribute` with `CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE` tells). It belongs to the device's
     /// primary context, so it stays valid while that context is retained (keep a [`Context`] of the device).
     /// Hand it back with [`DeviceBuffer::from_raw`].
@@ -170,7 +178,7 @@ impl<T> DeviceBuffer<T> {
         Ok(raw)
     }
 
-    /// Whether the memory came from `cuMemAllocAsync` (and is freed stream-ordered).
+    /// Whether the memory came from a memory pool (and is freed stream-ordered).
     #[cfg(feature = "cudarc")]
     pub(crate) fn is_pool_memory(&self) -> bool {
         self.ordered
@@ -178,13 +186,15 @@ impl<T> DeviceBuffer<T> {
 
     /// Takes ownership of `len` elements of device memory at `ptr`, which from now on are tracked like any
     /// buffer's and freed when the buffer is dropped, once every use has completed: stream-ordered
-    /// (`cuMemFreeAsync`) where the memory came from a memory pool, as `cuMemAllocAsync` allocates, else with
-    /// `cuMemFree` on the crate's release thread, which waits until the device is idle. Returns at once.
+    /// (`cuMemFreeAsync`) where the memory came from a memory pool (`cuMemAllocAsync`,
+    /// `cuMemAllocFromPoolAsync`), else with `cuMemFree` on the crate's release thread, which waits until the
+    /// device is idle. Returns at once.
     ///
     /// # Safety
-    /// `ptr` must be a whole allocation of at least `len * size_of::<T>()` bytes made by `cuMemAlloc` or
-    /// `cuMemAllocAsync` in `stream`'s context, aligned for `T`, holding valid `T`s, and ready for work on
-    /// `stream`: no work elsewhere may still use it (an allocation on another stream must have completed).
+    /// `ptr` must be a whole allocation of at least `len * size_of::<T>()` bytes made by `cuMemAlloc`,
+    /// `cuMemAllocAsync` or `cuMemAllocFromPoolAsync` in `stream`'s context, aligned for `T`, holding valid
+    /// `T`s, and ready for work on `stream`: no work elsewhere may still use it (an allocation on another
+    /// stream must have completed).
     /// Nothing else may use or free it afterwards (a pointer from [`DeviceBuffer::into_raw`] qualifies).
     pub unsafe fn from_raw(stream: &Stream, ptr: CUdeviceptr, len: usize) -> DeviceBuffer<T> {
         // Where the driver cannot tell, `cuMemFree`, which frees either kind, once the device is idle.
@@ -193,7 +203,7 @@ impl<T> DeviceBuffer<T> {
         unsafe { DeviceBuffer::from_raw_parts(stream, ptr, len, ordered) }
     }
 
-    /// [`DeviceBuffer::from_raw`] with the allocator known: `ordered` for `cuMemAllocAsync`.
+    /// [`DeviceBuffer::from_raw`] with the allocator known: `ordered` for memory of a memory pool.
     ///
     /// # Safety
     /// As [`DeviceBuffer::from_raw`], with `ordered` true only for memory of a memory pool.
@@ -270,7 +280,7 @@ impl<T> DeviceBuffer<T> {
 
 /// Enqueues the stream-ordered free of `ptr` on `stream`.
 fn free_async(ptr: CUdeviceptr, stream: &Stream) -> Result<()> {
-    // SAFETY: allocated by cuMemAllocAsync, freed once (the buffer is dropping); `stream` is ordered after every
+    // SAFETY: allocated from a memory pool, freed once (the buffer is dropping); `stream` is ordered after every
     // pending use of it, and nothing uses it afterwards.
     unsafe { calls::mem_free_async(ptr, stream.as_raw()) }
 }
