@@ -480,7 +480,7 @@ pub extern "C" fn cuInit(Flags: c_uint) -> CUresult {
                 .map(|_| Primary::default())
                 .collect();
             for device in 0..SIM.config.devices {
-                let pool = state.handle();
+                let pool = pool_handle(&state);
                 state.pools.insert(pool, PoolData::new(device));
                 state.default_pools.push(pool);
             }
@@ -576,6 +576,15 @@ pub extern "C" fn cuDeviceGetDefaultMemPool(
     })
 }
 
+/// Where pool handles start: apart from the other handles, whose values seed each stream's delays, so that
+/// making a pool changes no stream's delays.
+const POOL_BASE: usize = 0x7000_0000;
+
+/// A fresh pool handle (pools are never forgotten, so their count numbers them).
+fn pool_handle(state: &State) -> usize {
+    POOL_BASE + state.pools.len() * 0x10
+}
+
 /// The pool behind a handle, if it is one not destroyed.
 fn live_pool(state: &mut State, pool: CUmemoryPool) -> Outcome<&mut PoolData> {
     state
@@ -606,7 +615,7 @@ pub extern "C" fn cuMemPoolCreate(
             return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
         }
         let device = check_device(props.location.id)? as i32;
-        let handle = state.handle();
+        let handle = pool_handle(&state);
         put(pool, handle as CUmemoryPool)?;
         state.pools.insert(handle, PoolData::new(device));
         Ok(())
