@@ -191,9 +191,10 @@ fn is_pageable(loc: Loc) -> bool {
 }
 
 /// Queues an asynchronous copy: it runs in stream order, except that pageable host memory makes it return
-/// only once done (as the driver's staged pageable copies do, at the latest). So does page-locked memory of
-/// another device's context that was not made portable: the stream's context does not take it for
-/// page-locked. Device memory of another device is refused unless the stream's context was given peer access
+/// only once done (as the driver's staged pageable copies do, at the latest). So does memory registered in
+/// another device's context without `CU_MEMHOSTREGISTER_PORTABLE`: under unified addressing the driver
+/// documents memory of `cuMemHostAlloc` as page-locked for every context whatever its flags, but says no
+/// such thing of registered memory. Device memory of another device is refused unless the stream's context was given peer access
 /// to it (`cuMemcpyPeerAsync` is the copy between devices that needs none).
 fn copy_async(
     state: MutexGuard<'static, State>,
@@ -214,7 +215,9 @@ fn copy_async(
             if !state.accessible(device, id) {
                 return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
             }
-        } else if allocation.flags & crate::sys::CU_MEMHOSTALLOC_PORTABLE == 0 {
+        } else if allocation.kind == Kind::Registered
+            && allocation.flags & crate::sys::CU_MEMHOSTREGISTER_PORTABLE == 0
+        {
             sync = true;
         }
     }

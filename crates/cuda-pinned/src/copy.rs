@@ -70,9 +70,6 @@ pub(crate) mod sealed {
         fn elements(&self) -> usize;
         /// The tracker of the allocation the memory belongs to.
         fn track(&self) -> &Track;
-        /// Whether copies on streams of `context` may use it: portable memory (the crate's default), or memory
-        /// of that context.
-        fn usable_in(&self, context: &Context) -> bool;
     }
 }
 
@@ -171,9 +168,6 @@ macro_rules! pinned_view {
             fn track(&self) -> &Track {
                 <$t>::track(self)
             }
-            fn usable_in(&self, context: &Context) -> bool {
-                self.pinned().usable_in(context)
-            }
         }
         $(impl<T> $tr<T> for $t {})+
     )+};
@@ -193,9 +187,6 @@ impl<T> sealed::PinnedMemory for Pinned<T> {
     fn track(&self) -> &Track {
         Pinned::track(self)
     }
-    fn usable_in(&self, context: &Context) -> bool {
-        Pinned::usable_in(self, context)
-    }
 }
 impl<T> PinnedSource<T> for Pinned<T> {}
 impl<T> PinnedDestination<T> for Pinned<T> {}
@@ -212,9 +203,6 @@ impl<M: sealed::PinnedMemory> sealed::PinnedMemory for std::sync::Arc<M> {
     fn track(&self) -> &Track {
         (**self).track()
     }
-    fn usable_in(&self, context: &Context) -> bool {
-        (**self).usable_in(context)
-    }
 }
 impl<T, M: PinnedSource<T>> PinnedSource<T> for std::sync::Arc<M> {}
 
@@ -227,10 +215,6 @@ impl<T: Pod> sealed::PinnedMemory for Registered<T> {
     }
     fn track(&self) -> &Track {
         Registered::track(self)
-    }
-    fn usable_in(&self, _: &Context) -> bool {
-        // Registered portable (`Registered::new`).
-        true
     }
 }
 impl<T: Pod> PinnedSource<T> for Registered<T> {}
@@ -249,7 +233,6 @@ impl Stream {
         src: &impl PinnedSource<T>,
         dst: &mut impl DeviceDestination<T>,
     ) -> Result<()> {
-        self.check_host("uploading", src)?;
         let Some(bytes) = self.check_copy::<T>("uploading", src.elements(), dst)? else {
             return Ok(());
         };
@@ -280,7 +263,6 @@ impl Stream {
         src: &impl DeviceSource<T>,
         dst: &mut impl PinnedDestination<T>,
     ) -> Result<()> {
-        self.check_host("downloading", dst)?;
         let Some(bytes) = self.check_copy::<T>("downloading", dst.elements(), src)? else {
             return Ok(());
         };
@@ -444,22 +426,6 @@ impl Stream {
             ("the host memory", host_len),
             ("the device memory", device.elements()),
         )
-    }
-
-    /// Refuses page-locked memory that this stream's context need not take for page-locked: memory of another
-    /// context that is not portable (`CU_MEMHOSTALLOC_PORTABLE` is what makes every context take it so).
-    pub(crate) fn check_host(&self, what: &str, host: &impl sealed::PinnedMemory) -> Result<()> {
-        if host.usable_in(self.context()) {
-            Ok(())
-        } else {
-            Err(Error::invalid(format_args!(
-                "{what}: page-locked memory of another device's context, not portable, used on a stream of device \
-                 {}: that context need not take it for page-locked memory, and may copy it as pageable memory, \
-                 slowly and blocking; nothing was enqueued (allocate it portable: `PinnedBuilder::portable(true)`, \
-                 the default)",
-                self.context().device().ordinal()
-            )))
-        }
     }
 
     pub(crate) fn check_context(&self, device: &impl sealed::DeviceMemory) -> Result<()> {

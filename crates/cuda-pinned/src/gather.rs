@@ -412,7 +412,6 @@ impl Gatherer {
                 self.context.device().ordinal()
             )));
         }
-        stream.check_host("gathering", table)?;
         if u32::try_from(indices.len()).is_err() {
             return Err(Error::invalid(format_args!(
                 "gathering {} rows at once, more than 2^32 - 1; split the batch; nothing was enqueued",

@@ -258,48 +258,68 @@ fn buffers_dropped_while_the_other_device_reads_them_are_freed_after() {
     settle(&[ctx0, ctx1]);
 }
 
+/// Page-locked memory that is not portable still serves the other device's streams: under unified addressing
+/// the driver takes memory of `cuMemHostAlloc` for page-locked in every context, whatever its flags. Copies
+/// from and to it on device 1's stream return while that stream is held (a copy taken for pageable memory
+/// would return only once done), and deliver every element.
+#[test]
+fn page_locked_memory_that_is_not_portable_serves_the_other_devices_streams() {
+    let _serial = setup();
+    let [ctx0, ctx1] = two_devices();
+    let s1 = Stream::new(&ctx1).unwrap();
+    let want = data(N, 1);
+    let private = PinnedBuilder::new(&ctx0)
+        .portable(false)
+        .from_slice(&want)
+        .unwrap();
+    let mut back = PinnedBuilder::new(&ctx0)
+        .portable(false)
+        .zeroed::<u32>(N)
+        .unwrap();
+    assert!(!private.is_portable() && !back.is_portable());
+    let mut d1 = DeviceBuffer::<u32>::zeroed(&s1, N).unwrap();
+    s1.synchronize().unwrap();
+    let held = hold(&s1, Duration::from_millis(500));
+    let released = Event::without_timing(&ctx1).unwrap();
+    released.record(&s1).unwrap();
+    s1.upload(&private, &mut d1).unwrap();
+    s1.download(&d1, &mut back).unwrap();
+    assert!(
+        !released.query().unwrap(),
+        "a copy of memory that is not portable on another device's stream waited for that stream"
+    );
+    drop(held);
+    common::compare(
+        back.as_slice().unwrap(),
+        &want,
+        "the round trip on device 1",
+    )
+    .unwrap();
+    settle(&[ctx0, ctx1]);
+}
+
 /// Memory that a device's streams must not use is refused before anything is enqueued, beside twins that are
-/// accepted: page-locked memory of another context that is not portable, and a copy between two buffers of
-/// which neither is the stream's.
+/// accepted: a copy between two buffers of which neither is the stream's, and lengths that differ.
 #[test]
 fn memory_of_the_wrong_context_is_refused() {
     let _serial = setup();
     let [ctx0, ctx1] = two_devices();
     let (s0, s1) = (Stream::new(&ctx0).unwrap(), Stream::new(&ctx1).unwrap());
-    let mut d1 = DeviceBuffer::<u32>::zeroed(&s1, 64).unwrap();
-    let mut private = PinnedBuilder::new(&ctx0)
-        .portable(false)
-        .from_slice(&data(64, 1))
-        .unwrap();
-    assert!(!private.is_portable());
-    refused(s1.upload(&private, &mut d1), "not portable");
-    refused(s1.download(&d1, &mut private), "not portable");
-    refused(
-        s1.upload(
-            &private.slice(..32).unwrap(),
-            &mut d1.slice_mut(..32).unwrap(),
-        ),
-        "not portable",
-    );
-    // Its own context's streams take it.
-    let mut d0 = DeviceBuffer::<u32>::zeroed(&s0, 64).unwrap();
-    s0.upload(&private, &mut d0).unwrap();
-    // Portable memory (the default) serves both.
-    let portable = Pinned::from_slice(&ctx0, &data(64, 2)).unwrap();
-    assert!(portable.is_portable());
-    s1.upload(&portable, &mut d1).unwrap();
-    // A copy between two buffers of device 0 on device 1's stream.
+    let d0 = DeviceBuffer::<u32>::zeroed(&s0, 64).unwrap();
     let mut other0 = DeviceBuffer::<u32>::zeroed(&s0, 64).unwrap();
+    // A copy between two buffers of device 0 on device 1's stream.
     refused(s1.copy(&d0, &mut other0), "use a stream of either");
     // Lengths of two devices' buffers that differ.
     let mut short1 = DeviceBuffer::<u32>::zeroed(&s1, 63).unwrap();
     refused(s1.copy(&d0, &mut short1), "elements");
+    // Their twins: the copy on device 0's stream, and one into a buffer of the same length.
     s0.copy(&d0, &mut other0).unwrap();
+    let mut whole1 = DeviceBuffer::<u32>::zeroed(&s1, 64).unwrap();
+    s1.copy(&d0, &mut whole1).unwrap();
     ctx0.synchronize().unwrap();
     ctx1.synchronize().unwrap();
 }
 
-/// What batch `index` holds: `len` values that name it.
 fn batch_values(index: usize, len: usize) -> Vec<u32> {
     data(len, 1000 + index as u64)
 }

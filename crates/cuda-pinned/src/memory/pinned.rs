@@ -78,10 +78,10 @@ impl PinnedBuilder {
         self
     }
 
-    /// Page-locked for every context in the process, not only the allocating one (`CU_MEMHOSTALLOC_PORTABLE`),
-    /// so that it is the host side of asynchronous copies on the streams of every device. On by default. Memory
-    /// that is not portable is refused (an `Err`) by copies on another device's streams: that device's context
-    /// need not take it for page-locked memory, and may copy it as pageable memory, slowly and blocking.
+    /// Page-locked for every context in the process, not only the allocating one (`CU_MEMHOSTALLOC_PORTABLE`).
+    /// On by default. Under unified addressing, which the driver enables in every 64-bit process, the driver
+    /// takes memory of `cuMemHostAlloc` for page-locked in every context whatever this flag says, so either way
+    /// the memory is the host side of asynchronous copies on the streams of every device.
     pub fn portable(self, yes: bool) -> PinnedBuilder {
         self.flag(CU_MEMHOSTALLOC_PORTABLE, yes)
     }
@@ -230,11 +230,6 @@ impl<T> Pinned<T> {
     #[must_use]
     pub fn is_portable(&self) -> bool {
         self.flags & CU_MEMHOSTALLOC_PORTABLE != 0
-    }
-
-    /// Whether copies on streams of `context` may use it: portable memory, or memory of that context.
-    pub(crate) fn usable_in(&self, context: &Context) -> bool {
-        self.is_portable() || self.context == *context
     }
 
     /// The context it was allocated in.

@@ -205,11 +205,6 @@ macro_rules! pinned_view_common {
             pub(crate) fn track(&self) -> &Track {
                 self.pinned.track()
             }
-
-            /// The buffer it is a view of.
-            pub(crate) fn pinned(&self) -> &Pinned<T> {
-                self.pinned
-            }
         }
     };
 }
