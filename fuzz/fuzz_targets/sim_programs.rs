@@ -1,4 +1,5 @@
-//! Arbitrary programs of safe-API operations over several streams and buffers, run on the simulated driver
+//! Arbitrary programs of safe-API operations over several streams and buffers, on one simulated device or two
+//! (copies between them, pinned memory and events of one used by the other), run on the simulated driver
 //! (crates/cuda-pinned-sim) and checked against a CPU model: uploads, downloads and device copies of whole buffers
 //! and views, pageable transfers, fills, spins that hold a stream back, events recorded on one stream and
 //! waited for by another, host reads and writes of pinned memory, and buffers replaced (dropped with work in
@@ -6,7 +7,7 @@
 //! the property test tests/gpu_props.rs there; every element of every buffer is compared at the end (and wherever the program reads
 //! one), the simulator must find no violation (work touching freed memory, memory freed under queued work,
 //! a hidden wait, a false dependency), and everything the program allocated must be gone once it ends. Events
-//! are the exception: the context keeps those its work returns for reuse, at most a fixed number of them.
+//! are the exception: each context keeps those its work returns for reuse, at most a fixed number of them.
 //!
 //! The simulator is the one `cargo build -p cuda-pinned-sim --release` builds at the repository root (not the
 //! sanitizer-instrumented copy cargo-fuzz builds beside this target): under `$CARGO_TARGET_DIR` if that was set
@@ -16,14 +17,16 @@
 //!
 //! | bytes | meaning                                                                                        |
 //! |-------|------------------------------------------------------------------------------------------------|
-//! | 0     | streams: 2 + this modulo 3                                                                     |
+//! | 0     | streams: 2 + this modulo 3; devices: 1 + (this / 3) modulo 2                                   |
 //! | 1     | the common buffer length: `SIZES[this % 4]` elements                                           |
 //! | 2-8   | a size byte per buffer (devices 0-3, then pinned 0-2): see below                               |
 //! | 9-16  | the seed of the values written, little-endian                                                  |
 //! | then  | operations: an opcode byte (modulo 14), then its operand bytes                                 |
 //!
 //! A size byte `z` means the common length if `z < 128`, else `SIZES[z % 4]` (1, 7, 4096 or 65537 `u32`s).
-//! A stream byte is taken modulo the number of streams, a buffer byte modulo the number of such buffers, and a
+//! With two devices, streams and buffers are dealt out to them in turn, and an operation on a device buffer runs on
+//! a stream of its device (see tests/common/program.rs). A stream byte is taken modulo the number of streams, a
+//! buffer byte modulo the number of such buffers, and a
 //! pick is 4 bytes, little-endian, choosing the elements and whether whole buffers or views are passed (see
 //! `span` in tests/common/program.rs; a multiple of 4 means the longest span from the start of both).
 //!
@@ -59,11 +62,11 @@ use std::sync::LazyLock;
 use cuda_pinned::{Context, DeviceBuffer, Pinned, Stream};
 use cuda_pinned_fuzz::Reader;
 use libfuzzer_sys::fuzz_target;
-use program::{DEVICE_BUFFERS, MAX_STREAMS, Op, PINNED_BUFFERS, Program};
+use program::{DEVICE_BUFFERS, MAX_DEVICES, MAX_STREAMS, Op, PINNED_BUFFERS, Program};
 
 /// Operations read at most: enough for long chains across streams, few enough for thousands of runs a minute.
 const MAX_OPS: usize = 64;
-/// The most idle events a context keeps for reuse (the crate's event pool).
+/// The most idle events a context keeps for reuse (the crate's event pool), per context.
 const POOLED_EVENTS_AT_MOST: u64 = 1024;
 /// Buffer lengths come from the first four of `program::SIZES`: up to 65537 elements, 256 KiB.
 const LENGTHS: u8 = 4;
@@ -99,21 +102,27 @@ fn use_simulator() {
     set("CUDA_PINNED_LIBCUDA", &simulator);
     set("CUDA_PINNED_LIBCUDART", &simulator);
     set("CUDA_SIM_MAX_DELAY_US", "50");
+    set("CUDA_SIM_DEVICES", &MAX_DEVICES.to_string());
 }
 
-/// One context for the whole fuzzing process: each run makes its own streams and buffers. It is made with
-/// what a context keeps for its whole life once used, so that no run's count of live objects includes it: its
-/// stream for frees that wait for several streams (made here by freeing a buffer written on one and read on another).
-static CONTEXT: LazyLock<Context> = LazyLock::new(|| {
-    let ctx = Context::on(0).expect("the simulated driver has device 0");
-    let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
-    let mut host = Pinned::<u32>::zeroed(&ctx, 1).unwrap();
-    let mut device = DeviceBuffer::<u32>::uninit(&a, 1).unwrap();
-    a.upload(&host, &mut device).unwrap();
-    b.download(&device, &mut host).unwrap();
-    drop((device, host, a, b));
-    ctx.synchronize().unwrap();
-    ctx
+/// One context per device for the whole fuzzing process: each run makes its own streams and buffers. Each is
+/// made with what a context keeps for its whole life once used, so that no run's count of live objects includes
+/// it: its stream for frees that wait for several streams (made here by freeing a buffer written on one and
+/// read on another).
+static CONTEXTS: LazyLock<Vec<Context>> = LazyLock::new(|| {
+    (0..MAX_DEVICES)
+        .map(|ordinal| {
+            let ctx = Context::on(ordinal).expect("the simulated driver has two devices");
+            let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+            let mut host = Pinned::<u32>::zeroed(&ctx, 1).unwrap();
+            let mut device = DeviceBuffer::<u32>::uninit(&a, 1).unwrap();
+            a.upload(&host, &mut device).unwrap();
+            b.download(&device, &mut host).unwrap();
+            drop((device, host, a, b));
+            ctx.synchronize().unwrap();
+            ctx
+        })
+        .collect()
 });
 
 fn stream(r: &mut Reader) -> usize {
@@ -222,7 +231,9 @@ fn op(r: &mut Reader) -> Op {
 
 fn decode(data: &[u8]) -> Program {
     let mut r = Reader::new(data);
-    let streams = 2 + usize::from(r.byte()) % (MAX_STREAMS - 1);
+    let first = usize::from(r.byte());
+    let streams = 2 + first % (MAX_STREAMS - 1);
+    let devices = 1 + first / (MAX_STREAMS - 1) % MAX_DEVICES;
     let common_size = usize::from(r.byte() % LENGTHS);
     let sizes = (0..DEVICE_BUFFERS + PINNED_BUFFERS)
         .map(|_| size(&mut r))
@@ -235,6 +246,7 @@ fn decode(data: &[u8]) -> Program {
     Program {
         seed,
         streams,
+        devices,
         common_size,
         sizes,
         ops,
@@ -244,19 +256,21 @@ fn decode(data: &[u8]) -> Program {
 fuzz_target!(
     init: {
         use_simulator();
-        LazyLock::force(&CONTEXT);
+        LazyLock::force(&CONTEXTS);
     },
     |data: &[u8]| {
         let program = decode(data);
         // Checks, when it drops, that the simulator found no violation.
         let _serial = common::serial();
         let sim = common::sim().expect("CUDA_PINNED_LIBCUDA names the simulated driver");
-        let ctx = &*CONTEXT;
+        let contexts = &*CONTEXTS;
         let before = sim.live();
-        if let Err(e) = program::run_program(ctx, &program) {
+        if let Err(e) = program::run_program(contexts, &program) {
             panic!("{e}\nthe program: {program:#?}");
         }
-        ctx.synchronize().expect("synchronize after the program");
+        for ctx in contexts {
+            ctx.synchronize().expect("synchronize after the program");
+        }
         let after = sim.live();
         let events = after.events;
         assert_eq!(
@@ -265,8 +279,8 @@ fuzz_target!(
             "the program left something allocated: {program:#?}"
         );
         assert!(
-            events <= POOLED_EVENTS_AT_MOST,
-            "{events} events live after the program: more than a context keeps for reuse"
+            events <= POOLED_EVENTS_AT_MOST * MAX_DEVICES as u64,
+            "{events} events live after the program: more than the contexts keep for reuse"
         );
     }
 );

@@ -1,7 +1,9 @@
 //! Random programs against a CPU model: proptest generates sequences of copies, kernels, event waits, host
 //! accesses and buffer replacements over 2-4 streams and a few device and pinned buffers of assorted sizes,
-//! runs them on the GPU (or the simulated driver), and checks every element against a model that applies the
-//! operations in program order (tests/common/program.rs, which the fuzz target `sim_programs` shares).
+//! on one device or two, runs them on the GPU (or the simulated driver), and checks every element against a
+//! model that applies the operations in program order (tests/common/program.rs, which the fuzz target
+//! `sim_programs` shares). On the simulated driver the programs have two devices to use; on a GPU machine as
+//! many as it has, up to two.
 //!
 //! `CUDA_PINNED_PROP_CASES` sets the number of programs (48 by default), `CUDA_PINNED_PROP_SEED` the seed
 //! of the generator (random by default; a failure reports the one it used).
@@ -14,18 +16,37 @@ use std::time::Duration;
 
 #[cfg(not(feature = "gpu"))]
 use common::kernels;
-use common::{SplitMix64, compare, data, env_number, serial};
+use common::{Serial, SplitMix64, compare, data, env_number, serial};
 #[cfg(feature = "gpu")]
 use cuda_pinned::kernels;
 use cuda_pinned::{Context, DeviceBuffer, Pinned, Stream};
 use program::{
-    DEVICE_BUFFERS, MAX_SPIN_US, MAX_STREAMS, Op, PINNED_BUFFERS, Program, SIZES, run_program,
+    DEVICE_BUFFERS, MAX_DEVICES, MAX_SPIN_US, MAX_STREAMS, Op, PINNED_BUFFERS, Program, SIZES,
+    run_program,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestError, TestRunner};
 
+/// [`common::serial`], with the simulated driver installed with two devices first.
+fn setup() -> Serial {
+    #[cfg(not(feature = "gpu"))]
+    {
+        cuda_pinned_sim::install_with(cuda_pinned_sim::Settings::new().devices(2))
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    serial()
+}
+
 fn context() -> Context {
     Context::on(0).expect("a CUDA device under feature `gpu`")
+}
+
+/// The primary contexts of the devices programs may use: all of them, up to [`MAX_DEVICES`].
+fn contexts() -> Vec<Context> {
+    let count = cuda_pinned::Device::count().expect("a CUDA device under feature `gpu`");
+    (0..count.min(MAX_DEVICES))
+        .map(|ordinal| Context::on(ordinal).unwrap())
+        .collect()
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -74,10 +95,11 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn program() -> impl Strategy<Value = Program> {
+fn program(devices: usize) -> impl Strategy<Value = Program> {
     (
         any::<u64>(),
         2..=MAX_STREAMS,
+        1..=devices,
         0..SIZES.len(),
         prop::collection::vec(
             prop::option::weighted(0.3, 0..SIZES.len()),
@@ -85,19 +107,22 @@ fn program() -> impl Strategy<Value = Program> {
         ),
         prop::collection::vec(op(), 10..=40),
     )
-        .prop_map(|(seed, streams, common_size, sizes, ops)| Program {
-            seed,
-            streams,
-            common_size,
-            sizes,
-            ops,
-        })
+        .prop_map(
+            |(seed, streams, devices, common_size, sizes, ops)| Program {
+                seed,
+                streams,
+                devices,
+                common_size,
+                sizes,
+                ops,
+            },
+        )
 }
 
 #[test]
 fn random_programs_over_several_streams_match_the_model() {
-    let _serial = serial();
-    let ctx = context();
+    let _serial = setup();
+    let contexts = contexts();
     let cases =
         env_number("CUDA_PINNED_PROP_CASES").map_or(48, |n| u32::try_from(n).unwrap_or(u32::MAX));
     let seed = env_number("CUDA_PINNED_PROP_SEED").unwrap_or_else(|| {
@@ -117,8 +142,8 @@ fn random_programs_over_several_streams_match_the_model() {
         ..Config::default()
     };
     let mut runner = TestRunner::new(config);
-    let result = runner.run(&program(), |program| {
-        run_program(&ctx, &program).map_err(TestCaseError::fail)
+    let result = runner.run(&program(contexts.len()), |program| {
+        run_program(&contexts, &program).map_err(TestCaseError::fail)
     });
     match result {
         Ok(()) => {}
@@ -135,7 +160,7 @@ fn random_programs_over_several_streams_match_the_model() {
 /// while B may still be reading it. Every step needs a device-side wait on another stream.
 #[test]
 fn a_slow_producer_a_consumer_and_a_reader_on_three_streams() {
-    let _serial = serial();
+    let _serial = setup();
     let ctx = context();
     let (a, b, c) = (
         Stream::new(&ctx).unwrap(),

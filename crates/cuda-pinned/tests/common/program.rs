@@ -1,10 +1,17 @@
-//! A program of safe-API operations over several streams and a few device and pinned buffers, run against a
-//! CPU model that applies the operations in program order: shared by the property test (tests/gpu_props.rs,
+//! A program of safe-API operations over several streams and a few device and pinned buffers, on one device
+//! or two, run against a CPU model that applies the operations in program order: shared by the property test (tests/gpu_props.rs,
 //! programs from proptest, on a GPU or the simulated driver) and the fuzz target `sim_programs` (programs
 //! from libFuzzer's bytes, on the simulated driver). The tracker's promise is that each operation sees the
 //! effects of every conflicting earlier one, whichever stream either ran on; `check_all` reads every element
 //! back and compares. Short `spin`s on random streams hold earlier work back while other streams race ahead,
 //! so a missing device-side wait shows as wrong data rather than as luck.
+//!
+//! With two devices, streams, device buffers and pinned buffers are dealt out to the devices in turn (stream
+//! `j`, device buffer `i` and pinned buffer `i` belong to device `j % 2` or `i % 2`). An operation on a device
+//! buffer runs on a stream of that buffer's device (its stream index is taken among that device's streams), a
+//! copy between two devices' buffers on a stream of either, a launch reads and writes two buffers of one
+//! device; pinned buffers of either device serve both, events of one device are waited for by the other's
+//! streams, and every read waits for the writers whichever device they ran on.
 //!
 //! The including crate has a `common` module (tests/common/mod.rs) beside this one.
 #![allow(dead_code, reason = "each includer uses a different subset")]
@@ -24,6 +31,8 @@ pub const SIZES: [usize; 5] = [1, 7, 4096, 65_537, 1 << 20];
 pub const DEVICE_BUFFERS: usize = 4;
 pub const PINNED_BUFFERS: usize = 3;
 pub const MAX_STREAMS: usize = 4;
+/// The most devices a program uses: each needs two device buffers for a launch (one read, one written).
+pub const MAX_DEVICES: usize = DEVICE_BUFFERS / 2;
 /// The longest `spin`, in microseconds: longer than a 4 MiB copy, so work behind it is overtaken.
 pub const MAX_SPIN_US: u64 = 400;
 
@@ -220,8 +229,10 @@ pub enum Op {
 pub struct Program {
     /// Seeds the values written.
     pub seed: u64,
-    /// How many streams (1 to `MAX_STREAMS`).
+    /// How many streams (1 to `MAX_STREAMS`; at least one per device is made).
     pub streams: usize,
+    /// How many devices (1 to `MAX_DEVICES`).
+    pub devices: usize,
     /// Index into `SIZES` of the length most buffers have (so that many operations take whole buffers).
     pub common_size: usize,
     /// Per buffer, devices first: `None` for the common length, else an index into `SIZES`.
@@ -241,7 +252,9 @@ fn gpu<T>(result: cuda_pinned::Result<T>) -> Result<T, String> {
 
 /// A program being run: the buffers, the model of their contents, and the log of what was done.
 struct Run<'a> {
-    ctx: &'a Context,
+    /// One per device the program uses.
+    contexts: &'a [Context],
+    /// Stream `j` belongs to device `j % contexts.len()`.
     streams: Vec<Stream>,
     device: Vec<DeviceBuffer<u32>>,
     pinned: Vec<Pinned<u32>>,
@@ -249,13 +262,25 @@ struct Run<'a> {
     pinned_model: Vec<Vec<u32>>,
     rng: SplitMix64,
     log: Vec<String>,
-    /// `add_u32` of the tests' user module (`cuda/test_kernels.cu`).
-    add: cuda_pinned::Kernel,
+    /// `add_u32` of the tests' user module (`cuda/test_kernels.cu`), loaded on each device.
+    add: Vec<cuda_pinned::Kernel>,
 }
 
 impl Run<'_> {
     fn stream(&self, index: usize) -> &Stream {
         &self.streams[index % self.streams.len()]
+    }
+
+    /// The device of device buffer, pinned buffer or stream `index`.
+    fn device_of(&self, index: usize) -> usize {
+        index % self.contexts.len()
+    }
+
+    /// The stream that a stream operand `stream` picks among the streams of `device`.
+    fn on(&self, stream: usize, device: usize) -> usize {
+        let devices = self.contexts.len();
+        let of_device = (self.streams.len() - device).div_ceil(devices);
+        device + devices * (stream % of_device)
     }
 
     fn step(&mut self, op: &Op) -> Result<(), String> {
@@ -267,12 +292,12 @@ impl Run<'_> {
                 to,
                 pick,
             } => {
-                let s = &self.streams[stream % n];
+                let k = self.on(stream, self.device_of(to));
+                let s = &self.streams[k];
                 let (src, dst) = (&mut self.pinned[from], &mut self.device[to]);
                 let sp = span(pick, src.len(), dst.len());
                 self.log.push(format!(
-                    "s{} upload {} -> {}",
-                    stream % n,
+                    "s{k} upload {} -> {}",
                     operand('p', from, sp.src_shape, &sp.src),
                     operand('d', to, sp.dst_shape, &sp.dst)
                 ));
@@ -287,12 +312,12 @@ impl Run<'_> {
                 to,
                 pick,
             } => {
-                let s = &self.streams[stream % n];
+                let k = self.on(stream, self.device_of(from));
+                let s = &self.streams[k];
                 let (src, dst) = (&mut self.device[from], &mut self.pinned[to]);
                 let sp = span(pick, src.len(), dst.len());
                 self.log.push(format!(
-                    "s{} download {} -> {}",
-                    stream % n,
+                    "s{k} download {} -> {}",
                     operand('d', from, sp.src_shape, &sp.src),
                     operand('p', to, sp.dst_shape, &sp.dst)
                 ));
@@ -308,15 +333,21 @@ impl Run<'_> {
                 pick,
             } => {
                 let to = (from + step) % DEVICE_BUFFERS;
-                let s = &self.streams[stream % n];
+                // Between two devices, on a stream of either.
+                let sides = [self.device_of(from), self.device_of(to)];
+                let k = if sides.contains(&self.device_of(stream % n)) {
+                    stream % n
+                } else {
+                    self.on(stream, self.device_of(to))
+                };
+                let s = &self.streams[k];
                 let [src, dst] = self
                     .device
                     .get_disjoint_mut([from, to])
                     .expect("distinct indices");
                 let sp = span(pick, src.len(), dst.len());
                 self.log.push(format!(
-                    "s{} copy {} -> {}",
-                    stream % n,
+                    "s{k} copy {} -> {}",
                     operand('d', from, sp.src_shape, &sp.src),
                     operand('d', to, sp.dst_shape, &sp.dst)
                 ));
@@ -333,22 +364,28 @@ impl Run<'_> {
                 pick,
                 add,
             } => {
-                let to = (from + step) % DEVICE_BUFFERS;
-                let s = &self.streams[stream % n];
+                let devices = self.contexts.len();
+                // Two buffers of one device (a kernel's pointers are its own device's).
+                let mut to = (from + step) % DEVICE_BUFFERS;
+                if self.device_of(to) != self.device_of(from) {
+                    to = (from + devices) % DEVICE_BUFFERS;
+                }
+                let device = self.device_of(from);
+                let k = self.on(stream, device);
+                let s = &self.streams[k];
                 let [src, dst] = self
                     .device
                     .get_disjoint_mut([from, to])
                     .expect("distinct indices");
                 let sp = span(pick, src.len(), dst.len());
                 self.log.push(format!(
-                    "s{} launch add_u32({}, {}, {add})",
-                    stream % n,
+                    "s{k} launch add_u32({}, {}, {add})",
                     operand('d', from, sp.src_shape, &sp.src),
                     operand('d', to, sp.dst_shape, &sp.dst)
                 ));
                 let count = sp.src.len();
                 let (config, n) = (gpu(LaunchConfig::for_elements(count, 256))?, count as u32);
-                let kernel = &self.add;
+                let kernel = &self.add[device];
                 gpu(as_source!(sp.src_shape, src, sp.src.clone(), |x| {
                     as_destination!(sp.dst_shape, dst, sp.dst.clone(), |y| {
                         // SAFETY: add_u32(const unsigned*, unsigned*, unsigned, unsigned) reads x[..n] and
@@ -374,12 +411,12 @@ impl Run<'_> {
                 self.device_model[to][sp.dst].copy_from_slice(&sums);
             }
             Op::UploadPageable { stream, to, pick } => {
-                let s = &self.streams[stream % n];
+                let k = self.on(stream, self.device_of(to));
+                let s = &self.streams[k];
                 let dst = &mut self.device[to];
                 let sp = span(pick, dst.len(), dst.len());
                 self.log.push(format!(
-                    "s{} upload_pageable fresh -> {}",
-                    stream % n,
+                    "s{k} upload_pageable fresh -> {}",
                     operand('d', to, sp.dst_shape, &sp.dst)
                 ));
                 let values = self.rng.values(sp.dst.len());
@@ -388,12 +425,12 @@ impl Run<'_> {
                 self.device_model[to][sp.dst].copy_from_slice(&values);
             }
             Op::DownloadPageable { stream, from, pick } => {
-                let s = &self.streams[stream % n];
+                let k = self.on(stream, self.device_of(from));
+                let s = &self.streams[k];
                 let src = &mut self.device[from];
                 let sp = span(pick, src.len(), src.len());
                 self.log.push(format!(
-                    "s{} download_pageable {} -> vec (checked)",
-                    stream % n,
+                    "s{k} download_pageable {} -> vec (checked)",
                     operand('d', from, sp.src_shape, &sp.src)
                 ));
                 // Not the model's values, nor zeros: a copy that did not happen shows.
@@ -407,13 +444,13 @@ impl Run<'_> {
                 )?;
             }
             Op::Fill { stream, to, pick } => {
-                let s = &self.streams[stream % n];
+                let k = self.on(stream, self.device_of(to));
+                let s = &self.streams[k];
                 let dst = &mut self.device[to];
                 let sp = span(pick, dst.len(), dst.len());
                 let value = self.rng.value();
                 self.log.push(format!(
-                    "s{} fill {} with {value:#010x}",
-                    stream % n,
+                    "s{k} fill {} with {value:#010x}",
                     operand('d', to, sp.dst_shape, &sp.dst)
                 ));
                 gpu(as_destination!(sp.dst_shape, dst, sp.dst.clone(), |y| {
@@ -432,7 +469,7 @@ impl Run<'_> {
                 let (a, b) = (from % n, (from + step) % n);
                 self.log
                     .push(format!("event recorded on s{a}, waited for by s{b}"));
-                let event = gpu(Event::without_timing(self.ctx))?;
+                let event = gpu(Event::without_timing(&self.contexts[self.device_of(a)]))?;
                 gpu(event.record(&self.streams[a]))?;
                 gpu(self.streams[b].wait(&event))?;
             }
@@ -488,16 +525,16 @@ impl Run<'_> {
                 drop_first,
             } => {
                 let len = size.map_or(self.device[index].len(), |k| SIZES[k]);
-                let s = self.streams[stream % n].clone();
+                let k = self.on(stream, self.device_of(index));
+                let s = self.streams[k].clone();
                 let value = self.rng.value();
                 self.log.push(format!(
-                    "replace d{index} ({}) with {len} elements on s{}, {}",
+                    "replace d{index} ({}) with {len} elements on s{k}, {}",
                     if drop_first {
                         "dropped first"
                     } else {
                         "dropped after"
                     },
-                    stream % n,
                     if filled {
                         format!("uninit then filled with {value:#010x}")
                     } else {
@@ -544,10 +581,11 @@ impl Run<'_> {
                 } else {
                     vec![0; len]
                 };
+                let ctx = &self.contexts[self.device_of(index)];
                 let mut new = if fresh {
-                    gpu(Pinned::from_slice(self.ctx, &contents))?
+                    gpu(Pinned::from_slice(ctx, &contents))?
                 } else {
-                    gpu(Pinned::zeroed(self.ctx, len))?
+                    gpu(Pinned::zeroed(ctx, len))?
                 };
                 if drop_first {
                     self.pinned.insert(index, new);
@@ -566,7 +604,8 @@ impl Run<'_> {
     fn check_all(&self, when: &str) -> Result<(), String> {
         for (i, (buffer, model)) in self.device.iter().zip(&self.device_model).enumerate() {
             let mut got = vec![0xDEAD_BEEF; buffer.len()];
-            gpu(self.stream(i).download_pageable(buffer, &mut got))?;
+            let s = &self.streams[self.on(i, self.device_of(i))];
+            gpu(s.download_pageable(buffer, &mut got))?;
             compare(&got, model, &format!("{when}: d{i}"))?;
         }
         for (i, (buffer, model)) in self.pinned.iter().zip(&self.pinned_model).enumerate() {
@@ -576,14 +615,29 @@ impl Run<'_> {
     }
 }
 
-/// Runs `program` and checks it; on failure, the message carries the log of what ran.
-pub fn run_program(ctx: &Context, program: &Program) -> Result<(), String> {
+/// Runs `program` on the first `program.devices` of `contexts` (one per device) and checks it; on failure, the
+/// message carries the log of what ran.
+pub fn run_program(contexts: &[Context], program: &Program) -> Result<(), String> {
+    let Some(contexts) = contexts.get(..program.devices).filter(|c| !c.is_empty()) else {
+        return Err(format!(
+            "the program uses {} devices, {} given",
+            program.devices,
+            contexts.len()
+        ));
+    };
+    let devices = contexts.len();
     let mut rng = SplitMix64(program.seed);
-    let streams = (0..program.streams)
-        .map(|_| gpu(Stream::new(ctx)))
+    let streams = (0..program.streams.max(devices))
+        .map(|j| gpu(Stream::new(&contexts[j % devices])))
+        .collect::<Result<Vec<_>, _>>()?;
+    let add = contexts
+        .iter()
+        .map(
+            |ctx| gpu(crate::common::test_kernels(ctx).and_then(|module| module.kernel("add_u32"))),
+        )
         .collect::<Result<Vec<_>, _>>()?;
     let mut run = Run {
-        ctx,
+        contexts,
         streams,
         device: Vec::new(),
         pinned: Vec::new(),
@@ -591,17 +645,21 @@ pub fn run_program(ctx: &Context, program: &Program) -> Result<(), String> {
         pinned_model: Vec::new(),
         rng: SplitMix64(0),
         log: Vec::new(),
-        add: gpu(crate::common::test_kernels(ctx).and_then(|module| module.kernel("add_u32")))?,
+        add,
     };
+    for j in 0..run.streams.len() {
+        run.log.push(format!("s{j} on device {}", run.device_of(j)));
+    }
     for i in 0..DEVICE_BUFFERS {
         let len = program.len_of(i);
         let values = rng.values(len);
-        let stream = &run.streams[i % program.streams];
+        let k = run.on(i, run.device_of(i));
+        let stream = &run.streams[k];
         let mut buffer = gpu(DeviceBuffer::uninit(stream, len))?;
         gpu(stream.upload_pageable(&values, &mut buffer))?;
         run.log.push(format!(
-            "d{i}: {len} elements, uploaded on s{}",
-            i % program.streams
+            "d{i}: {len} elements on device {}, uploaded on s{k}",
+            run.device_of(i)
         ));
         run.device.push(buffer);
         run.device_model.push(values);
@@ -609,25 +667,32 @@ pub fn run_program(ctx: &Context, program: &Program) -> Result<(), String> {
     for i in 0..PINNED_BUFFERS {
         let len = program.len_of(DEVICE_BUFFERS + i);
         let values = rng.values(len);
+        let ctx = &contexts[run.device_of(i)];
         run.pinned.push(gpu(Pinned::from_slice(ctx, &values))?);
         run.pinned_model.push(values);
-        run.log.push(format!("p{i}: {len} elements"));
+        run.log.push(format!(
+            "p{i}: {len} elements of device {}",
+            run.device_of(i)
+        ));
     }
     run.rng = rng;
+    let synchronize = || contexts.iter().try_for_each(|ctx| gpu(ctx.synchronize()));
     let result = (|| {
         for (i, op) in program.ops.iter().enumerate() {
             run.step(op).map_err(|e| format!("at op {i}: {e}"))?;
         }
         // Without synchronising first: the reads must wait for the writers by themselves.
         run.check_all("at the end")?;
-        gpu(ctx.synchronize())?;
-        run.check_all("at the end, after synchronising the context")
+        synchronize()?;
+        run.check_all("at the end, after synchronising the contexts")
     })();
     let log = std::mem::take(&mut run.log);
     drop(run);
     let result = result.and_then(|()| {
-        gpu(ctx.synchronize())?;
-        gpu(ctx.check_deferred_errors())
+        synchronize()?;
+        contexts
+            .iter()
+            .try_for_each(|ctx| gpu(ctx.check_deferred_errors()))
     });
     result.map_err(|e| {
         let mut message = format!("{e}\nwhat ran:\n");
