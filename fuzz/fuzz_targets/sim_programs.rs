@@ -48,7 +48,7 @@
 //! | 13     | replace `pinned[p]` by a new buffer           | p, size byte, flags                           |
 //!
 //! Flags of a replacement: bit 0 the new buffer is filled with fresh values (else zeroed), bit 1 the old one
-//! is dropped before the new one is allocated (else after).
+//! is dropped before the new one is allocated (else after), bit 2 a new pinned buffer is not portable.
 
 #![no_main]
 
@@ -224,6 +224,7 @@ fn op(r: &mut Reader) -> Op {
                 size,
                 fresh: flags & 1 != 0,
                 drop_first: flags & 2 != 0,
+                portable: flags & 4 == 0,
             }
         }
     }

@@ -17,7 +17,7 @@ use crate::driver::calls;
 use crate::driver::{Category, Context, Stream};
 use crate::error::{Error, Result};
 use crate::memory::{Gpu, Pinned, Work, lock};
-use crate::sys::CUresult;
+use crate::sys::{CUdeviceptr, CUresult};
 use crate::track::Access;
 use crate::units::Bytes;
 
@@ -108,6 +108,7 @@ impl Context {
         }
         if peer.has_memory_pools() {
             let granted = peer.memory_pool().and_then(|pool| {
+                let _current = peer.enter()?;
                 calls::mem_pool_grant_access(pool, self.device().ordinal() as c_int)
             });
             match granted {
@@ -121,6 +122,20 @@ impl Context {
         self.peers().set_enabled(peer);
         Ok(true)
     }
+}
+
+/// Whether `other`'s device may use the device memory at `ptr` directly, once peer access between the two
+/// devices is on ([`Context::enable_peer_access`] both ways): memory of `cuMemAlloc` (which the contexts' peer
+/// access covers) or of a memory pool open to that device (the crate's pools are, then). Memory of another pool
+/// (a buffer taken over from other code with `from_raw`, say) may not be: copies of it go through page-locked
+/// memory rather than through the driver's own staging.
+fn reachable(ptr: CUdeviceptr, other: &Context) -> Result<bool> {
+    let pool = calls::pointer_mem_pool(ptr)?;
+    if pool.is_null() {
+        return Ok(true);
+    }
+    calls::mem_pool_can_access(pool, other.device().ordinal() as c_int)
+        .map_err(|e| e.context("asking whether a memory pool is open to another device"))
 }
 
 impl Stream {
@@ -147,7 +162,10 @@ impl Stream {
         let Some(bytes) = copy_bytes::<T>("copying between devices", sides.0, sides.1)? else {
             return Ok(());
         };
-        let direct = from.enable_peer_access(&to)? && to.enable_peer_access(&from)?;
+        let direct = from.enable_peer_access(&to)?
+            && to.enable_peer_access(&from)?
+            && reachable(src.device_ptr(), &to)?
+            && reachable(dst.device_ptr(), &from)?;
         let copied = if direct {
             self.tracked_as(
                 Work::Timed(Category::DeviceCopy, "peer", bytes),

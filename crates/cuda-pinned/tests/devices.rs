@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use common::devices::{PEER_LENGTHS, peer_copy};
 use common::{Serial, data, hold, refused, serial};
-use cuda_pinned::sys::{CUmemAccess_flags, CUmemLocation, CUmemLocationType};
+use cuda_pinned::sys::{
+    CUmemAccess_flags, CUmemLocation, CUmemLocationType, CUmemoryPool, CUpointer_attribute,
+};
 use cuda_pinned::{Context, DeviceBuffer, Event, Pinned, PinnedBuilder, Stream, Use, driver_call};
 
 fn setup() -> Serial {
@@ -177,41 +179,99 @@ fn peer_copies_both_ways_arrive_whole() {
     settle(&contexts);
 }
 
-/// Peer copies grant access only to the crate's own memory pools: each device's current pool, which belongs
-/// to whoever set it (the default pool here), is left as it was, closed to the other device. The copies
-/// themselves show that the crate's pools are open (on the simulated driver a copy without access is
-/// reported as a hidden wait).
+/// Whether device `device`'s work may use the memory of `pool` directly (`cuMemPoolGetAccess`).
+fn pool_open_to(pool: CUmemoryPool, device: &Context) -> bool {
+    let mut flags = CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    let mut location = CUmemLocation {
+        type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: device.device().as_raw(),
+    };
+    // SAFETY: an out-pointer to a local and a location read during the call.
+    unsafe { driver_call!(cuMemPoolGetAccess(&mut flags, pool, &mut location)) }.unwrap();
+    flags == CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+}
+
+/// The memory pool `buffer`'s memory came from.
+fn pool_of(buffer: &DeviceBuffer<u32>) -> CUmemoryPool {
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: an out-pointer to a local of the attribute's type; the driver only looks the address up.
+    unsafe {
+        driver_call!(cuPointerGetAttribute(
+            (&raw mut pool).cast(),
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+            buffer.as_raw()
+        ))
+    }
+    .unwrap();
+    pool
+}
+
+/// Peer copies open only the crate's own memory pools to the other device: each device's current pool, which
+/// belongs to whoever set it (the default pool here), is left as it was, closed to the other device.
 #[test]
-fn peer_copies_leave_the_devices_own_memory_pools_as_they_were() {
+fn peer_copies_open_the_crates_pools_and_leave_the_devices_own_as_they_were() {
     let _serial = setup();
     let contexts = two_devices();
     for (from, to) in [(0, 1), (1, 0)] {
         peer_copy(&contexts, from, to, 1025, true);
     }
     for (owner, other) in [(0, 1), (1, 0)] {
-        let (mut pool, mut flags) = (
-            std::ptr::null_mut(),
-            CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        let stream = Stream::new(&contexts[owner]).unwrap();
+        let crates = pool_of(&DeviceBuffer::<u32>::zeroed(&stream, 1).unwrap());
+        assert!(
+            pool_open_to(crates, &contexts[other]),
+            "the crate's pool of device {owner} is closed to device {other} after copies between them"
         );
-        let mut location = CUmemLocation {
-            type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: contexts[other].device().as_raw(),
-        };
-        // SAFETY: out-pointers to locals and a location read during the call.
+        let mut current = std::ptr::null_mut();
+        // SAFETY: an out-pointer to a local.
         unsafe {
             driver_call!(cuDeviceGetMemPool(
-                &mut pool,
+                &mut current,
                 contexts[owner].device().as_raw()
             ))
-            .unwrap();
-            driver_call!(cuMemPoolGetAccess(&mut flags, pool, &mut location)).unwrap();
         }
-        assert_eq!(
-            flags,
-            CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE,
+        .unwrap();
+        assert!(current != crates, "the crate allocates from its own pool");
+        assert!(
+            !pool_open_to(current, &contexts[other]),
             "device {owner}'s current memory pool was opened to device {other}"
         );
     }
+    settle(&contexts);
+}
+
+/// A buffer taken over from other code (`from_raw`) whose memory is of the device's default pool, which the
+/// crate does not open to other devices, is copied to and from the other device whole, through page-locked
+/// memory (on the simulated driver a direct copy of it would be reported as a hidden wait: the driver stages
+/// such a copy itself, holding back other streams).
+#[test]
+fn buffers_of_other_pools_are_copied_between_devices() {
+    let _serial = setup();
+    let contexts = two_devices();
+    let (s0, s1) = (
+        Stream::new(&contexts[0]).unwrap(),
+        Stream::new(&contexts[1]).unwrap(),
+    );
+    let want = data(5000, 21);
+    let mut ptr = 0;
+    // SAFETY: an out-pointer to a local; a live stream.
+    unsafe { driver_call!(cuMemAllocAsync(&mut ptr, want.len() * 4, s1.as_raw())) }.unwrap();
+    s1.synchronize().unwrap();
+    // SAFETY: a whole allocation of 5000 u32s of device 1's context, ready (its stream synchronized), owned
+    // by nobody else; its contents are written below before anything reads them.
+    let mut adopted = unsafe { DeviceBuffer::<u32>::from_raw(&s1, ptr, want.len()) };
+    assert!(!pool_open_to(pool_of(&adopted), &contexts[0]));
+    s1.upload_pageable(&want, &mut adopted).unwrap();
+    let mut on0 = DeviceBuffer::<u32>::zeroed(&s0, want.len()).unwrap();
+    s0.copy(&adopted, &mut on0).unwrap();
+    let mut back = vec![0; want.len()];
+    s0.download_pageable(&on0, &mut back).unwrap();
+    common::compare(&back, &want, "device 1's adopted buffer copied to device 0").unwrap();
+    s1.upload_pageable(&vec![0; want.len()], &mut adopted)
+        .unwrap();
+    s1.copy(&on0, &mut adopted).unwrap();
+    s1.download_pageable(&adopted, &mut back).unwrap();
+    common::compare(&back, &want, "copied back into the adopted buffer").unwrap();
     settle(&contexts);
 }
 

@@ -89,8 +89,14 @@ fn op() -> impl Strategy<Value = Op> {
                 drop_first,
             }
         ),
-        1 => (pinned, size, any::<bool>(), any::<bool>()).prop_map(
-            |(index, size, fresh, drop_first)| Op::ReplacePinned { index, size, fresh, drop_first }
+        1 => (pinned, size, any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
+            |(index, size, fresh, drop_first, portable)| Op::ReplacePinned {
+                index,
+                size,
+                fresh,
+                drop_first,
+                portable,
+            }
         ),
     ]
 }

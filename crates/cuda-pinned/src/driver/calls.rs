@@ -107,8 +107,8 @@ pub(crate) fn ctx_enable_peer_access(peer: CUcontext) -> Result<()> {
     unsafe { driver_call!(cuCtxEnablePeerAccess(peer, 0)) }
 }
 
-/// `cuMemPoolCreate`: a memory pool of `device`'s memory, with the driver's default attributes; destroy it with
-/// [`mem_pool_destroy`].
+/// `cuMemPoolCreate`: a memory pool of the memory of the device with ordinal `device`, with the driver's
+/// default attributes; destroy it with [`mem_pool_destroy`].
 pub(crate) fn mem_pool_create(device: c_int) -> Result<CUmemoryPool> {
     let props = CUmemPoolProps {
         allocType: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
@@ -144,6 +144,18 @@ pub(crate) fn mem_pool_set_internal_dependencies(pool: CUmemoryPool, allow: bool
             (&raw mut value).cast::<c_void>()
         ))
     }
+}
+
+/// `cuMemPoolGetAccess`: whether `device` may read and write the memory of `pool` directly.
+pub(crate) fn mem_pool_can_access(pool: CUmemoryPool, device: c_int) -> Result<bool> {
+    let mut location = CUmemLocation {
+        type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: device,
+    };
+    let mut flags = CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    // SAFETY: an out-pointer to a local, and a location read during the call; the driver checks the pool.
+    unsafe { driver_call!(cuMemPoolGetAccess(&mut flags, pool, &mut location)) }?;
+    Ok(flags == CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
 }
 
 /// `cuMemPoolSetAccess`: lets `device` read and write the memory of `pool` (of another device) directly.
@@ -633,10 +645,11 @@ pub(crate) unsafe fn memcpy_batch_async(
     }
 }
 
-/// `cuPointerGetAttribute` with `CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE`: whether device memory at `ptr` came
-/// from a memory pool (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`), and is freed stream-ordered.
-pub(crate) fn pointer_is_pool_memory(ptr: CUdeviceptr) -> Result<bool> {
-    let mut pool: crate::sys::CUmemoryPool = std::ptr::null_mut();
+/// `cuPointerGetAttribute` with `CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE`: the memory pool device memory at `ptr`
+/// came from (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`: it is freed stream-ordered), null for memory of no
+/// pool (`cuMemAlloc`).
+pub(crate) fn pointer_mem_pool(ptr: CUdeviceptr) -> Result<CUmemoryPool> {
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
     // SAFETY: an out-pointer to a local of the attribute's type; the driver only looks the address up.
     unsafe {
         driver_call!(cuPointerGetAttribute(
@@ -645,5 +658,5 @@ pub(crate) fn pointer_is_pool_memory(ptr: CUdeviceptr) -> Result<bool> {
             ptr
         ))
     }?;
-    Ok(!pool.is_null())
+    Ok(pool)
 }

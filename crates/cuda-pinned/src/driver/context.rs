@@ -1,6 +1,7 @@
 //! A device's primary context: the one the CUDA runtime, cuBLAS, PyTorch and other crates in the same process
 //! use too, so that memory and streams pass between them.
 
+use std::ffi::c_int;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, RwLockReadGuard, Weak};
@@ -223,7 +224,8 @@ impl Drop for ClosedGate {
 /// A memory pool of `device`'s memory whose allocations never wait for other streams' pending frees (see
 /// [`Context::memory_pool`]).
 fn create_pool(device: Device) -> Result<CUmemoryPool> {
-    let pool = calls::mem_pool_create(device.as_raw())?;
+    let ordinal = c_int::try_from(device.ordinal()).unwrap_or(c_int::MAX);
+    let pool = calls::mem_pool_create(ordinal)?;
     if let Err(e) = calls::mem_pool_set_internal_dependencies(pool, false) {
         // Nothing was allocated from it.
         let _ = calls::mem_pool_destroy(pool);
@@ -251,9 +253,10 @@ struct Known {
     /// One per device for the life of the process (a few bytes), so that guards of it can outlive any handle.
     gate: &'static RwLock<()>,
     contexts: Vec<Weak<Inner>>,
-    /// The crate's memory pool of the device, made on first use and kept for the life of the process (it
-    /// outlives the primary context's destruction and re-creation, and its memory goes back to the device at
-    /// every synchronization, as the default pool's does).
+    /// The crate's memory pool of the device, made on first use and destroyed with the device's last context
+    /// handle (the driver releases it once its last allocation is freed), so that no handle of it outlives the
+    /// crate's hold on the device. Its memory goes back to the device at every synchronization, as the
+    /// default pool's does.
     pool: Option<DevicePool>,
 }
 
@@ -387,27 +390,47 @@ impl Context {
             return Ok(pool);
         }
         let device = self.device();
-        let mut devices = lock(&DEVICES);
-        let Some(known) = devices.iter_mut().find(|d| d.device == device) else {
-            return Err(Error::invalid(format_args!(
-                "device {} has no context of the crate",
-                device.ordinal()
-            )));
+        let known_pool = || {
+            lock(&DEVICES)
+                .iter()
+                .find(|d| d.device == device)
+                .and_then(|d| d.pool.as_ref().map(|p| p.0))
         };
-        let pool = match &known.pool {
-            Some(DevicePool(pool)) => *pool,
+        let pool = match known_pool() {
+            Some(pool) => pool,
             None => {
-                let pool = create_pool(device).map_err(|e| {
-                    e.context(format_args!(
-                        "creating the memory pool of device {}",
-                        device.ordinal()
-                    ))
-                })?;
-                known.pool = Some(DevicePool(pool));
-                pool
+                // Made outside the list's lock (two driver calls), in this context; should another thread have
+                // made one meanwhile, that one is kept and this one destroyed, unused.
+                let made = {
+                    let _current = self.enter()?;
+                    create_pool(device).map_err(|e| {
+                        e.context(format_args!(
+                            "creating the memory pool of device {}",
+                            device.ordinal()
+                        ))
+                    })?
+                };
+                let mut devices = lock(&DEVICES);
+                let known = devices.iter_mut().find(|d| d.device == device);
+                match known.map(|d| d.pool.get_or_insert(DevicePool(made)).0) {
+                    Some(pool) => {
+                        drop(devices);
+                        if pool != made {
+                            let _ = calls::mem_pool_destroy(made);
+                        }
+                        pool
+                    }
+                    None => {
+                        drop(devices);
+                        let _ = calls::mem_pool_destroy(made);
+                        return Err(Error::invalid(format_args!(
+                            "device {} has no context of the crate",
+                            device.ordinal()
+                        )));
+                    }
+                }
             }
         };
-        drop(devices);
         Ok(*self.0.pool.get_or_init(|| pool))
     }
 
@@ -769,10 +792,20 @@ impl Drop for Inner {
             let _gate = enter_gate(self.gate);
             retire(self.device, release_stream, drop);
         }
-        // Only now may the release thread stop counting this context as busy (see `device_is_idle`).
+        // Only now may the release thread stop counting this context as busy (see `device_is_idle`). The
+        // device's last handle takes the crate's memory pool with it.
         let this: *const Inner = self;
+        let mut pool = None;
         for known in lock(&DEVICES).iter_mut() {
             known.contexts.retain(|c| !std::ptr::eq(c.as_ptr(), this));
+            if known.device == self.device && known.contexts.iter().all(|c| c.strong_count() == 0) {
+                pool = known.pool.take();
+            }
+        }
+        if let Some(DevicePool(pool)) = pool {
+            // Memory of it still allocated (frees still queued, memory leaked on purpose) stays valid: the
+            // driver releases the pool once the last of it is freed. A failure leaks the pool: harmless.
+            let _ = calls::mem_pool_destroy(pool);
         }
         for event in self
             .events

@@ -143,8 +143,8 @@ impl Device {
         Ok(self.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)? != 0)
     }
 
-    /// Whether the device supports stream-ordered allocation (`cuMemAllocAsync`), with which freeing device
-    /// memory is ordered on a stream instead of waiting.
+    /// Whether the device supports stream-ordered allocation (memory pools: `cuMemAllocAsync`,
+    /// `cuMemAllocFromPoolAsync`), with which freeing device memory is ordered on a stream instead of waiting.
     ///
     /// # Errors
     /// The driver's.

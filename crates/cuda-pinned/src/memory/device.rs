@@ -15,7 +15,7 @@ use crate::error::Result;
 use crate::sys::CUdeviceptr;
 use crate::units::Bytes;
 
-/// The alignment the driver guarantees for device allocations (`cuMemAlloc`, `cuMemAllocAsync`).
+/// The alignment the driver guarantees for device allocations (`cuMemAlloc`, memory pools).
 const ALIGNMENT: usize = 256;
 
 /// `len` elements of `T` in device memory.
@@ -46,10 +46,9 @@ impl<T: Pod> DeviceBuffer<T> {
     /// fail where the memory would become free later.
     ///
     /// # Errors
-    /// `CUDA_ERROR_OUT_OF_MEMORY` naming the size and device (memory freed on other streams is reused once
-    /// their work has completed, or once `stream` waits for it: [`Context::synchronize`] or an
-    /// [`Event`](crate::Event) waited on `stream` makes it available); [`crate::Error::InvalidArgument`] if
-    /// the size in bytes overflows, or if `T` is aligned to more than the 256 bytes the driver guarantees.
+    /// `CUDA_ERROR_OUT_OF_MEMORY` naming the size and device (memory freed on other streams may be reused once
+    /// the driver sees their work completed; after [`Context::synchronize`] it is); [`crate::Error::InvalidArgument`]
+    /// if the size in bytes overflows, or if `T` is aligned to more than the 256 bytes the driver guarantees.
     #[doc(alias = "cuMemAllocFromPoolAsync")]
     #[doc(alias = "cuMemAlloc")]
     pub fn uninit(stream: &Stream, len: usize) -> Result<DeviceBuffer<T>> {
@@ -84,8 +83,17 @@ impl<T: Pod> DeviceBuffer<T> {
             calls::mem_alloc(bytes)
         };
         buffer.ptr = allocated.map_err(|e| {
+            let pending = if buffer.ordered
+                && e.driver_code() == Some(crate::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+            {
+                " (memory freed on other streams is not taken while their work may still use it, as \
+                 taking it would make this stream wait for theirs: `Context::synchronize` makes it \
+                 available)"
+            } else {
+                ""
+            };
             e.context(format_args!(
-                "allocating {} on device {}",
+                "allocating {} on device {}{pending}",
                 Bytes(bytes),
                 device.ordinal()
             ))
@@ -198,7 +206,7 @@ impl<T> DeviceBuffer<T> {
     /// Nothing else may use or free it afterwards (a pointer from [`DeviceBuffer::into_raw`] qualifies).
     pub unsafe fn from_raw(stream: &Stream, ptr: CUdeviceptr, len: usize) -> DeviceBuffer<T> {
         // Where the driver cannot tell, `cuMemFree`, which frees either kind, once the device is idle.
-        let ordered = ptr != 0 && calls::pointer_is_pool_memory(ptr).unwrap_or(false);
+        let ordered = ptr != 0 && calls::pointer_mem_pool(ptr).is_ok_and(|pool| !pool.is_null());
         // SAFETY: as the caller guarantees, and `ordered` as the driver says.
         unsafe { DeviceBuffer::from_raw_parts(stream, ptr, len, ordered) }
     }

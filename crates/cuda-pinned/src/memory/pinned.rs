@@ -225,8 +225,8 @@ impl<T> Pinned<T> {
         self.flags
     }
 
-    /// Whether it is the host side of copies on the streams of every device, not only its own context's (see
-    /// [`PinnedBuilder::portable`]).
+    /// Whether it was allocated with `CU_MEMHOSTALLOC_PORTABLE` (see [`PinnedBuilder::portable`]: under unified
+    /// addressing it serves every device's streams either way).
     #[must_use]
     pub fn is_portable(&self) -> bool {
         self.flags & CU_MEMHOSTALLOC_PORTABLE != 0

@@ -24,7 +24,7 @@ use crate::common::kernels;
 use crate::common::{SplitMix64, compare};
 #[cfg(feature = "gpu")]
 use cuda_pinned::kernels;
-use cuda_pinned::{Arg, Context, DeviceBuffer, Event, LaunchConfig, Pinned, Stream};
+use cuda_pinned::{Arg, Context, DeviceBuffer, Event, LaunchConfig, Pinned, PinnedBuilder, Stream};
 
 /// Lengths of buffers, in `u32` elements: odd ones, one past a power of two, and 4 MiB.
 pub const SIZES: [usize; 5] = [1, 7, 4096, 65_537, 1 << 20];
@@ -215,12 +215,14 @@ pub enum Op {
         filled: bool,
         drop_first: bool,
     },
-    /// Replaces `pinned[index]` with a new buffer, zeroed or a copy of fresh values.
+    /// Replaces `pinned[index]` with a new buffer, zeroed or a copy of fresh values, portable or not (it serves
+    /// every device's streams either way).
     ReplacePinned {
         index: usize,
         size: Option<usize>,
         fresh: bool,
         drop_first: bool,
+        portable: bool,
     },
 }
 
@@ -563,16 +565,18 @@ impl Run<'_> {
                 size,
                 fresh,
                 drop_first,
+                portable,
             } => {
                 let len = size.map_or(self.pinned[index].len(), |k| SIZES[k]);
                 self.log.push(format!(
-                    "replace p{index} ({}) with {len} elements, {}",
+                    "replace p{index} ({}) with {len} elements, {}{}",
                     if drop_first {
                         "dropped first"
                     } else {
                         "dropped after"
                     },
-                    if fresh { "fresh values" } else { "zeroed" }
+                    if fresh { "fresh values" } else { "zeroed" },
+                    if portable { "" } else { ", not portable" }
                 ));
                 let old = drop_first.then(|| self.pinned.remove(index));
                 drop(old);
@@ -581,11 +585,12 @@ impl Run<'_> {
                 } else {
                     vec![0; len]
                 };
-                let ctx = &self.contexts[self.device_of(index)];
+                let builder =
+                    PinnedBuilder::new(&self.contexts[self.device_of(index)]).portable(portable);
                 let mut new = if fresh {
-                    gpu(Pinned::from_slice(ctx, &contents))?
+                    gpu(builder.from_slice(&contents))?
                 } else {
-                    gpu(Pinned::zeroed(ctx, len))?
+                    gpu(builder.zeroed(len))?
                 };
                 if drop_first {
                     self.pinned.insert(index, new);
