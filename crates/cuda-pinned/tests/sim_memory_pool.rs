@@ -1,6 +1,6 @@
 //! The crate's memory pool of a device is made on the first stream-ordered allocation there. Where making it
 //! fails, that allocation is an `Err` saying so, and the next allocation tries again. A test binary of its own:
-//! the pool, once made, is kept for the life of the process.
+//! the pool, once made, is kept while any handle of the device's context lives, which other tests' could be.
 //!
 //! Only without feature `gpu`: faults are injected by the simulated driver.
 #![cfg(not(feature = "gpu"))]
