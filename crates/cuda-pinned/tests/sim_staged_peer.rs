@@ -9,6 +9,10 @@
 
 #[macro_use]
 mod common;
+#[path = "common/program.rs"]
+mod program;
+#[path = "common/program_cases.rs"]
+mod program_cases;
 
 use common::devices::{PEER_LENGTHS, peer_copy};
 use common::faults::each_call_fails;
@@ -23,6 +27,14 @@ fn setup() -> Serial {
     )
     .unwrap_or_else(|e| panic!("{e}"));
     serial()
+}
+
+/// Random programs on the two devices (tests/common/program.rs, as `gpu_props` runs them), every copy between
+/// the devices staged.
+#[test]
+fn random_programs_with_staged_copies_between_devices_match_the_model() {
+    let _serial = setup();
+    program_cases::check_random_programs(&[Context::on(0).unwrap(), Context::on(1).unwrap()]);
 }
 
 #[test]
