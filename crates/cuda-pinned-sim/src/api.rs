@@ -194,8 +194,8 @@ fn is_pageable(loc: Loc) -> bool {
 /// only once done (as the driver's staged pageable copies do, at the latest). So does memory registered in
 /// another device's context without `CU_MEMHOSTREGISTER_PORTABLE`: under unified addressing the driver
 /// documents memory of `cuMemHostAlloc` as page-locked for every context whatever its flags, but says no
-/// such thing of registered memory. Device memory of another device is refused unless the stream's context was given peer access
-/// to it (`cuMemcpyPeerAsync` is the copy between devices that needs none).
+/// such thing of registered memory. Device memory of another device is refused unless the stream's context
+/// was given peer access to it (`cuMemcpyPeerAsync` is the copy between devices that needs none).
 fn copy_async(
     state: MutexGuard<'static, State>,
     dst: Loc,

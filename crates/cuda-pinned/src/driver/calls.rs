@@ -372,8 +372,9 @@ pub(crate) unsafe fn mem_free(ptr: CUdeviceptr) -> Result<()> {
 /// run.
 ///
 /// # Safety
-/// `ptr` must come from [`mem_alloc_from_pool_async`] (or [`mem_alloc`]) and not be freed already; every use of it must be
-/// ordered before the free on `stream` (queued there before, or waited for by it), and none may follow.
+/// `ptr` must come from [`mem_alloc_from_pool_async`] (or [`mem_alloc`], or another pool) and not be freed
+/// already; every use of it must be ordered before the free on `stream` (queued there before, or waited for by
+/// it), and none may follow.
 pub(crate) unsafe fn mem_free_async(ptr: CUdeviceptr, stream: CUstream) -> Result<()> {
     // SAFETY: an allocation whose uses are all ordered before the free (see above), and a live stream.
     unsafe { driver_call!(cuMemFreeAsync(ptr, stream)) }

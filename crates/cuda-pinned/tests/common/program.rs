@@ -1,7 +1,8 @@
 //! A program of safe-API operations over several streams and a few device and pinned buffers, on one device
-//! or two, run against a CPU model that applies the operations in program order: shared by the property test (tests/gpu_props.rs,
-//! programs from proptest, on a GPU or the simulated driver) and the fuzz target `sim_programs` (programs
-//! from libFuzzer's bytes, on the simulated driver). The tracker's promise is that each operation sees the
+//! or two, run against a CPU model that applies the operations in program order: shared by the property tests
+//! (tests/gpu_props.rs and tests/sim_staged_peer.rs through tests/common/program_cases.rs, programs from
+//! proptest, on a GPU or the simulated driver) and the fuzz target `sim_programs` (programs from libFuzzer's
+//! bytes, on the simulated driver). The tracker's promise is that each operation sees the
 //! effects of every conflicting earlier one, whichever stream either ran on; `check_all` reads every element
 //! back and compares. Short `spin`s on random streams hold earlier work back while other streams race ahead,
 //! so a missing device-side wait shows as wrong data rather than as luck.
