@@ -41,14 +41,14 @@ use crate::driver::calls;
 use crate::driver::{Category, Stream};
 use crate::error::{Error, Result};
 use crate::memory::{
-    DeviceBuffer, DeviceView, DeviceViewMut, Pinned, PinnedView, PinnedViewMut, Registered, Track,
-    Work,
+    DeviceBuffer, DeviceView, DeviceViewMut, Origin, Pinned, PinnedView, PinnedViewMut, Registered,
+    Track, Work,
 };
 use crate::sys::CUdeviceptr;
 use crate::units::Bytes;
 
 pub(crate) mod sealed {
-    use super::{CUdeviceptr, Context, Track, c_void};
+    use super::{CUdeviceptr, Context, Origin, Track, c_void};
 
     /// Device memory as a copy sees it. Not implementable outside the crate.
     pub trait DeviceMemory {
@@ -60,6 +60,8 @@ pub(crate) mod sealed {
         fn track(&self) -> &Track;
         /// The context of the allocation.
         fn owner(&self) -> &Context;
+        /// Where the allocation came from.
+        fn origin(&self) -> Origin;
     }
 
     /// Page-locked host memory as a copy sees it. Not implementable outside the crate.
@@ -128,6 +130,9 @@ impl<T> sealed::DeviceMemory for DeviceBuffer<T> {
     fn owner(&self) -> &Context {
         self.context()
     }
+    fn origin(&self) -> Origin {
+        DeviceBuffer::origin(self)
+    }
 }
 impl<T> DeviceSource<T> for DeviceBuffer<T> {}
 impl<T> DeviceDestination<T> for DeviceBuffer<T> {}
@@ -146,6 +151,9 @@ macro_rules! device_memory {
             }
             fn owner(&self) -> &Context {
                 self.context()
+            }
+            fn origin(&self) -> Origin {
+                <$t>::origin(self)
             }
         }
         $(impl<T> $tr<T> for $t {})+

@@ -30,7 +30,7 @@ use cudarc::driver::{CudaSlice, CudaStream};
 
 use crate::driver::{Context, Stream};
 use crate::error::{Error, Result};
-use crate::memory::{DeviceBuffer, Work};
+use crate::memory::{DeviceBuffer, Origin, Work};
 use crate::track::Access;
 
 /// The crate's context for a cudarc context: the same primary context, or an error.
@@ -148,7 +148,7 @@ impl<T: bytemuck::Pod> DeviceBuffer<T> {
             ));
         }
         // cudarc frees with cuMemFreeAsync on devices with memory pools, else cuMemFree.
-        if self.is_pool_memory() != context.has_memory_pools() {
+        if (self.origin() == Origin::Plain) == context.has_memory_pools() {
             return Err(Error::invalid(
                 "DeviceBuffer::into_cudarc: memory from cuMemAlloc on a device with memory pools, which cudarc \
                  would free with cuMemFreeAsync; copy it into a buffer the crate allocated",

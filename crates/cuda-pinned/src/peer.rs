@@ -16,8 +16,8 @@ use crate::copy::{DeviceDestination, DeviceSource, copy_bytes};
 use crate::driver::calls;
 use crate::driver::{Category, Context, Stream};
 use crate::error::{Error, Result};
-use crate::memory::{Gpu, Pinned, Work, lock};
-use crate::sys::{CUdeviceptr, CUresult};
+use crate::memory::{Gpu, Origin, Pinned, Work, lock};
+use crate::sys::CUresult;
 use crate::track::Access;
 use crate::units::Bytes;
 
@@ -124,17 +124,17 @@ impl Context {
     }
 }
 
-/// Whether `other`'s device may use the device memory at `ptr` directly, once peer access between the two
-/// devices is on ([`Context::enable_peer_access`] both ways): memory of `cuMemAlloc` (which the contexts' peer
-/// access covers) or of a memory pool open to that device (the crate's pools are, then). Memory of another pool
-/// (a buffer taken over from other code with `from_raw`, say) may not be: copies of it go through page-locked
-/// memory rather than through the driver's own staging.
-fn reachable(ptr: CUdeviceptr, other: &Context) -> Result<bool> {
-    let pool = calls::pointer_mem_pool(ptr)?;
-    if pool.is_null() {
+/// Whether `other`'s device may use `memory` directly, once peer access between the two devices is on
+/// ([`Context::enable_peer_access`] both ways): memory of `cuMemAlloc` (which the contexts' peer access covers)
+/// or of the crate's pools (opened then) always; memory of another pool (a buffer taken over from other code
+/// with `from_raw`) only where its owner opened that pool to the device, as the driver is asked. Copies of
+/// memory it may not use go through page-locked memory rather than through the driver's own staging.
+fn reachable(memory: &impl DeviceMemory, other: &Context) -> Result<bool> {
+    if memory.origin() != Origin::OtherPool {
         return Ok(true);
     }
-    calls::mem_pool_can_access(pool, other.device().ordinal() as c_int)
+    calls::pointer_mem_pool(memory.device_ptr())
+        .and_then(|pool| calls::mem_pool_can_access(pool, other.device().ordinal() as c_int))
         .map_err(|e| e.context("asking whether a memory pool is open to another device"))
 }
 
@@ -164,8 +164,8 @@ impl Stream {
         };
         let direct = from.enable_peer_access(&to)?
             && to.enable_peer_access(&from)?
-            && reachable(src.device_ptr(), &to)?
-            && reachable(dst.device_ptr(), &from)?;
+            && reachable(src, &to)?
+            && reachable(dst, &from)?;
         let copied = if direct {
             self.tracked_as(
                 Work::Timed(Category::DeviceCopy, "peer", bytes),

@@ -18,6 +18,21 @@ use crate::units::Bytes;
 /// The alignment the driver guarantees for device allocations (`cuMemAlloc`, memory pools).
 const ALIGNMENT: usize = 256;
 
+/// Where a buffer's memory came from: how it is freed, and which other devices may use it directly.
+/// (Public only to the sealed traits of `copy.rs`: not reachable from outside the crate.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// `cuMemAlloc` (devices without memory pools): freed with `cuMemFree`; the other devices whose contexts
+    /// were given peer access may use it.
+    Plain,
+    /// The crate's memory pool of the device ([`Context::memory_pool`]): freed stream-ordered; opened to a peer
+    /// by [`Context::enable_peer_access`].
+    CratePool,
+    /// Another memory pool (memory taken over with [`DeviceBuffer::from_raw`]): freed stream-ordered; open to
+    /// whichever devices its owner opened it to.
+    OtherPool,
+}
+
 /// `len` elements of `T` in device memory.
 ///
 /// Allocation is stream-ordered (`cuMemAllocFromPoolAsync`, from a memory pool of the crate's own for the
@@ -31,8 +46,7 @@ pub struct DeviceBuffer<T> {
     len: usize,
     /// The stream the allocation was made on; the free goes there if no use is pending.
     stream: Stream,
-    /// Whether the memory came from a memory pool (and goes back with `cuMemFreeAsync`).
-    ordered: bool,
+    origin: Origin,
     track: Track,
     _elements: PhantomData<T>,
 }
@@ -60,7 +74,11 @@ impl<T: Pod> DeviceBuffer<T> {
             ptr: 0,
             len,
             stream: stream.clone(),
-            ordered: context.has_memory_pools(),
+            origin: if context.has_memory_pools() {
+                Origin::CratePool
+            } else {
+                Origin::Plain
+            },
             track: Track::default(),
             _elements: PhantomData,
         };
@@ -69,7 +87,7 @@ impl<T: Pod> DeviceBuffer<T> {
         }
         let _current = context.enter()?;
         // The context is current. Freed in Drop.
-        let allocated = if buffer.ordered {
+        let allocated = if buffer.origin == Origin::CratePool {
             // The allocation is work on `stream`: another stream must wait for it like for a write.
             let pool = context.memory_pool()?;
             let mut ptr = 0;
@@ -83,7 +101,7 @@ impl<T: Pod> DeviceBuffer<T> {
             calls::mem_alloc(bytes)
         };
         buffer.ptr = allocated.map_err(|e| {
-            let pending = if buffer.ordered
+            let pending = if buffer.origin == Origin::CratePool
                 && e.driver_code() == Some(crate::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY)
             {
                 " (memory freed on other streams is not taken while their work may still use it, as \
@@ -186,10 +204,9 @@ impl<T> DeviceBuffer<T> {
         Ok(raw)
     }
 
-    /// Whether the memory came from a memory pool (and is freed stream-ordered).
-    #[cfg(feature = "cudarc")]
-    pub(crate) fn is_pool_memory(&self) -> bool {
-        self.ordered
+    /// Where the memory came from.
+    pub(crate) fn origin(&self) -> Origin {
+        self.origin
     }
 
     /// Takes ownership of `len` elements of device memory at `ptr`, which from now on are tracked like any
@@ -205,27 +222,25 @@ impl<T> DeviceBuffer<T> {
     /// stream must have completed).
     /// Nothing else may use or free it afterwards (a pointer from [`DeviceBuffer::into_raw`] qualifies).
     pub unsafe fn from_raw(stream: &Stream, ptr: CUdeviceptr, len: usize) -> DeviceBuffer<T> {
-        // Where the driver cannot tell, `cuMemFree`, which frees either kind, once the device is idle.
-        let ordered = ptr != 0 && calls::pointer_mem_pool(ptr).is_ok_and(|pool| !pool.is_null());
-        // SAFETY: as the caller guarantees, and `ordered` as the driver says.
-        unsafe { DeviceBuffer::from_raw_parts(stream, ptr, len, ordered) }
-    }
-
-    /// [`DeviceBuffer::from_raw`] with the allocator known: `ordered` for memory of a memory pool.
-    ///
-    /// # Safety
-    /// As [`DeviceBuffer::from_raw`], with `ordered` true only for memory of a memory pool.
-    pub(crate) unsafe fn from_raw_parts(
-        stream: &Stream,
-        ptr: CUdeviceptr,
-        len: usize,
-        ordered: bool,
-    ) -> DeviceBuffer<T> {
+        // Asked of the driver once, here. Where it cannot tell: `cuMemFree`, which frees either kind, once the
+        // device is idle.
+        let pool = if ptr == 0 {
+            None
+        } else {
+            calls::pointer_mem_pool(ptr)
+                .ok()
+                .filter(|pool| !pool.is_null())
+        };
+        let origin = match pool {
+            None => Origin::Plain,
+            Some(pool) if stream.context().memory_pool().ok() == Some(pool) => Origin::CratePool,
+            Some(_) => Origin::OtherPool,
+        };
         DeviceBuffer {
             ptr,
             len,
             stream: stream.clone(),
-            ordered,
+            origin,
             track: Track::default(),
             _elements: PhantomData,
         }
@@ -237,7 +252,7 @@ impl<T> DeviceBuffer<T> {
     fn release(&mut self) -> Result<()> {
         let context = self.stream.context();
         let ptr = self.ptr;
-        if !self.ordered {
+        if self.origin == Origin::Plain {
             let track = std::mem::take(&mut *lock(&self.track));
             let free = move || {
                 // SAFETY: allocated by cuMemAlloc; run once, when every use has completed.

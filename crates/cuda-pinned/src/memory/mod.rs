@@ -16,6 +16,7 @@ mod tracked;
 mod view;
 
 pub use device::DeviceBuffer;
+pub(crate) use device::Origin;
 pub(crate) use layout::byte_len;
 pub use numa::Placement;
 pub use pinned::{Pinned, PinnedBuilder};

@@ -6,7 +6,7 @@ use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 
-use super::device::DeviceBuffer;
+use super::device::{DeviceBuffer, Origin};
 use super::pinned::Pinned;
 use super::tracked::Track;
 use crate::driver::Context;
@@ -109,6 +109,10 @@ macro_rules! device_view_common {
 
             pub(crate) fn track(&self) -> &Track {
                 self.buffer.track()
+            }
+
+            pub(crate) fn origin(&self) -> Origin {
+                self.buffer.origin()
             }
 
             /// The context of the buffer.

@@ -16,6 +16,9 @@ impl cuda_pinned::copy::sealed::DeviceMemory for Mine {
     fn owner(&self) -> &Context {
         unimplemented!()
     }
+    fn origin(&self) -> cuda_pinned::memory::device::Origin {
+        unimplemented!()
+    }
 }
 impl DeviceSource<f32> for Mine {}
 
