@@ -10,20 +10,11 @@ mod common;
 use std::time::Duration;
 
 use common::devices::{PEER_LENGTHS, peer_copy};
-use common::{Serial, data, hold, refused, serial};
+use common::{data, hold, refused, serial_on_two_devices};
 use cuda_pinned::sys::{
     CUmemAccess_flags, CUmemLocation, CUmemLocationType, CUmemoryPool, CUpointer_attribute,
 };
 use cuda_pinned::{Context, DeviceBuffer, Event, Pinned, PinnedBuilder, Stream, Use, driver_call};
-
-fn setup() -> Serial {
-    #[cfg(not(feature = "gpu"))]
-    {
-        cuda_pinned_sim::install_with(cuda_pinned_sim::Settings::new().devices(2))
-            .unwrap_or_else(|e| panic!("{e}"));
-    }
-    serial()
-}
 
 /// The primary contexts of devices 0 and 1.
 fn two_devices() -> [Context; 2] {
@@ -98,7 +89,7 @@ fn produce_and_consume(tracked: bool) -> (Vec<u32>, Vec<u32>) {
 
 #[test]
 fn a_buffer_written_on_one_device_and_read_on_the_other_is_read_after_the_write() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let (got, want) = produce_and_consume(true);
     common::compare(&got, &want, "what device 1 read").unwrap();
 }
@@ -107,7 +98,7 @@ fn a_buffer_written_on_one_device_and_read_on_the_other_is_read_after_the_write(
 /// the producer has written it.
 #[test]
 fn control_a_read_around_the_tracking_reads_before_the_write() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let (got, want) = produce_and_consume(false);
     assert_ne!(
         got, want,
@@ -119,7 +110,7 @@ fn control_a_read_around_the_tracking_reads_before_the_write() {
 /// other device's read, reading it for the first device's write.
 #[test]
 fn host_access_waits_for_the_work_of_both_devices() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let [ctx0, ctx1] = two_devices();
     let (s0, s1) = (Stream::new(&ctx0).unwrap(), Stream::new(&ctx1).unwrap());
     let mut shared = Pinned::from_slice(&ctx0, &data(N, 3)).unwrap();
@@ -166,7 +157,7 @@ fn host_access_waits_for_the_work_of_both_devices() {
 
 #[test]
 fn peer_copies_both_ways_arrive_whole() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let contexts = two_devices();
     for len in PEER_LENGTHS {
         for (from, to) in [(0, 1), (1, 0)] {
@@ -210,7 +201,7 @@ fn pool_of(buffer: &DeviceBuffer<u32>) -> CUmemoryPool {
 /// belongs to whoever set it (the default pool here), is left as it was, closed to the other device.
 #[test]
 fn peer_copies_open_the_crates_pools_and_leave_the_devices_own_as_they_were() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let contexts = two_devices();
     for (from, to) in [(0, 1), (1, 0)] {
         peer_copy(&contexts, from, to, 1025, true);
@@ -246,7 +237,7 @@ fn peer_copies_open_the_crates_pools_and_leave_the_devices_own_as_they_were() {
 /// such a copy itself, holding back other streams).
 #[test]
 fn buffers_of_other_pools_are_copied_between_devices() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let contexts = two_devices();
     let (s0, s1) = (
         Stream::new(&contexts[0]).unwrap(),
@@ -279,7 +270,7 @@ fn buffers_of_other_pools_are_copied_between_devices() {
 /// device while another stream of each device is held.
 #[test]
 fn peer_copies_wait_for_no_unrelated_stream() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     common::devices::copy_beside_held_streams(&two_devices());
 }
 
@@ -288,7 +279,7 @@ fn peer_copies_wait_for_no_unrelated_stream() {
 /// copies deliver every element (and the simulated driver reports memory freed under queued work).
 #[test]
 fn buffers_dropped_while_the_other_device_reads_them_are_freed_after() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let [ctx0, ctx1] = two_devices();
     let (s0, s1) = (Stream::new(&ctx0).unwrap(), Stream::new(&ctx1).unwrap());
     let want = data(N, 21);
@@ -324,7 +315,7 @@ fn buffers_dropped_while_the_other_device_reads_them_are_freed_after() {
 /// would return only once done), and deliver every element.
 #[test]
 fn page_locked_memory_that_is_not_portable_serves_the_other_devices_streams() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let [ctx0, ctx1] = two_devices();
     let s1 = Stream::new(&ctx1).unwrap();
     let want = data(N, 1);
@@ -362,7 +353,7 @@ fn page_locked_memory_that_is_not_portable_serves_the_other_devices_streams() {
 /// accepted: a copy between two buffers of which neither is the stream's, and lengths that differ.
 #[test]
 fn memory_of_the_wrong_context_is_refused() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let [ctx0, ctx1] = two_devices();
     let (s0, s1) = (Stream::new(&ctx0).unwrap(), Stream::new(&ctx1).unwrap());
     let d0 = DeviceBuffer::<u32>::zeroed(&s0, 64).unwrap();
@@ -413,7 +404,7 @@ fn consume<B: cuda_pinned::prefetch::Batch<Device = DeviceBuffer<u32>>>(
 /// each device gets its share, in order, every element as filled.
 #[test]
 fn a_sharded_prefetcher_feeds_both_devices() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let [ctx0, ctx1] = two_devices();
     const LEN: usize = 1 << 16;
     let pool = cuda_pinned::PinnedPool::new(&ctx0, 16 * LEN * 4);
@@ -479,7 +470,7 @@ fn a_sharded_prefetcher_feeds_both_devices() {
 fn a_sharded_prefetcher_gathers_on_both_devices_from_one_table() {
     use cuda_pinned::prefetch::GatherBatch;
     use cuda_pinned::{GatherOptions, Gatherer, RowTable};
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let [ctx0, ctx1] = two_devices();
     const ROW: usize = 64;
     const ROWS: usize = 4096;

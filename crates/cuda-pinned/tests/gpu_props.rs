@@ -18,21 +18,11 @@ use std::time::Duration;
 
 #[cfg(not(feature = "gpu"))]
 use common::kernels;
-use common::{Serial, compare, data, serial};
+use common::{compare, data, serial_on_two_devices};
 #[cfg(feature = "gpu")]
 use cuda_pinned::kernels;
 use cuda_pinned::{Context, DeviceBuffer, Pinned, Stream};
 use program::MAX_DEVICES;
-
-/// [`common::serial`], with the simulated driver installed with two devices first.
-fn setup() -> Serial {
-    #[cfg(not(feature = "gpu"))]
-    {
-        cuda_pinned_sim::install_with(cuda_pinned_sim::Settings::new().devices(2))
-            .unwrap_or_else(|e| panic!("{e}"));
-    }
-    serial()
-}
 
 fn context() -> Context {
     Context::on(0).expect("a CUDA device under feature `gpu`")
@@ -48,7 +38,7 @@ fn contexts() -> Vec<Context> {
 
 #[test]
 fn random_programs_over_several_streams_match_the_model() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     program_cases::check_random_programs(&contexts());
 }
 
@@ -57,7 +47,7 @@ fn random_programs_over_several_streams_match_the_model() {
 /// while B may still be reading it. Every step needs a device-side wait on another stream.
 #[test]
 fn a_slow_producer_a_consumer_and_a_reader_on_three_streams() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let ctx = context();
     let (a, b, c) = (
         Stream::new(&ctx).unwrap(),

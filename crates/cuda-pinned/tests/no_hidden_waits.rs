@@ -1533,10 +1533,10 @@ fn kernels_do_not_wait_for_work_that_completed() {
 const FIRST_USE: &str = "CUDA_PINNED_TEST_FIRST_USE";
 
 /// What happens once per process: the first allocation of a pool that pins the faster way (it measures both
-/// ways) and, on a GPU, the first launch of each kernel (the CUDA runtime loads it then; the simulated driver's
-/// stand-ins have no such thing).
+/// ways), the first device allocation (it makes the crate's memory pool of the device) and, on a GPU, the first
+/// launch of each kernel (the CUDA runtime loads it then; the simulated driver's stand-ins have no such thing).
 fn first_uses() -> Vec<&'static str> {
-    let mut uses = vec!["Pinning::Auto"];
+    let mut uses = vec!["Pinning::Auto", "DeviceBuffer"];
     if cfg!(feature = "gpu") {
         uses.extend(["spin", "fill", "device_checksum", "axpy"]);
     }
@@ -1577,6 +1577,10 @@ fn first_uses_in_a_process_do_not_wait() {
 
 fn first_use_in_this_process(first_use: &str) {
     let _serial = serial();
+    if first_use == "DeviceBuffer" {
+        first_device_allocation();
+        return;
+    }
     let case = Case::new("a first use in a fresh process");
     if first_use == "Pinning::Auto" {
         let pool = PinnedPool::new(&case.ctx, 64 * MIB);
@@ -1594,6 +1598,34 @@ fn first_use_in_this_process(first_use: &str) {
     first_launch(&case, first_use);
     #[cfg(not(feature = "gpu"))]
     panic!("{FIRST_USE}={first_use:?} names no first use on the simulated driver");
+}
+
+/// The first device allocation in this process, which makes the crate's memory pool of the device, on a stream
+/// of its own while `x` sleeps (no kernel: the busy work launches none, so that nothing else is a first use).
+/// Made before any [`Case`], whose probes allocate device memory.
+fn first_device_allocation() {
+    let ctx = Context::on(0).unwrap();
+    let (x, s) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let host = Pinned::<u32>::zeroed(&ctx, 1).unwrap();
+    // On a GPU a host function that sleeps; on the simulated driver `spin`'s stand-in is one.
+    #[cfg(feature = "gpu")]
+    let busy = busy_after(&x, |x| sleep_on(x, BUSY));
+    #[cfg(not(feature = "gpu"))]
+    let busy = busy_after(&x, |x| spin(x, BUSY).unwrap());
+    let _buffer = DeviceBuffer::<u32>::zeroed(&s, N).unwrap();
+    assert!(
+        !busy.query().unwrap(),
+        "the first device allocation in the process waited on the host for unrelated work on another stream"
+    );
+    let mut probe = Probe::with_host("the allocating stream", &s, host);
+    probe.enqueue();
+    probe.event.synchronize().unwrap();
+    assert!(
+        !busy.query().unwrap(),
+        "after the first device allocation in the process, later work on its stream waited for unrelated work"
+    );
+    ctx.synchronize().unwrap();
+    ctx.check_deferred_errors().unwrap();
 }
 
 /// The first launch of the kernel `name` in this process, on a stream of its own while `x` is busy.

@@ -11,22 +11,15 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Serial, data, hold, serial};
+use common::{data, hold, serial_on_two_devices};
 use cuda_pinned::{Context, DeviceBuffer, Pinned, Stream};
-
-/// [`common::serial`], with the simulator installed with two devices first.
-fn setup() -> Serial {
-    cuda_pinned_sim::install_with(cuda_pinned_sim::Settings::new().devices(2))
-        .unwrap_or_else(|e| panic!("{e}"));
-    serial()
-}
 
 /// Pinned memory of device 0 dropped while device 1 has work queued is unpinned only once device 1 is idle
 /// too. Released once its own device was idle, it waited for device 1's queued work (seen about once in 20
 /// runs of user_kernels, where one test's frees on device 1 met another's unpinning).
 #[test]
 fn pinned_memory_is_unpinned_only_once_every_device_is_idle() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let (ctx0, ctx1) = (Context::on(0).unwrap(), Context::on(1).unwrap());
     let s1 = Stream::new(&ctx1).unwrap();
     let held = hold(&s1, Duration::from_secs(2));
@@ -54,7 +47,7 @@ fn pinned_memory_is_unpinned_only_once_every_device_is_idle() {
 /// memory under the queued copy.
 #[test]
 fn memory_last_used_by_another_devices_stream_keeps_its_context_until_that_use_is_done() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let ctx0 = Context::on(0).unwrap();
     let s0 = Stream::new(&ctx0).unwrap();
     let source = DeviceBuffer::<u32>::zeroed(&s0, 1 << 16).unwrap();

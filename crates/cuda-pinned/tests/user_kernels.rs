@@ -10,23 +10,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Serial, data, hold, refused as invalid, serial, spin};
+use common::{Serial, data, hold, refused as invalid, serial_on_two_devices, spin};
 use cuda_pinned::{
     Arg, Context, DeviceBuffer, Error, Kernel, LaunchConfig, Module, Pinned, PinnedBuilder, Stream,
     Use,
 };
 
 const N: usize = 1 << 16;
-
-/// One test at a time; on the simulated driver, two devices.
-fn setup() -> Serial {
-    #[cfg(not(feature = "gpu"))]
-    {
-        cuda_pinned_sim::install_with(cuda_pinned_sim::Settings::new().devices(2))
-            .unwrap_or_else(|e| panic!("{e}"));
-    }
-    serial()
-}
 
 fn context() -> Context {
     Context::on(0).expect("device 0")
@@ -144,7 +134,7 @@ fn kernel_after_an_upload_on_another_stream(declared: bool) -> (Vec<f32>, Vec<f3
 
 #[test]
 fn a_kernel_reading_a_buffer_another_stream_uploads_waits_for_the_upload() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let (got, want) = kernel_after_an_upload_on_another_stream(true);
     assert!(
         got == want,
@@ -154,7 +144,7 @@ fn a_kernel_reading_a_buffer_another_stream_uploads_waits_for_the_upload() {
 
 #[test]
 fn control_a_kernel_whose_read_is_undeclared_runs_before_the_upload() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let (got, want) = kernel_after_an_upload_on_another_stream(false);
     assert!(
         got != want,
@@ -243,14 +233,14 @@ fn many_buffers_after_uploads(declared: bool) -> (Vec<u32>, Vec<u32>) {
 
 #[test]
 fn a_kernel_of_many_buffers_waits_for_each_of_them() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let (got, want) = many_buffers_after_uploads(true);
     assert!(got == want, "the kernel read inputs before their uploads");
 }
 
 #[test]
 fn control_a_kernel_of_many_undeclared_buffers_runs_before_the_uploads() {
-    let mut serial = setup();
+    let mut serial = serial_on_two_devices();
     let (got, want) = many_buffers_after_uploads(false);
     assert!(
         got != want,
@@ -287,7 +277,7 @@ fn upload_over_a_buffer_a_kernel_reads(declared: bool) -> (Vec<f32>, Vec<f32>) {
 
 #[test]
 fn an_upload_into_a_buffer_a_kernel_reads_waits_for_the_kernel() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let (got, want) = upload_over_a_buffer_a_kernel_reads(true);
     assert!(
         got == want,
@@ -297,7 +287,7 @@ fn an_upload_into_a_buffer_a_kernel_reads_waits_for_the_kernel() {
 
 #[test]
 fn control_an_upload_into_a_buffer_an_undeclared_kernel_reads_runs_first() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let (got, want) = upload_over_a_buffer_a_kernel_reads(false);
     assert!(
         got != want,
@@ -340,7 +330,7 @@ fn host_read_while_a_kernel_writes_mapped_memory(as_write: bool) -> (bool, Vec<u
 
 #[test]
 fn a_kernel_writing_mapped_pinned_memory_makes_host_access_wait() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let (busy, got) = host_read_while_a_kernel_writes_mapped_memory(true);
     assert!(
         busy,
@@ -354,7 +344,7 @@ fn a_kernel_writing_mapped_pinned_memory_makes_host_access_wait() {
 
 #[test]
 fn control_mapped_memory_declared_as_read_lets_host_reads_through() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let (busy, _) = host_read_while_a_kernel_writes_mapped_memory(false);
     assert!(
         !busy,
@@ -392,7 +382,7 @@ fn download_after_foreign_work(declared: bool) -> Vec<u32> {
 
 #[test]
 fn a_foreign_work_declaration_orders_a_later_download_after_it() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let got = download_after_foreign_work(true);
     assert!(
         got.iter().all(|&v| v == 7),
@@ -402,7 +392,7 @@ fn a_foreign_work_declaration_orders_a_later_download_after_it() {
 
 #[test]
 fn control_undeclared_foreign_work_is_not_waited_for() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let got = download_after_foreign_work(false);
     assert!(
         got.iter().any(|&v| v != 7),
@@ -456,7 +446,7 @@ fn drop_while_a_kernel_reads(
 
 #[test]
 fn a_buffer_dropped_while_a_kernel_reads_it_is_freed_after_the_kernel() {
-    let mut serial = setup();
+    let mut serial = serial_on_two_devices();
     let (got, want, violations) = drop_while_a_kernel_reads(true, &mut serial);
     assert!(violations.is_empty(), "{violations:#?}");
     assert!(
@@ -467,7 +457,7 @@ fn a_buffer_dropped_while_a_kernel_reads_it_is_freed_after_the_kernel() {
 
 #[test]
 fn control_a_buffer_whose_read_is_undeclared_is_freed_under_the_kernel() {
-    let mut serial = setup();
+    let mut serial = serial_on_two_devices();
     let (got, want, violations) = drop_while_a_kernel_reads(false, &mut serial);
     if common::SIMULATED {
         assert!(
@@ -484,7 +474,7 @@ fn control_a_buffer_whose_read_is_undeclared_is_freed_under_the_kernel() {
 
 #[test]
 fn bad_launches_are_errors_before_anything_is_enqueued() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let ctx = context();
     let stream = Stream::new(&ctx).unwrap();
     let scale = kernel(&ctx, "scale");
@@ -568,7 +558,7 @@ fn bad_launches_are_errors_before_anything_is_enqueued() {
 /// them here; on a GPU machine with one, this test fails rather than pass unseen.
 #[test]
 fn buffers_and_kernels_of_another_context_are_refused() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     assert!(
         cuda_pinned::Device::count().unwrap() >= 2,
         "this test needs two devices"
@@ -631,7 +621,7 @@ fn buffers_and_kernels_of_another_context_are_refused() {
 /// module dropped while its kernel runs is unloaded only after.
 #[test]
 fn a_module_dropped_while_its_kernel_runs_is_unloaded_after() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let ctx = context();
     let stream = Stream::new(&ctx).unwrap();
     let mut y = DeviceBuffer::<u32>::zeroed(&stream, N).unwrap();
@@ -700,7 +690,7 @@ fn download_after_a_panicking_enqueue(declared: bool) -> Vec<u32> {
 
 #[test]
 fn work_enqueued_before_a_panic_in_a_declared_enqueue_is_still_waited_for() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let got = download_after_a_panicking_enqueue(true);
     assert!(
         got.iter().all(|&v| v == 5),
@@ -710,7 +700,7 @@ fn work_enqueued_before_a_panic_in_a_declared_enqueue_is_still_waited_for() {
 
 #[test]
 fn control_undeclared_work_before_a_panic_is_not_waited_for() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let got = download_after_a_panicking_enqueue(false);
     assert!(
         got.iter().any(|&v| v != 5),
@@ -722,7 +712,7 @@ fn control_undeclared_work_before_a_panic_is_not_waited_for() {
 /// with memory waiting to be released meanwhile: nothing hangs (each case bounded by a thread with a limit).
 #[test]
 fn a_declared_enqueue_may_call_the_crate_and_wait_for_threads_that_do() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let ((), _) = common::on_a_thread("crate calls inside enqueue_foreign", common::LIMIT, || {
         let ctx = context();
         let (s, s2) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
@@ -787,14 +777,14 @@ fn freed_while_the_device_is_busy(from_a_pool: bool) -> usize {
 #[cfg(not(feature = "gpu"))]
 #[test]
 fn pool_memory_from_raw_is_freed_after_its_use_while_the_device_is_busy() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     assert_eq!(freed_while_the_device_is_busy(true), N * size_of::<u32>());
 }
 
 #[cfg(not(feature = "gpu"))]
 #[test]
 fn control_memory_of_cu_mem_alloc_from_raw_waits_for_an_idle_device() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     // cuMemFree waits for the whole device: the crate frees such memory only once the device is idle.
     assert_eq!(freed_while_the_device_is_busy(false), 0);
 }
@@ -802,7 +792,7 @@ fn control_memory_of_cu_mem_alloc_from_raw_waits_for_an_idle_device() {
 /// An empty mapped host buffer is a null pointer argument, not an error.
 #[test]
 fn an_empty_host_buffer_argument_is_a_null_pointer() {
-    let _serial = setup();
+    let _serial = serial_on_two_devices();
     let ctx = context();
     let stream = Stream::new(&ctx).unwrap();
     let fill = kernel(&ctx, "fill_u32");

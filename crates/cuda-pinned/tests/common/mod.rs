@@ -40,6 +40,14 @@ pub fn serial() -> Serial {
     }
 }
 
+/// [`serial`], with the simulated driver installed with two devices first (on a GPU, the machine's own).
+pub fn serial_on_two_devices() -> Serial {
+    #[cfg(not(feature = "gpu"))]
+    cuda_pinned_sim::install_with(cuda_pinned_sim::Settings::new().devices(2))
+        .unwrap_or_else(|e| panic!("{e}"));
+    serial()
+}
+
 impl Serial {
     /// The violations the simulated driver found since the test began (or since the last call), which the
     /// test thereby expects: they no longer fail it when `self` drops. Empty on a GPU.
