@@ -1602,10 +1602,15 @@ fn first_use_in_this_process(first_use: &str) {
 
 /// The first device allocation in this process, which makes the crate's memory pool of the device, on a stream
 /// of its own while `x` sleeps (no kernel: the busy work launches none, so that nothing else is a first use).
-/// Made before any [`Case`], whose probes allocate device memory.
+/// Made before any [`Case`], whose probes allocate device memory. The crate's kernels are loaded first (a
+/// launch of `spin` waits for their loading, which the context started on a thread of its own): loading
+/// waits for all work on the device, and work enqueued meanwhile by other threads was seen to wait with it
+/// on the H100, another first use than the one tested here.
 fn first_device_allocation() {
     let ctx = Context::on(0).unwrap();
     let (x, s) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    spin(&x, Duration::from_micros(1)).unwrap();
+    x.synchronize().unwrap();
     let host = Pinned::<u32>::zeroed(&ctx, 1).unwrap();
     // On a GPU a host function that sleeps; on the simulated driver `spin`'s stand-in is one.
     #[cfg(feature = "gpu")]
