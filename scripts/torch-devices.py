@@ -349,7 +349,7 @@ def main():
     quick = args.quick
     nbytes = QUICK_BYTES if quick else FULL_BYTES
     plan = PLANS[quick]
-    warmup, rounds = 2, (5 if quick else 11)
+    warmup, rounds = 2, (5 if quick else 41)
     copies = max(ROUND_BYTES // nbytes, 1)
     seed = [0x5EEDDE71CE5]
 

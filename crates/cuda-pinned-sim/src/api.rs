@@ -74,7 +74,8 @@ fn check_device(dev: CUdevice) -> Outcome<usize> {
         .ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)
 }
 
-// ---- contexts: each device has one, its primary context; a stack of current contexts per thread.
+// ---- contexts: each device has its primary context, and contexts made with `cuCtxCreate` (other libraries'
+// contexts, as the crate meets them on a user's thread); a stack of current contexts per thread.
 
 const CONTEXT_BASE: usize = 0xC7C0;
 
@@ -89,26 +90,39 @@ fn context_device(ctx: CUcontext) -> Option<usize> {
 }
 
 thread_local! {
+    /// The thread's stack of current contexts, by handle.
     static CURRENT: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The device of the calling thread's current context, which must be alive.
 fn current(state: &State) -> Outcome<usize> {
-    let device = CURRENT
+    let ctx = CURRENT
         .with_borrow(|stack| stack.last().copied())
         .ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
-    if state.primaries[device].retained == 0 {
-        return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT);
-    }
-    Ok(device)
+    live_context(state, ctx as CUcontext)
 }
 
-fn live_context(state: &State, ctx: CUcontext) -> Outcome<usize> {
-    let device = context_device(ctx).ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
-    if state.primaries[device].retained == 0 {
-        return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT);
+/// The device of the calling thread's current context, `None` where it has none.
+fn current_if_any(state: &State) -> Outcome<Option<usize>> {
+    if CURRENT.with_borrow(Vec::is_empty) {
+        return Ok(None);
     }
-    Ok(device)
+    current(state).map(Some)
+}
+
+/// The device of `ctx`: a primary context that is retained, or a made one not yet destroyed.
+fn live_context(state: &State, ctx: CUcontext) -> Outcome<usize> {
+    if let Some(device) = context_device(ctx) {
+        if state.primaries[device].retained == 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT);
+        }
+        return Ok(device);
+    }
+    state
+        .made_contexts
+        .get(&(ctx as usize))
+        .map(|&device| device as usize)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)
 }
 
 // ---- streams and events
@@ -203,6 +217,7 @@ fn copy_async(
     bytes: usize,
     stream: CUstream,
 ) -> Outcome {
+    seen_from_current(&state, [dst, src])?;
     let device = stream_device(&state, stream)? as i32;
     let mut sync = is_pageable(dst) || is_pageable(src);
     for loc in [dst, src] {
@@ -224,6 +239,30 @@ fn copy_async(
     submit(state, stream, Op::Copy { dst, src, bytes }, sync)
 }
 
+/// That the calling thread's current context lets a copy (one of `cuMemcpy*` but `cuMemcpyPeerAsync`, on any
+/// stream) use the device memory of `locs`: the driver looks that memory up from the current context, not the
+/// stream's, and refuses memory of a memory pool (made or default) with `CUDA_ERROR_INVALID_VALUE` while
+/// another device's context is current, unless the pool is open to that device. Memory of `cuMemAlloc` and
+/// host memory pass in every state, as does everything with no context current or one of the memory's device.
+/// (Two H200s, driver 580: ARCHITECTURE.md, "The driver's rules about contexts".)
+fn seen_from_current(state: &State, locs: [Loc; 2]) -> Outcome {
+    let Some(current) = current_if_any(state)? else {
+        return Ok(());
+    };
+    let current = current as i32;
+    for loc in locs {
+        let Loc::Alloc { id, .. } = loc else { continue };
+        let allocation = &state.allocations[&id];
+        if allocation.kind == Kind::DeviceAsync
+            && allocation.device != current
+            && !state.pools[&allocation.pool].access.contains(&current)
+        {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    Ok(())
+}
+
 /// The device of `stream`'s context: the current context's for the null stream.
 fn stream_device(state: &State, stream: CUstream) -> Outcome<usize> {
     if is_default_stream(stream) {
@@ -236,6 +275,7 @@ fn stream_device(state: &State, stream: CUstream) -> Outcome<usize> {
 /// A synchronous copy: after the blocking streams of the current context, in the caller's thread.
 fn copy_sync(state: MutexGuard<'static, State>, dst: Loc, src: Loc, bytes: usize) -> Outcome {
     current(&state)?;
+    seen_from_current(&state, [dst, src])?;
     submit(
         state,
         std::ptr::null_mut(),
@@ -827,11 +867,57 @@ pub extern "C" fn cuDevicePrimaryCtxGetState(
     })
 }
 
+/// Made contexts are numbered apart from the primary ones.
+const MADE_CONTEXT_BASE: usize = 0xC7C0_0000;
+
+/// `cuCtxCreate_v4`: a context of its own on `dev` (as another library may make), current on the calling
+/// thread from now on. Its device's rules are its primary context's; the crate makes none itself.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxCreate_v4(
+    pctx: *mut CUcontext,
+    _ctxCreateParams: *mut CUctxCreateParams,
+    _flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    entry("cuCtxCreate_v4", |mut state| {
+        let device = check_device(dev)?;
+        // Numbered apart from the other handles, whose values seed each stream's delays.
+        static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let handle =
+            MADE_CONTEXT_BASE + MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed) * 0x10;
+        put(pctx, handle as CUcontext)?;
+        state.made_contexts.insert(handle, device as i32);
+        CURRENT.with_borrow_mut(|stack| stack.push(handle));
+        Ok(())
+    })
+}
+
+/// `cuCtxDestroy_v2` of a context made with `cuCtxCreate_v4` (popped if current on the calling thread; another
+/// thread that still has it current gets `CUDA_ERROR_INVALID_CONTEXT` from then on).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
+    entry("cuCtxDestroy_v2", |mut state| {
+        let handle = ctx as usize;
+        let device = state
+            .made_contexts
+            .remove(&handle)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+        CURRENT.with_borrow_mut(|stack| {
+            if stack.last() == Some(&handle) {
+                stack.pop();
+            }
+        });
+        // As the driver does, once the work queued in it has run.
+        drop(SIM.wait_until(state, |s| s.idle(device, false)));
+        Ok(())
+    })
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
     entry("cuCtxPushCurrent_v2", |state| {
-        let device = live_context(&state, ctx)?;
-        CURRENT.with_borrow_mut(|stack| stack.push(device));
+        live_context(&state, ctx)?;
+        CURRENT.with_borrow_mut(|stack| stack.push(ctx as usize));
         Ok(())
     })
 }
@@ -839,11 +925,11 @@ pub extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
     entry("cuCtxPopCurrent_v2", |_| {
-        let device = CURRENT
+        let ctx = CURRENT
             .with_borrow_mut(Vec::pop)
             .ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
         if !pctx.is_null() {
-            put(pctx, context_handle(device))?;
+            put(pctx, ctx as CUcontext)?;
         }
         Ok(())
     })
@@ -852,14 +938,14 @@ pub extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
     entry("cuCtxSetCurrent", |state| {
-        let device = if ctx.is_null() {
-            None
-        } else {
-            Some(live_context(&state, ctx)?)
-        };
+        if !ctx.is_null() {
+            live_context(&state, ctx)?;
+        }
         CURRENT.with_borrow_mut(|stack| {
             stack.pop();
-            stack.extend(device);
+            if !ctx.is_null() {
+                stack.push(ctx as usize);
+            }
         });
         Ok(())
     })
@@ -869,7 +955,7 @@ pub extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
 pub extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
     entry("cuCtxGetCurrent", |_| {
         let top = CURRENT.with_borrow(|stack| stack.last().copied());
-        put(pctx, top.map_or(std::ptr::null_mut(), context_handle))
+        put(pctx, top.unwrap_or(0) as CUcontext)
     })
 }
 
@@ -1073,6 +1159,8 @@ pub extern "C" fn cuMemHostGetDevicePointer_v2(
     Flags: c_uint,
 ) -> CUresult {
     entry("cuMemHostGetDevicePointer_v2", |state| {
+        // As the driver: it looks the memory up in the current context (CUDA_ERROR_INVALID_CONTEXT with none).
+        current(&state)?;
         if Flags != 0 || state.find(p as u64, 1, false).is_none() {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
@@ -2118,6 +2206,8 @@ fn signatures(api: &DriverApi) {
         cuDevicePrimaryCtxRelease_v2,
         cuDevicePrimaryCtxSetFlags_v2,
         cuDevicePrimaryCtxGetState,
+        cuCtxCreate_v4,
+        cuCtxDestroy_v2,
         cuCtxPushCurrent_v2,
         cuCtxPopCurrent_v2,
         cuCtxSetCurrent,

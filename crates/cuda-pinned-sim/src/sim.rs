@@ -394,6 +394,8 @@ pub(crate) struct State {
     pub(crate) pools: HashMap<usize, PoolData>,
     /// The handle of each device's default pool.
     pub(crate) default_pools: Vec<usize>,
+    /// Contexts made with `cuCtxCreate_v4` and not destroyed, by handle: their devices.
+    pub(crate) made_contexts: HashMap<usize, i32>,
 }
 
 /// A memory pool: a device's default pool or one made with `cuMemPoolCreate`.
@@ -444,6 +446,7 @@ impl State {
             functions: HashMap::new(),
             pools: HashMap::new(),
             default_pools: Vec::new(),
+            made_contexts: HashMap::new(),
             next_handle: 0x5100,
         }
     }

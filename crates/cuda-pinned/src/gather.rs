@@ -512,9 +512,6 @@ fn copy_rows<T: Pod>(
     ];
     let bytes = row_bytes * indices.len();
     let work = Work::Timed(Category::Upload, "gather", bytes);
-    // Unlike a single copy, the batched call takes its context from the calling thread, not the stream (driver
-    // 580 refuses it with CUDA_ERROR_INVALID_VALUE where none is current).
-    let _current = stream.context().enter()?;
     stream
         .tracked_uses(work, &mut uses, || {
             // SAFETY: every source is a whole row of the table (indices checked against its length), every

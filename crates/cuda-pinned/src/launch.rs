@@ -826,8 +826,10 @@ impl Stream {
     /// for it, exactly as for the crate's own copies. Returns `enqueue`'s value once it returns (the work
     /// itself runs on the device later).
     ///
-    /// `enqueue` runs with no lock of the crate held: it may call the crate (the declared buffers are
-    /// borrowed by `uses`, so only reads of those declared read). The uses are recorded once it returns, or
+    /// `enqueue` runs with the stream's context current on the calling thread (the thread's own, if any, is
+    /// current again once this returns), so that calls taking their context from the thread find the stream's,
+    /// and with no lock of the crate held: it may call the crate (the declared buffers are borrowed by `uses`,
+    /// so only reads of those declared read). The uses are recorded once it returns, or
     /// unwinds: work it enqueued before a panic is waited for all the same. A stream's ledger
     /// ([`Stream::with_ledger`]) does not time this work; wrap it in [`Stream::profile`] for that.
     ///

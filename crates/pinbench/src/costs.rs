@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use cuda_pinned::{
     Arg, Context, DeviceBuffer, Event, LaunchConfig, Module, Pinned, PinnedPool, Pinning,
-    Registered, Stream, driver_call,
+    Registered, Stream, driver_call, sys,
 };
 
 use crate::results::{Alloc, Allocation, Enqueue, size_label};
@@ -218,6 +218,7 @@ pub fn allocation(bench: &mut Bench) -> Outcome<Vec<Allocation>> {
 pub fn enqueue(bench: &mut Bench) -> Outcome<Enqueue> {
     bench.progress.show("enqueue overhead of a 64-byte upload");
     let context = bench.context.clone();
+    let _current = ThreadContext::make(&context)?;
     let samples = bench.plan.enqueue_samples;
     let stream = &bench.stream;
     let other = Stream::new(&context)?;
@@ -344,6 +345,31 @@ pub fn enqueue(bench: &mut Bench) -> Outcome<Enqueue> {
         launch_samples,
         launch_verified,
     })
+}
+
+/// The calling thread's current context made `context` until this drops, which puts back the one before. The
+/// enqueue figures are taken on a thread with its device's context current, as a thread that drives the device
+/// through the CUDA runtime or another library has it: the crate then only reads which context is current. On a
+/// thread with another context current, or none, it pushes the stream's and pops it around each call.
+struct ThreadContext(sys::CUcontext);
+
+impl ThreadContext {
+    fn make(context: &Context) -> Outcome<ThreadContext> {
+        let mut before: sys::CUcontext = ptr::null_mut();
+        // SAFETY: an out-pointer to a local; then a live context's handle, current on this thread only.
+        unsafe {
+            driver_call!(cuCtxGetCurrent(&raw mut before))?;
+            driver_call!(cuCtxSetCurrent(context.as_raw()))?;
+        }
+        Ok(ThreadContext(before))
+    }
+}
+
+impl Drop for ThreadContext {
+    fn drop(&mut self) {
+        // SAFETY: the context the thread had current before (or none), retained by whoever made it current.
+        let _ = unsafe { driver_call!(cuCtxSetCurrent(self.0)) };
+    }
 }
 
 /// Times each of `enqueuers` in batches of [`ENQUEUE_BATCH`] calls (given the call's index in its batch), taking

@@ -270,7 +270,8 @@ fn enqueue(out: &mut String, report: &Report) {
     let e = &report.enqueue;
     let _ = writeln!(
         out,
-        "\nenqueueing a {}-byte upload from pinned memory (host time per call, median of {} batches of {}):",
+        "\nenqueueing a {}-byte upload from pinned memory (host time per call, median of {} batches of {}; the \
+         stream's context current on the thread):",
         e.bytes, e.samples, e.batch
     );
     let _ = writeln!(

@@ -210,6 +210,13 @@ fn report_sweep(contexts: &[Context], errors: Vec<Error>) {
     }
 }
 
+/// Work being enqueued on a stream of a context: its device's gate held for reading, its context current (see
+/// [`Context::enqueue`]).
+pub(crate) struct Enqueue<'a> {
+    _current: Current<'a>,
+    _gate: Gate<'static>,
+}
+
 /// A device's gate held for writing by this thread (see [`Context::close_gate`]).
 pub(crate) struct ClosedGate {
     _write: std::sync::RwLockWriteGuard<'static, ()>,
@@ -530,6 +537,24 @@ impl Context {
     /// again: a second read could wait behind the release thread's write, which waits for the first.
     pub(crate) fn enqueue_gate(&self) -> Gate<'static> {
         enter_gate(self.0.gate)
+    }
+
+    /// What the crate holds while it enqueues work on a stream of this context: the device's gate for reading
+    /// ([`Context::enqueue_gate`]) and the context current on the calling thread ([`Context::enter`]), both
+    /// until the guard drops. Every call on a stream runs with the stream's context current, whatever the
+    /// thread had current before: the driver refuses a copy of memory from a device's memory pool on that
+    /// device's stream while another device's context is current (unless the pool is open to that device),
+    /// and a batched copy with none current (ARCHITECTURE.md, "The driver's rules about contexts"). Costs one
+    /// driver call (a thread-local read) where the context is current already, a push and a pop more where not.
+    ///
+    /// # Errors
+    /// The driver's, from making the context current.
+    pub(crate) fn enqueue(&self) -> Result<Enqueue<'_>> {
+        let current = self.enter()?;
+        Ok(Enqueue {
+            _current: current,
+            _gate: self.enqueue_gate(),
+        })
     }
 
     /// Whether the calling thread holds a device's gate (see [`Context::enqueue_gate`]).

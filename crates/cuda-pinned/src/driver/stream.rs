@@ -345,12 +345,12 @@ impl Stream {
     /// user's kernel, a wait for a user's event), keeping the crate's marks precise around it: the current
     /// segment is closed first, and the segment stays locked while `enqueue` runs, so that no operation of the
     /// crate from another thread lands among that work (`enqueue` may call the crate itself). The device's
-    /// gate is held throughout.
+    /// gate is held throughout, and the stream's context is current ([`Context::enqueue`]).
     ///
     /// # Errors
     /// The driver's, from closing the segment; `enqueue`'s.
     pub(crate) fn untracked<R>(&self, enqueue: impl FnOnce() -> Result<R>) -> Result<R> {
-        let _gate = self.context().enqueue_gate();
+        let _enqueue = self.context().enqueue()?;
         let _segment = self.segment();
         self.close_segment()?;
         enqueue()

@@ -261,9 +261,8 @@ impl<T> DeviceBuffer<T> {
             release_host(context, track, Box::new(free), self.byte_len());
             return Ok(());
         }
-        let _current = context.enter()?;
         // While the free (and the waits before it) are queued, the release thread cannot find the device idle.
-        let _gate = context.enqueue_gate();
+        let _enqueue = context.enqueue()?;
         let track = lock(&self.track);
         // Where the free goes: after the uses in stream order where they are all on one stream of the memory's
         // own context (no wait, and that stream's later work does not wait for anything), else on the context's

@@ -94,12 +94,10 @@ impl Stream {
         write: Option<&Track>,
         enqueue: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
-        // No `Context::enter` here: stream-ordered copies and waits take their context from the stream (a raw
-        // copy from a thread with no current context was measured to work, driver 580), and skipping the
-        // get/push/pop saves about 0.1 us per copy. What needs a current context enters it itself (creating an
-        // event, a kernel launch through the runtime).
-        // While this work is being queued, the release thread cannot find the device idle (memory/release.rs).
-        let _gate = self.context().enqueue_gate();
+        // While this work is being queued, the release thread cannot find the device idle (memory/release.rs),
+        // and the stream's context is current: the driver takes some copies' context from the thread, not the
+        // stream (see `Context::enqueue`).
+        let _enqueue = self.context().enqueue()?;
         // One allocation read and written (two views of it) is a write: lock it once.
         let read = read.filter(|r| !write.is_some_and(|w| std::ptr::eq(*r, w)));
         // The written buffer is borrowed exclusively, so no other thread locks it: taking it first cannot
@@ -190,7 +188,7 @@ impl Stream {
         uses: &mut [(&Track, Access)],
         enqueue: impl FnOnce() -> Result<R>,
     ) -> Result<R> {
-        let _gate = self.context().enqueue_gate();
+        let _enqueue = self.context().enqueue()?;
         let mut locked = Locked(SmallVec::new());
         locked.lock(uses);
         for (tracker, access) in locked.iter_mut() {
@@ -226,7 +224,7 @@ impl Stream {
         uses: &mut [(&Track, Access)],
         enqueue: impl FnOnce() -> R,
     ) -> Result<R> {
-        let _gate = self.context().enqueue_gate();
+        let _enqueue = self.context().enqueue()?;
         {
             let mut locked = Locked(SmallVec::new());
             locked.lock(uses);

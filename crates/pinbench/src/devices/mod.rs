@@ -88,7 +88,8 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// Copies of 256 MiB, the bandwidth run's full plan and 11 timed rounds; prefetched gathers from a table of
+    /// Copies of 256 MiB, the bandwidth run's full plan and 41 timed rounds (a round is a few milliseconds, and
+    /// the medians of 11 moved by a percent or two from run to run); prefetched gathers from a table of
     /// 4 GiB, 128 batches of 32 MiB per device, 5 rounds. With `quick`: 64 MiB, its quick plan and 5; a table of 1
     /// GiB, 16 batches, 3 rounds.
     #[must_use]
@@ -98,7 +99,7 @@ impl Settings {
             bytes: if quick { QUICK_BYTES } else { FULL_BYTES },
             plan: if quick { Plan::quick() } else { Plan::full() },
             warmup: 2,
-            rounds: if quick { 5 } else { 11 },
+            rounds: if quick { 5 } else { 41 },
             table_bytes: if quick {
                 prefetch::QUICK_TABLE_BYTES
             } else {
