@@ -328,7 +328,8 @@ fn upload<T: Pod>(
             .and_then(|()| enqueue(0, &buffer, bytes.len()))
     } else {
         let more = || pool.try_alloc::<u8>(plan.buffer_bytes());
-        let circulation = Circulation::new(first, plan.buffers());
+        let circulation = Circulation::new(first, plan.buffers())
+            .preferring_idle(|buffer| matches!(buffer.try_as_mut_slice(), Ok(Some(_))));
         std::thread::scope(|scope| {
             let _stop = StopOnPanic(&circulation);
             let (ready_tx, ready_rx) = mpsc::channel::<Staged<'_>>();
@@ -641,6 +642,8 @@ struct Circulation<B> {
     /// Signalled when a buffer is given back or dropped, and when the transfer stops.
     changed: Condvar,
     limit: usize,
+    /// Whether a buffer given back can be written without waiting (see [`Circulation::preferring_idle`]).
+    idle: fn(&mut B) -> bool,
 }
 
 struct Shelf<B> {
@@ -669,23 +672,36 @@ impl<B> Circulation<B> {
             }),
             changed: Condvar::new(),
             limit,
+            idle: |_| true,
         }
+    }
+
+    /// The circulation, taking a buffer given back only where `idle` says it can be written without waiting
+    /// while it may still take a new one: an upload's buffer comes back with its copy still queued, maybe behind
+    /// other work on the stream, and a worker writing it would wait for all that, where a new block from the pool
+    /// lets the transfer return before the stream's earlier work has run.
+    fn preferring_idle(mut self, idle: fn(&mut B) -> bool) -> Circulation<B> {
+        self.idle = idle;
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, Shelf<B>> {
         self.shelf.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A buffer for the next chunk: one given back, else a new one from `more` (which must not wait) while
-    /// fewer than `limit` are in circulation and the pool has had room, else the next one given back. `None` once
-    /// the transfer has stopped; an error of `more` other than a full pool stops it.
+    /// A buffer for the next chunk: an idle one given back, else a new one from `more` (which must not wait)
+    /// while fewer than `limit` are in circulation and the pool has had room, else one given back that is still
+    /// busy, else the next one given back. `None` once the transfer has stopped; an error of `more` other than a
+    /// full pool stops it.
     fn take(&self, more: &dyn Fn() -> Result<B>) -> Option<Lent<'_, B>> {
         let mut shelf = self.lock();
         loop {
             if shelf.stopped {
                 return None;
             }
-            if let Some(buffer) = shelf.free.pop() {
+            let idle = self.idle;
+            if let Some(at) = shelf.free.iter_mut().rposition(idle) {
+                let buffer = shelf.free.swap_remove(at);
                 return Some(Lent::new(self, buffer));
             }
             if shelf.owned < self.limit && !shelf.pool_full {
@@ -712,6 +728,9 @@ impl<B> Circulation<B> {
                     }
                 }
                 continue;
+            }
+            if let Some(buffer) = shelf.free.pop() {
+                return Some(Lent::new(self, buffer));
             }
             if shelf.owned == 0 {
                 // No buffer left to come back: the others were dropped, which only a thread that stopped the
@@ -1069,6 +1088,25 @@ mod tests {
     fn wait(rx: &mpsc::Receiver<Option<u32>>) -> Option<u32> {
         rx.recv_timeout(Duration::from_secs(10))
             .expect("the waiter returned in time")
+    }
+
+    #[test]
+    fn a_busy_buffer_given_back_is_passed_over_for_a_new_one_while_the_limit_allows() {
+        // Odd buffers are busy: their uploads are still queued.
+        let circulation = Circulation::new(1u32, 3).preferring_idle(|b| *b % 2 == 0);
+        let asked = AtomicUsize::new(0);
+        let more = || Ok(10 + 2 * asked.fetch_add(1, Ordering::Relaxed) as u32);
+        let first = circulation.take(&more).unwrap();
+        assert_eq!(*first, 10, "the busy first buffer stays on the shelf");
+        let second = circulation.take(&more).unwrap();
+        assert_eq!(*second, 12);
+        circulation.give_back(second.into_inner());
+        let third = circulation.take(&more).unwrap();
+        assert_eq!(*third, 12, "an idle one given back");
+        let fourth = circulation.take(&more).unwrap();
+        assert_eq!(*fourth, 1, "at the limit, the busy one is taken");
+        assert_eq!(asked.load(Ordering::Relaxed), 2);
+        drop((first, third, fourth));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use common::{data, data_bytes, serial};
 #[cfg(feature = "gpu")]
 use cuda_pinned::kernels::{fill, spin};
 use cuda_pinned::staging::StagingOptions;
-use cuda_pinned::{Context, DeviceBuffer, Error, PinnedPool, Stream};
+use cuda_pinned::{Context, DeviceBuffer, Error, Event, PinnedPool, Stream};
 
 fn context() -> Context {
     Context::on(0).expect("a CUDA device under feature `gpu`")
@@ -96,15 +96,23 @@ fn the_source_can_be_reused_as_soon_as_an_upload_returns() {
     // Warm the pool first, so that pinning its buffers takes none of the spin's time below.
     stream.upload_staged(&pool, &src, &mut device).unwrap();
     stream.synchronize().unwrap();
-    spin(&stream, Duration::from_millis(100)).unwrap();
-    stream.upload_staged(&pool, &src, &mut device).unwrap();
-    // On the simulator (2-core CI machines) the sleeping host function is not a reliable 100 ms of queue.
-    if !common::SIMULATED {
-        assert!(
-            !stream.query().unwrap(),
-            "the device copies are still queued behind the spin"
-        );
-    }
+    // Eight workers: as many staging buffers as chunks, so that none needs waiting for.
+    let options = StagingOptions {
+        threads: 8,
+        ..StagingOptions::default()
+    };
+    // Held for 100 ms on a GPU; on the simulator until `held` drops (or 10 s pass).
+    let held = common::hold(&stream, Duration::from_millis(100));
+    let earlier = Event::without_timing(&ctx).unwrap();
+    stream.record(&earlier).unwrap();
+    stream
+        .upload_staged_with(&pool, options, &src, &mut device)
+        .unwrap();
+    assert!(
+        !earlier.query().unwrap(),
+        "the upload returned only once the stream's earlier work had run: it waited for it"
+    );
+    drop(held);
     src.fill(0);
     let mut back = vec![0u8; len];
     stream.download_staged(&pool, &device, &mut back).unwrap();
