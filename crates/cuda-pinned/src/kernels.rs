@@ -67,6 +67,9 @@ pub use launch::{axpy, device_checksum, fill, spin};
 /// The launchers of `cuda/kernels.cu` as they are exported, for device memory and streams the crate does not
 /// own (raw pointers and handles): each enqueues its kernel and returns the launch error as a `cudaError_t`
 /// (turn it into a `Result` with [`raw::check_launch`]). Nothing here is tracked: the caller orders the work.
+/// They launch through the CUDA runtime, which, called on a thread with no current context, makes the primary
+/// context of its device (device 0 unless the thread chose another) current and leaves it so: push the
+/// stream's context around the call to leave the thread as it was.
 #[cfg(any(feature = "gpu", docsrs))]
 #[cfg_attr(docsrs, doc(cfg(feature = "gpu")))]
 pub mod raw {

@@ -479,3 +479,42 @@ fn the_crates_kernels() {
         stream.synchronize().map_err(e)
     });
 }
+
+/// The control of `the_crates_kernels`: a launch through the CUDA runtime, made with no context current, makes
+/// the primary context of the runtime's device (device 0, as nothing here chose another) current and leaves it
+/// so, while one made inside a push of device 1's context leaves none after the pop. That is how a test that
+/// launched a raw kernel met the first of the driver's rules: the thread had device 0's context current after.
+#[cfg(feature = "gpu")]
+#[test]
+fn control_a_runtime_launch_with_no_context_current_leaves_device_0s_current() {
+    use cuda_pinned::kernels::raw;
+    let _serial = serial_on_two_devices();
+    let devices = Devices::new();
+    let [ctx0, ctx1] = &devices.contexts;
+    let stream = Stream::new(ctx1).unwrap();
+    let launch = || {
+        // SAFETY: a live stream; the kernel touches no memory.
+        let code = unsafe { raw::cuda_pinned_spin(1000, stream.as_raw()) };
+        raw::check_launch(code, "cuda_pinned_spin").unwrap();
+    };
+    set_current(ptr::null_mut());
+    // SAFETY: a live context, popped below.
+    unsafe { driver_call!(cuCtxPushCurrent_v2(ctx1.as_raw())) }.unwrap();
+    launch();
+    let mut popped: CUcontext = ptr::null_mut();
+    // SAFETY: an out-pointer to a local; pops the context pushed above.
+    unsafe { driver_call!(cuCtxPopCurrent_v2(&raw mut popped)) }.unwrap();
+    assert_eq!(
+        current(),
+        ptr::null_mut(),
+        "inside a push: none after the pop"
+    );
+    launch();
+    assert_eq!(
+        current(),
+        ctx0.as_raw(),
+        "a runtime launch with none current left device 0's primary context current"
+    );
+    set_current(ptr::null_mut());
+    stream.synchronize().unwrap();
+}
