@@ -110,8 +110,13 @@ impl<T: bytemuck::Pod> DeviceBuffer<T> {
             )));
         }
         let len = slice.len();
-        // cudarc makes the slice's stream wait for the slice's own pending reads and writes.
-        let ptr = slice.leak();
+        // cudarc makes the slice's stream wait for the slice's own pending reads and writes, and makes its
+        // context current to do so (`cuCtxSetCurrent`): with it pushed here, that replaces only this push, and
+        // the thread's own context is current again after.
+        let ptr = {
+            let _current = stream.context().enter()?;
+            slice.leak()
+        };
         // SAFETY: a whole allocation of `len` Ts of the context (of a memory pool or cuMemAlloc: from_raw asks
         // the driver which, to free it the same way), owned by nobody else now; work still pending on it is on
         // `home`, recorded just below as a write before the buffer is used.
@@ -155,6 +160,9 @@ impl<T: bytemuck::Pod> DeviceBuffer<T> {
             ));
         }
         let (ptr, len) = self.into_raw()?;
+        // cudarc makes its context current (`cuCtxSetCurrent`) for the slice's events: pushed here, as in
+        // `from_cudarc`, so that the thread's own is current again after.
+        let _current = context.enter()?;
         // SAFETY: a whole allocation of `len` valid Ts in the stream's context, with no work pending, owned by
         // nobody else; cudarc frees it as its own allocations, which matches how it was allocated (checked).
         Ok(unsafe { stream.upgrade_device_ptr(ptr, len) })

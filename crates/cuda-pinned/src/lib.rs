@@ -65,9 +65,9 @@
 //!    and join rules 2-4 as the crate's copies do. The `unsafe` of those calls is exactly what Rust cannot
 //!    check: the kernel's signature, and that the work touches only what it declared.
 //! 9. **Any thread, any context.** Every operation works from a thread whose current context is another
-//!    device's, another library's, or none, and leaves that context current: the crate's calls on a stream run
-//!    with the stream's context pushed for their length (the driver takes some copies' context from the thread,
-//!    not the stream). One host thread may drive every device.
+//!    device's, another library's, or none, and leaves that context current: the work the crate enqueues on a
+//!    stream is enqueued with the stream's context pushed (the driver takes some copies' context from the
+//!    thread, not the stream). One host thread may drive every device.
 //!
 //! Errors are values: every failure, from a missing driver to a length mismatch, is an [`Error`] with CUDA's
 //! own words and what the crate was doing, never a panic.

@@ -642,8 +642,9 @@ struct Circulation<B> {
     /// Signalled when a buffer is given back or dropped, and when the transfer stops.
     changed: Condvar,
     limit: usize,
-    /// Whether a buffer given back can be written without waiting (see [`Circulation::preferring_idle`]).
-    idle: fn(&mut B) -> bool,
+    /// Whether a buffer given back can be written without waiting, where that is worth asking (see
+    /// [`Circulation::preferring_idle`]).
+    idle: Option<fn(&mut B) -> bool>,
 }
 
 struct Shelf<B> {
@@ -672,7 +673,7 @@ impl<B> Circulation<B> {
             }),
             changed: Condvar::new(),
             limit,
-            idle: |_| true,
+            idle: None,
         }
     }
 
@@ -681,7 +682,7 @@ impl<B> Circulation<B> {
     /// other work on the stream, and a worker writing it would wait for all that, where a new block from the pool
     /// lets the transfer return before the stream's earlier work has run.
     fn preferring_idle(mut self, idle: fn(&mut B) -> bool) -> Circulation<B> {
-        self.idle = idle;
+        self.idle = Some(idle);
         self
     }
 
@@ -689,20 +690,47 @@ impl<B> Circulation<B> {
         self.shelf.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A buffer for the next chunk: an idle one given back, else a new one from `more` (which must not wait)
-    /// while fewer than `limit` are in circulation and the pool has had room, else one given back that is still
-    /// busy, else the next one given back. `None` once the transfer has stopped; an error of `more` other than a
-    /// full pool stops it.
+    /// A buffer for the next chunk: one given back (while a new one could still be taken, only an idle one:
+    /// see [`Circulation::preferring_idle`]), else a new one from `more` (which must not wait) while fewer than
+    /// `limit` are in circulation and the pool has had room, else the next one given back. `None` once the
+    /// transfer has stopped; an error of `more` other than a full pool stops it.
     fn take(&self, more: &dyn Fn() -> Result<B>) -> Option<Lent<'_, B>> {
         let mut shelf = self.lock();
         loop {
             if shelf.stopped {
                 return None;
             }
-            let idle = self.idle;
-            if let Some(at) = shelf.free.iter_mut().rposition(idle) {
-                let buffer = shelf.free.swap_remove(at);
-                return Some(Lent::new(self, buffer));
+            let may_grow = shelf.owned < self.limit && !shelf.pool_full;
+            match self.idle {
+                Some(idle) if may_grow && !shelf.free.is_empty() => {
+                    // Asked off the shelf: whether a buffer's copy has run may take its stream's lock and a driver
+                    // call, and the threads giving buffers back must not wait for that.
+                    let mut given = std::mem::take(&mut shelf.free);
+                    drop(shelf);
+                    let found = given
+                        .iter_mut()
+                        .rposition(idle)
+                        .map(|at| given.swap_remove(at));
+                    shelf = self.lock();
+                    shelf.free.append(&mut given);
+                    self.changed.notify_all();
+                    match found {
+                        Some(buffer) if shelf.stopped => {
+                            shelf.free.push(buffer);
+                            return None;
+                        }
+                        Some(buffer) => return Some(Lent::new(self, buffer)),
+                        None if shelf.owned < self.limit && !shelf.pool_full => {}
+                        // Another thread took the last new buffer meanwhile.
+                        None => continue,
+                    }
+                }
+                Some(_) if may_grow => {}
+                _ => {
+                    if let Some(buffer) = shelf.free.pop() {
+                        return Some(Lent::new(self, buffer));
+                    }
+                }
             }
             if shelf.owned < self.limit && !shelf.pool_full {
                 shelf.owned += 1;
@@ -728,9 +756,6 @@ impl<B> Circulation<B> {
                     }
                 }
                 continue;
-            }
-            if let Some(buffer) = shelf.free.pop() {
-                return Some(Lent::new(self, buffer));
             }
             if shelf.owned == 0 {
                 // No buffer left to come back: the others were dropped, which only a thread that stopped the

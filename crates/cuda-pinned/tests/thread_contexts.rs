@@ -1,13 +1,15 @@
 //! Every public operation, for work on device 1, from a thread whose current context is not device 1's primary
 //! context: none, device 0's primary context (PyTorch's current device, a thread that last used device 0), or a
-//! context another library made (`cuCtxCreate`) on device 0 or on device 1. Each operation must succeed, move
-//! the right data, and leave the thread's current context as it found it.
+//! context another library made (`cuCtxCreate`) on device 0 or on device 1; and, last, with device 1's own
+//! current (the path where the crate only reads it). Each operation must succeed, move the right data, and
+//! leave the thread's current context as it found it.
 //!
 //! The driver takes some calls' context from the calling thread rather than from the stream: a copy of memory
 //! from device 1's memory pools on device 1's stream is refused while device 0's context is current, unless the
 //! pool is open to device 0 (ARCHITECTURE.md, "The driver's rules about contexts"). The control shows that rule
-//! with the driver's own calls. Device 0's context comes first in each round, before anything opens the crate's
-//! pools to it (the first copy between the devices does).
+//! with the driver's own calls (on the simulator, the simulator's model of it). Device 0's context comes first,
+//! before anything opens the crate's pools to it (the first copy between the devices does, for the rest of a
+//! test).
 //!
 //! On a GPU (feature `gpu`) it needs two devices and fails with fewer; on the simulated driver it installs two.
 
@@ -33,13 +35,16 @@ enum Current {
     Nothing,
     /// A context another library made on device 1 (not its primary context).
     MadeOnSameDevice,
+    /// Device 1's primary context.
+    Own,
 }
 
-const STATES: [Current; 4] = [
+const STATES: [Current; 5] = [
     Current::OtherDevice,
     Current::MadeOnOtherDevice,
     Current::Nothing,
     Current::MadeOnSameDevice,
+    Current::Own,
 ];
 
 /// The primary contexts of devices 0 and 1, and a context made on each, as another library would make them.
@@ -84,6 +89,7 @@ impl Devices {
             Current::MadeOnOtherDevice => self.made[0],
             Current::Nothing => ptr::null_mut(),
             Current::MadeOnSameDevice => self.made[1],
+            Current::Own => self.contexts[1].as_raw(),
         }
     }
 
@@ -221,15 +227,16 @@ fn copies_between_host_and_device() {
             registered.as_slice().map_err(e)?,
             "registered",
         )?;
-        // Pageable memory, through the driver's path and staged through a pool's pinned memory.
+        // Pageable memory, through the driver's path, and staged through a pool's pinned memory in chunks (20 MiB:
+        // from 16 MiB a staged transfer is chunked on worker threads).
         let pageable = data(N + 3, round + 30);
         let mut odd = DeviceBuffer::<u32>::zeroed(&stream, N + 3).map_err(e)?;
         let mut got = vec![0u32; N + 3];
         stream.upload_pageable(&pageable, &mut odd).map_err(e)?;
         stream.download_pageable(&odd, &mut got).map_err(e)?;
         compare(&got, &pageable, "pageable")?;
-        let pool = PinnedPool::new(ctx1, 8 << 20);
-        let staged = data(3 << 20, round + 40);
+        let pool = PinnedPool::new(ctx1, 64 << 20);
+        let staged = data(5 << 20, round + 40);
         let mut large = DeviceBuffer::<u32>::uninit(&stream, staged.len()).map_err(e)?;
         let mut staged_back = vec![0u32; staged.len()];
         stream
@@ -291,7 +298,8 @@ fn allocations_streams_events_and_host_access() {
         let pool = PinnedPool::new(ctx1, 4 << 20);
         let mut pooled = pool.alloc::<u32>(N).map_err(e)?;
         let mut device = DeviceBuffer::<u32>::zeroed(&stream, N).map_err(e)?;
-        // Device 0's stream reads the buffer too, so that its free waits on the release stream.
+        // A second stream of device 1 reads the buffer too, so that its free goes on the release stream.
+        let second = Stream::new(ctx1).map_err(e)?;
         let s0 = Stream::new(ctx0).map_err(e)?;
         let mut scratch = Pinned::<u32>::zeroed(ctx0, N).map_err(e)?;
         stream.download(&device, &mut pooled).map_err(e)?;
@@ -322,6 +330,9 @@ fn allocations_streams_events_and_host_access() {
         drop(copy);
         s0.download(&mapped_to_zero(&s0, &mapped)?, &mut scratch)
             .map_err(e)?;
+        let mut read_back = DeviceBuffer::<u32>::uninit(&second, N).map_err(e)?;
+        second.copy(&device, &mut read_back).map_err(e)?;
+        // Used on two streams: freed on the context's release stream, after both.
         drop(device);
         ctx1.synchronize().map_err(e)?;
         ctx0.synchronize().map_err(e)?;

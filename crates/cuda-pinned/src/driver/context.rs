@@ -15,7 +15,10 @@ use crate::sys::{CUcontext, CUevent, CUevent_flags, CUmemoryPool, CUstream, CUst
 ///
 /// Every operation of the crate that needs a current context makes this one current on the calling thread for
 /// its duration and then puts back whatever context the thread had before, so it never clobbers another
-/// library's current context. (Calls on a stream or event handle need none.)
+/// library's current context. Work enqueued on a stream runs with the stream's context current too: some copies
+/// take their context from the thread, not the stream. Recording events, waiting for them, and querying or
+/// synchronizing streams and events take it from their handles, whatever is current (seen on GPUs in every
+/// thread state, ARCHITECTURE.md).
 #[derive(Clone)]
 pub struct Context(Arc<Inner>);
 
@@ -541,11 +544,12 @@ impl Context {
 
     /// What the crate holds while it enqueues work on a stream of this context: the device's gate for reading
     /// ([`Context::enqueue_gate`]) and the context current on the calling thread ([`Context::enter`]), both
-    /// until the guard drops. Every call on a stream runs with the stream's context current, whatever the
-    /// thread had current before: the driver refuses a copy of memory from a device's memory pool on that
-    /// device's stream while another device's context is current (unless the pool is open to that device),
-    /// and a batched copy with none current (ARCHITECTURE.md, "The driver's rules about contexts"). Costs one
-    /// driver call (a thread-local read) where the context is current already, a push and a pop more where not.
+    /// until the guard drops. Work the crate enqueues on a stream is enqueued with the stream's context
+    /// current, whatever the thread had current before: the driver refuses a copy of memory from a device's
+    /// memory pool on that device's stream while another device's context is current (unless the pool is open
+    /// to that device), and a batched copy with none current (ARCHITECTURE.md, "The driver's rules about
+    /// contexts"). Costs one driver call (a thread-local read) where the context is current already, a push
+    /// and a pop more where not.
     ///
     /// # Errors
     /// The driver's, from making the context current.
