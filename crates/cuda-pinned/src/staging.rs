@@ -329,7 +329,7 @@ fn upload<T: Pod>(
     } else {
         let more = || pool.try_alloc::<u8>(plan.buffer_bytes());
         let circulation = Circulation::new(first, plan.buffers())
-            .preferring_idle(|buffer| matches!(buffer.try_as_mut_slice(), Ok(Some(_))));
+            .preferring_idle(|buffer| Ok(buffer.try_as_mut_slice()?.is_some()));
         std::thread::scope(|scope| {
             let _stop = StopOnPanic(&circulation);
             let (ready_tx, ready_rx) = mpsc::channel::<Staged<'_>>();
@@ -631,6 +631,17 @@ pub(crate) fn check_host_device(what: &str, host: usize, device: usize) -> Resul
     )
 }
 
+/// Takes out of `given` the last buffer `idle` says is idle, if any; the first error of `idle`, which ends the
+/// transfer (the buffers stay in `given`).
+fn find_idle<B>(given: &mut Vec<B>, idle: fn(&mut B) -> Result<bool>) -> Result<Option<B>> {
+    for at in (0..given.len()).rev() {
+        if idle(&mut given[at])? {
+            return Ok(Some(given.swap_remove(at)));
+        }
+    }
+    Ok(None)
+}
+
 /// The shared state of one staged transfer's threads: its staging buffers (of type `B`), at most `limit` of
 /// them, and whether the transfer has stopped, with the first error.
 ///
@@ -644,7 +655,7 @@ struct Circulation<B> {
     limit: usize,
     /// Whether a buffer given back can be written without waiting, where that is worth asking (see
     /// [`Circulation::preferring_idle`]).
-    idle: Option<fn(&mut B) -> bool>,
+    idle: Option<fn(&mut B) -> Result<bool>>,
 }
 
 struct Shelf<B> {
@@ -681,7 +692,7 @@ impl<B> Circulation<B> {
     /// while it may still take a new one: an upload's buffer comes back with its copy still queued, maybe behind
     /// other work on the stream, and a worker writing it would wait for all that, where a new block from the pool
     /// lets the transfer return before the stream's earlier work has run.
-    fn preferring_idle(mut self, idle: fn(&mut B) -> bool) -> Circulation<B> {
+    fn preferring_idle(mut self, idle: fn(&mut B) -> Result<bool>) -> Circulation<B> {
         self.idle = Some(idle);
         self
     }
@@ -707,22 +718,23 @@ impl<B> Circulation<B> {
                     // call, and the threads giving buffers back must not wait for that.
                     let mut given = std::mem::take(&mut shelf.free);
                     drop(shelf);
-                    let found = given
-                        .iter_mut()
-                        .rposition(idle)
-                        .map(|at| given.swap_remove(at));
+                    let found = find_idle(&mut given, idle);
                     shelf = self.lock();
                     shelf.free.append(&mut given);
                     self.changed.notify_all();
                     match found {
-                        Some(buffer) if shelf.stopped => {
+                        Err(e) => {
+                            self.stop_locked(&mut shelf, Some(e));
+                            return None;
+                        }
+                        Ok(Some(buffer)) if shelf.stopped => {
                             shelf.free.push(buffer);
                             return None;
                         }
-                        Some(buffer) => return Some(Lent::new(self, buffer)),
-                        None if shelf.owned < self.limit && !shelf.pool_full => {}
+                        Ok(Some(buffer)) => return Some(Lent::new(self, buffer)),
+                        Ok(None) if shelf.owned < self.limit && !shelf.pool_full => {}
                         // Another thread took the last new buffer meanwhile.
-                        None => continue,
+                        Ok(None) => continue,
                     }
                 }
                 Some(_) if may_grow => {}
@@ -1118,7 +1130,7 @@ mod tests {
     #[test]
     fn a_busy_buffer_given_back_is_passed_over_for_a_new_one_while_the_limit_allows() {
         // Odd buffers are busy: their uploads are still queued.
-        let circulation = Circulation::new(1u32, 3).preferring_idle(|b| *b % 2 == 0);
+        let circulation = Circulation::new(1u32, 3).preferring_idle(|b| Ok(*b % 2 == 0));
         let asked = AtomicUsize::new(0);
         let more = || Ok(10 + 2 * asked.fetch_add(1, Ordering::Relaxed) as u32);
         let first = circulation.take(&more).unwrap();
