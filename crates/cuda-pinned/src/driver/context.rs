@@ -522,6 +522,23 @@ impl Context {
         lock(&self.0.deferred).push(error);
     }
 
+    /// [`Context::defer_error`] in every live handle of the device's context, as the release thread reports
+    /// what it meets ([`report_sweep`]): the handle that met the error may be one the crate keeps for itself (a
+    /// kept stream's, see `peer.rs`), and the user's are the others.
+    pub(crate) fn defer_error_to_every_handle(&self, error: Error) {
+        let alive = lock(&DEVICES)
+            .iter()
+            .find(|d| d.device.ordinal() == self.0.device.ordinal())
+            .map(Known::alive)
+            .unwrap_or_default();
+        if alive.is_empty() {
+            self.defer_error(error);
+        } else {
+            // The handles go after the list's lock: one may be the last of its context.
+            report_sweep(&alive, vec![error]);
+        }
+    }
+
     /// Remembers a stream made in this context, for `synchronize`; forgets streams that are gone.
     pub(crate) fn register_stream(&self, stream: Weak<dyn Queue>) {
         lock(&self.0.streams).push(stream);
@@ -871,8 +888,9 @@ impl Drop for Current<'_> {
         if self.pushed {
             // Pops the context `enter` pushed on this thread (the guard is not Send, so this is that thread).
             if let Err(e) = calls::ctx_pop_current() {
-                self.context
-                    .defer_error(e.context("putting back the thread's previous context"));
+                self.context.defer_error_to_every_handle(
+                    e.context("putting back the thread's previous context"),
+                );
             }
         }
     }
