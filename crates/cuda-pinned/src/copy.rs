@@ -103,6 +103,12 @@ pub trait DeviceDestination<T>: DeviceSource<T> {}
 /// [`Registered`], and an `Arc` of any of them.
 ///
 /// Generic code reads its length through the methods here.
+#[diagnostic::on_unimplemented(
+    note = "an asynchronous copy reads only page-locked memory: `Pinned`, `Registered`, a `PinnedPool`'s \
+            buffer, or a view of one",
+    note = "for ordinary memory (a `Vec`, a slice), use `Stream::upload_pageable` (returns once copied) or \
+            `Stream::upload_staged` (through a `PinnedPool`)"
+)]
 pub trait PinnedSource<T>: sealed::PinnedMemory {
     /// The length in elements.
     fn len(&self) -> usize {
@@ -115,6 +121,12 @@ pub trait PinnedSource<T>: sealed::PinnedMemory {
 }
 /// Page-locked host memory an asynchronous copy may write, taken by `&mut`: [`Pinned`], [`PinnedViewMut`],
 /// [`Registered`].
+#[diagnostic::on_unimplemented(
+    note = "an asynchronous copy writes only page-locked memory it holds exclusively: `Pinned`, `Registered`, \
+            a `PinnedPool`'s buffer, or a `PinnedViewMut` (a `PinnedView` is read-only)",
+    note = "for ordinary memory (a `Vec`, a slice), use `Stream::download_pageable` (returns once copied) or \
+            `Stream::download_staged` (through a `PinnedPool`)"
+)]
 pub trait PinnedDestination<T>: PinnedSource<T> {}
 
 impl<T> sealed::DeviceMemory for DeviceBuffer<T> {
