@@ -103,12 +103,13 @@ pub enum Error {
         /// The `CUDA_VERSION` of the headers the bindings were generated from.
         bindings_version: i32,
     },
-    /// A library was chosen with [`crate::use_library`] after the process had already loaded another one.
+    /// A library was chosen with [`crate::use_library`] after the process had already loaded another one, or
+    /// had tried to and failed.
     AlreadyLoaded {
         /// Which library.
         library: Library,
-        /// Where it was loaded from.
-        loaded: String,
+        /// Where it was loaded from; `None` where loading it failed.
+        loaded: Option<String>,
         /// The path asked for too late.
         requested: String,
     },
@@ -265,12 +266,22 @@ impl fmt::Display for Error {
             ),
             Error::AlreadyLoaded {
                 library,
-                loaded,
+                loaded: Some(loaded),
                 requested,
             } => write!(
                 f,
                 "{} was already loaded from {loaded} when {requested} was chosen: choose the library before \
                  the first CUDA call of the process",
+                library.describe()
+            ),
+            Error::AlreadyLoaded {
+                library,
+                loaded: None,
+                requested,
+            } => write!(
+                f,
+                "{} could not be loaded by an earlier CUDA call of the process, which stays its answer: \
+                 {requested} was chosen too late; choose the library before the first CUDA call",
                 library.describe()
             ),
         }
@@ -385,5 +396,30 @@ mod tests {
             function: "cudaHostAlloc",
         };
         assert_eq!(e.clone().while_doing("anything").to_string(), e.to_string());
+    }
+
+    #[test]
+    fn a_library_chosen_too_late_says_what_the_process_has() {
+        let loaded = Error::AlreadyLoaded {
+            library: Library::Driver,
+            loaded: Some("/usr/lib/libcuda.so.1".into()),
+            requested: "sim.so".into(),
+        };
+        let text = loaded.to_string();
+        assert!(
+            text.contains("already loaded from /usr/lib/libcuda.so.1 when sim.so was chosen"),
+            "{text}"
+        );
+        let failed = Error::AlreadyLoaded {
+            library: Library::Driver,
+            loaded: None,
+            requested: "sim.so".into(),
+        };
+        let text = failed.to_string();
+        assert!(
+            text.contains("could not be loaded by an earlier CUDA call")
+                && !text.contains("loaded from"),
+            "{text}"
+        );
     }
 }

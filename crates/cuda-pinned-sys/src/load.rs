@@ -115,7 +115,7 @@ pub fn use_library(library: Library, path: impl Into<OsString>) -> Result<()> {
         Some(Ok(loaded)) if OsStr::new(&loaded) == path => Ok(()),
         Some(loaded) => Err(Error::AlreadyLoaded {
             library,
-            loaded: loaded.unwrap_or_else(|_| "nowhere (loading failed)".to_string()),
+            loaded: loaded.ok(),
             requested: path.to_string_lossy().into_owned(),
         }),
     }

@@ -410,7 +410,12 @@ mod tests {
             },
             sys::Error::AlreadyLoaded {
                 library: Library::Driver,
-                loaded: "a".into(),
+                loaded: Some("a".into()),
+                requested: "b".into(),
+            },
+            sys::Error::AlreadyLoaded {
+                library: Library::Driver,
+                loaded: None,
                 requested: "b".into(),
             },
         ];
