@@ -8,7 +8,7 @@ use common::serial;
 use cuda_pinned::{Context, DeviceBuffer, Pinned, PinnedBuilder, Registered, Stream};
 
 fn context() -> Context {
-    Context::on(0).expect("a CUDA device under feature `gpu`")
+    common::device(0)
 }
 
 /// An element aligned to 64 KiB: more than the page the driver aligns pinned memory to, and than the 256 bytes

@@ -18,12 +18,12 @@ use cuda_pinned::{Context, DeviceBuffer, Event, Pinned, PinnedBuilder, Stream, U
 
 /// The primary contexts of devices 0 and 1.
 fn two_devices() -> [Context; 2] {
-    let count = cuda_pinned::Device::count().unwrap();
+    let count = common::device_count();
     assert!(
         count >= 2,
         "this test needs two devices, the machine has {count}"
     );
-    [Context::on(0).unwrap(), Context::on(1).unwrap()]
+    [common::device(0), common::device(1)]
 }
 
 const N: usize = 1 << 20;

@@ -15,7 +15,7 @@ use cuda_pinned::{
 };
 
 fn context() -> Context {
-    Context::on(0).expect("device 0")
+    common::device(0)
 }
 
 fn bytes(len: usize, seed: u64) -> Vec<u8> {

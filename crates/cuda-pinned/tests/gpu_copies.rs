@@ -12,7 +12,7 @@ use cuda_pinned::{
 };
 
 fn context() -> Context {
-    Context::on(0).expect("a CUDA device under feature `gpu`")
+    common::device(0)
 }
 
 fn assert_same(got: &[u32], want: &[u32], what: &str) {

@@ -11,7 +11,7 @@ use cuda_pinned::kernels::{self, axpy, device_checksum, fill, spin};
 use cuda_pinned::{Context, DeviceBuffer, Error, Pinned, Stream};
 
 fn context() -> Context {
-    Context::on(0).expect("a CUDA device under feature `gpu`")
+    common::device(0)
 }
 
 fn download<T: bytemuck::Pod + Default>(stream: &Stream, buffer: &DeviceBuffer<T>) -> Vec<T> {

@@ -12,7 +12,7 @@ use common::{data, serial, spin};
 use cuda_pinned::{Context, DeviceBuffer, Error, Event, PinnedPool, Pinning, Stream, WhenFull};
 
 fn context() -> Context {
-    Context::on(0).expect("a CUDA device under feature `gpu`")
+    common::device(0)
 }
 
 #[test]

@@ -20,7 +20,7 @@ use cuda_pinned::profile::Category;
 use cuda_pinned::{Context, DeviceBuffer, Event, Ledger, Pinned, Stream};
 
 fn context() -> Context {
-    Context::on(0).expect("a CUDA device under feature `gpu`")
+    common::device(0)
 }
 
 /// Whether `a` and `b` (seconds) agree within 1% or 20 us.

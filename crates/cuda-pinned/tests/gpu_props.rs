@@ -25,12 +25,12 @@ use cuda_pinned::{Context, DeviceBuffer, Pinned, Stream};
 use program::MAX_DEVICES;
 
 fn context() -> Context {
-    Context::on(0).expect("a CUDA device under feature `gpu`")
+    common::device(0)
 }
 
 /// The primary contexts of the devices programs may use: all of them, up to [`MAX_DEVICES`].
 fn contexts() -> Vec<Context> {
-    let count = cuda_pinned::Device::count().expect("a CUDA device under feature `gpu`");
+    let count = common::device_count();
     (0..count.min(MAX_DEVICES))
         .map(|ordinal| Context::on(ordinal).unwrap())
         .collect()

@@ -14,7 +14,7 @@ use cuda_pinned::staging::StagingOptions;
 use cuda_pinned::{Context, DeviceBuffer, Error, Event, PinnedPool, Stream};
 
 fn context() -> Context {
-    Context::on(0).expect("a CUDA device under feature `gpu`")
+    common::device(0)
 }
 
 #[test]

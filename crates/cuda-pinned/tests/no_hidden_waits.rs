@@ -72,7 +72,7 @@ struct Case {
 
 impl Case {
     fn new(name: &'static str) -> Case {
-        let ctx = Context::on(0).expect("a CUDA device under feature `gpu`");
+        let ctx = common::device(0);
         let x = Stream::new(&ctx).unwrap();
         let fresh = Probe::new("a fresh stream", &Stream::new(&ctx).unwrap());
         Case {

@@ -55,12 +55,12 @@ struct Devices {
 
 impl Devices {
     fn new() -> Devices {
-        let count = cuda_pinned::Device::count().unwrap();
+        let count = common::device_count();
         assert!(
             count >= 2,
             "this test needs two devices, the machine has {count}"
         );
-        let contexts = [Context::on(0).unwrap(), Context::on(1).unwrap()];
+        let contexts = [common::device(0), common::device(1)];
         let made = contexts.each_ref().map(|context| {
             let mut made: CUcontext = ptr::null_mut();
             let mut popped: CUcontext = ptr::null_mut();

@@ -19,7 +19,7 @@ use cuda_pinned::{
 const N: usize = 1 << 16;
 
 fn context() -> Context {
-    Context::on(0).expect("device 0")
+    common::device(0)
 }
 
 fn module(context: &Context) -> Module {
@@ -559,10 +559,7 @@ fn bad_launches_are_errors_before_anything_is_enqueued() {
 #[test]
 fn buffers_and_kernels_of_another_context_are_refused() {
     let _serial = serial_on_two_devices();
-    assert!(
-        cuda_pinned::Device::count().unwrap() >= 2,
-        "this test needs two devices"
-    );
+    assert!(common::device_count() >= 2, "this test needs two devices");
     let (ctx0, ctx1) = (Context::on(0).unwrap(), Context::on(1).unwrap());
     let (s0, s1) = (Stream::new(&ctx0).unwrap(), Stream::new(&ctx1).unwrap());
     let scale0 = kernel(&ctx0, "scale");

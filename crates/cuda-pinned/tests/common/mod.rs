@@ -14,6 +14,17 @@ pub mod devices;
 /// Whether these tests run on the simulated driver (built without feature `gpu`) rather than a GPU.
 pub const SIMULATED: bool = cfg!(not(feature = "gpu"));
 
+/// The primary context of device `ordinal`. Fails the test with the error's own words (on a machine without a
+/// GPU, every place the loader looked for a driver) rather than its `Debug` form.
+pub fn device(ordinal: usize) -> cuda_pinned::Context {
+    cuda_pinned::Context::on(ordinal).unwrap_or_else(|e| panic!("device {ordinal}: {e}"))
+}
+
+/// How many devices the driver sees, failing the test with the error's own words where it cannot tell.
+pub fn device_count() -> usize {
+    cuda_pinned::Device::count().unwrap_or_else(|e| panic!("counting the devices: {e}"))
+}
+
 /// Holds the tests of a binary to one at a time, and on the simulated driver checks, when dropped, that
 /// the test caused no violation (memory freed under in-flight work, work on freed memory, a hidden wait, a
 /// false dependency) other than those it took with [`Serial::take_violations`].
