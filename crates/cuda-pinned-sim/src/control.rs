@@ -83,6 +83,12 @@ pub extern "C" fn cuda_sim_clear_faults() {
     SIM.lock().faults.clear();
 }
 
+/// Whether violations are printed on stderr as they are found (0: not; else: printed, the default).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuda_sim_print_violations(on: c_int) {
+    crate::sim::PRINT_VIOLATIONS.store(on != 0, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The version of this crate the library was built from, NUL-terminated: [`Control::open`] talks only to the
 /// simulator of its own version, whose `cuda_sim_*` functions have the types it calls them with.
 #[unsafe(no_mangle)]
@@ -296,7 +302,8 @@ impl Control {
     /// Holds the simulator for the calling test until the guard is dropped: faults, violations and what is
     /// alive belong to the whole process, and the test harness runs a binary's tests on several threads, so a
     /// test that injects faults, reads violations or counts what is alive takes this first (every such test of
-    /// the binary, or none). Dropping the guard removes the faults not yet triggered.
+    /// the binary, or none). Dropping the guard removes the faults not yet triggered, and prints violations again
+    /// if [`Control::print_violations`] stopped it.
     pub fn exclusive(&self) -> Exclusive<'_> {
         static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
         // A test that panicked while holding it leaves nothing half done that the next one relies on.
@@ -371,6 +378,16 @@ impl Control {
             ));
         }
         Ok(())
+    }
+
+    /// Whether each violation is printed on stderr (`cuda-pinned-sim: VIOLATION: ...`) as it is found, as it is
+    /// by default. A test that provokes violations on purpose and checks each one ([`Exclusive::new_violations`])
+    /// turns it off while it runs, so that a passing run prints nothing that looks like a problem; the
+    /// violations are still recorded, and still fail the next driver call. Dropping an [`Exclusive`] turns it
+    /// on again.
+    pub fn print_violations(&self, on: bool) {
+        let f: extern "C" fn(c_int) = self.function("cuda_sim_print_violations");
+        f(c_int::from(on));
     }
 
     /// Removes every fault not yet triggered.
@@ -464,6 +481,7 @@ impl std::ops::Deref for Exclusive<'_> {
 impl Drop for Exclusive<'_> {
     fn drop(&mut self) {
         self.control.clear_faults();
+        self.control.print_violations(true);
     }
 }
 

@@ -86,6 +86,24 @@ pub(crate) struct StandIn {
 }
 
 impl StandIn {
+    /// The stand-in `stand_in` of kernels named `name`, its parameters of `sizes` bytes each; `Err` with the
+    /// reason where the sizes are not valid (see [`layout`]). `stand_in` lives as long as the process: a launch
+    /// may run it at any time.
+    pub(crate) fn new<F>(name: CString, sizes: Vec<usize>, stand_in: F) -> Result<StandIn, String>
+    where
+        F: Fn(&mut crate::KernelCall<'_>) + Send + Sync + 'static,
+    {
+        let offsets = layout(&sizes).map_err(|e| format!("kernel {name:?}: {e}"))?;
+        let ctx: *const F = Box::into_raw(Box::new(stand_in));
+        Ok(StandIn {
+            name,
+            sizes,
+            offsets,
+            call: crate::testkit::trampoline::<F>,
+            ctx: ctx as usize,
+        })
+    }
+
     /// The bytes of all the parameters, laid out.
     pub(crate) fn params_len(&self) -> usize {
         match (self.offsets.last(), self.sizes.last()) {
@@ -99,14 +117,26 @@ impl StandIn {
     }
 }
 
-/// The stand-ins, by name. Apart from the simulator's state, so that registering one does not start the
-/// simulator (its settings are read when it starts).
+/// The stand-ins, by name: first those of `cuda-pinned`'s own kernels ([`crate::own_kernels`]), then those
+/// registered. Apart from the simulator's state, so that registering one does not start the simulator (its
+/// settings are read when it starts).
 static STAND_INS: Mutex<Option<HashMap<Vec<u8>, Arc<StandIn>>>> = Mutex::new(None);
+
+/// Runs `f` on the table of stand-ins, made with the crate's own on first use.
+fn with_stand_ins<T>(f: impl FnOnce(&mut HashMap<Vec<u8>, Arc<StandIn>>) -> T) -> T {
+    let mut stand_ins = STAND_INS.lock().unwrap_or_else(PoisonError::into_inner);
+    f(stand_ins.get_or_insert_with(|| {
+        let mut own = crate::own_kernels::Registry::default();
+        // The built-in stand-ins' names and sizes are constants that `layout` accepts.
+        crate::own_kernels::register(&mut own)
+            .unwrap_or_else(|e| panic!("the stand-ins of cuda-pinned's kernels: {e}"));
+        own.0
+    }))
+}
 
 /// The stand-in registered as `name`, if any.
 pub(crate) fn stand_in(name: &[u8]) -> Option<Arc<StandIn>> {
-    let stand_ins = STAND_INS.lock().unwrap_or_else(PoisonError::into_inner);
-    stand_ins.as_ref()?.get(name).cloned()
+    with_stand_ins(|stand_ins| stand_ins.get(name).cloned())
 }
 
 /// The offset of each parameter of the sizes given: each aligned to its natural alignment (the largest power
@@ -177,10 +207,7 @@ pub unsafe extern "C" fn cuda_sim_register_kernel(
         call,
         ctx: ctx as usize,
     };
-    let mut stand_ins = STAND_INS.lock().unwrap_or_else(PoisonError::into_inner);
-    stand_ins
-        .get_or_insert_with(HashMap::new)
-        .insert(name.to_bytes().to_vec(), Arc::new(stand_in));
+    with_stand_ins(|stand_ins| stand_ins.insert(name.to_bytes().to_vec(), Arc::new(stand_in)));
     CUresult::CUDA_SUCCESS
 }
 

@@ -75,6 +75,7 @@ mod control;
 mod detect;
 mod faults;
 mod kernel;
+mod own_kernels;
 mod runtime;
 mod sim;
 mod stream;

@@ -567,6 +567,8 @@ fn a_stream_of_another_context_is_refused() {
 #[test]
 fn a_stand_in_reading_freed_memory_is_a_violation() {
     let test = Test::on(0);
+    // It provokes violations and checks each one: recorded, not printed.
+    test.sim.print_violations(false);
     let module = test.module();
     let function = test.function(module, c"double").unwrap();
     let stream = test.stream();
@@ -633,6 +635,8 @@ extern "C" fn sleep(_: *mut c_void) {
 #[test]
 fn memory_freed_under_a_queued_kernel_is_a_violation() {
     let test = Test::on(0);
+    // It provokes violations and checks each one: recorded, not printed.
+    test.sim.print_violations(false);
     let module = test.module();
     let function = test.function(module, c"double").unwrap();
     let stream = test.stream();
@@ -669,6 +673,8 @@ fn memory_freed_under_a_queued_kernel_is_a_violation() {
 #[test]
 fn a_panicking_stand_in_is_a_violation_not_a_crash() {
     let test = Test::on(0);
+    // It provokes violations and checks each one: recorded, not printed.
+    test.sim.print_violations(false);
     let module = test.module();
     let explodes = test.function(module, c"explodes").unwrap();
     let wrong_arg = test.function(module, c"wrong_arg").unwrap();
@@ -749,6 +755,8 @@ fn a_panicking_stand_in_is_a_violation_not_a_crash() {
 #[test]
 fn unloading_a_module_waits_for_the_device() {
     let test = Test::on(0);
+    // It provokes violations and checks each one: recorded, not printed.
+    test.sim.print_violations(false);
     let module = test.module();
     let function = test.function(module, c"double").unwrap();
     let (x, y) = (test.alloc(&[1.0; 16]), test.alloc(&[0.0; 16]));
@@ -846,6 +854,8 @@ fn registering_a_name_again_replaces_its_stand_in_for_later_functions() {
 #[test]
 fn a_kernel_judges_the_waits_before_it_by_the_memory_it_was_given() {
     let test = Test::on(0);
+    // It provokes violations and checks each one: recorded, not printed.
+    test.sim.print_violations(false);
     let module = test.module();
     let function = test.function(module, c"double").unwrap();
     let (a, b) = (test.stream(), test.stream());

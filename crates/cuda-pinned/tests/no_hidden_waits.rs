@@ -460,6 +460,7 @@ fn allocating_device_memory_does_not_wait() {
 #[test]
 fn allocating_under_memory_pressure_does_not_wait_for_frees_on_other_streams() {
     let mut serial = serial();
+    serial.expect_violations();
     let case = Case::new("allocating under memory pressure");
     let s = case.stream();
     let mut probes = [case.probe("the allocating stream", &s)];

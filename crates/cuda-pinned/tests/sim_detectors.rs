@@ -216,6 +216,7 @@ fn one(violations: &[String], start: &str, parts: &[&str]) {
 #[test]
 fn freeing_pinned_memory_on_a_users_thread_while_other_work_is_queued_is_a_hidden_wait() {
     let mut serial = serial();
+    serial.expect_violations();
     let mut raw = Raw::on(0);
     let b = raw.stream();
     let p = raw.pinned(4096);
@@ -243,6 +244,7 @@ fn freeing_pinned_memory_on_a_users_thread_while_other_work_is_queued_is_a_hidde
 #[test]
 fn every_device_wide_release_is_a_hidden_wait_on_a_users_thread() {
     let mut serial = serial();
+    serial.expect_violations();
     let mut raw = Raw::on(0);
     let b = raw.stream();
 
@@ -278,6 +280,7 @@ fn every_device_wide_release_is_a_hidden_wait_on_a_users_thread() {
 #[test]
 fn the_crates_own_threads_are_no_exception() {
     let mut serial = serial();
+    serial.expect_violations();
     let mut raw = Raw::on(0);
     let b = raw.stream();
     let p = raw.pinned(4096) as usize;
@@ -325,6 +328,7 @@ fn a_release_on_an_idle_device_and_explicit_waits_are_no_hidden_waits() {
 #[test]
 fn memory_freed_under_queued_work_is_still_reported_at_the_call() {
     let mut serial = serial();
+    serial.expect_violations();
     let mut raw = Raw::on(0);
     let b = raw.stream();
     let (p, d) = (raw.pinned(4096), raw.device(4096));
@@ -362,7 +366,9 @@ fn memory_freed_under_queued_work_is_still_reported_at_the_call() {
 #[test]
 #[should_panic(expected = "HIDDEN WAIT: cuMemFreeHost")]
 fn an_unexpected_hidden_wait_fails_the_test() {
-    let _serial = serial();
+    let mut serial = serial();
+    // Not printed as it happens: the test's panic (which `should_panic` expects) lists it.
+    serial.expect_violations();
     let mut raw = Raw::on(0);
     let b = raw.stream();
     let p = raw.pinned(64);
@@ -379,6 +385,7 @@ fn an_unexpected_hidden_wait_fails_the_test() {
 /// after). Then `a` waits for `e` and copies into `x`. The violations.
 fn wait_then_copy_into_the_buffer(late: bool) -> Vec<String> {
     let mut serial = serial();
+    serial.expect_violations();
     let mut raw = Raw::on(0);
     let (a, b, e) = (raw.stream(), raw.stream(), raw.event());
     let (p, q, x) = (raw.pinned(4096), raw.pinned(4096), raw.device(4096));
@@ -491,6 +498,7 @@ fn a_stream_ordered_free_after_waits_for_every_use() {
 #[test]
 fn a_wait_before_a_host_function_or_an_allocation_is_judged_by_the_memory_work_after() {
     let mut serial = serial();
+    serial.expect_violations();
     let mut raw = Raw::on(0);
     let (a, b, e) = (raw.stream(), raw.stream(), raw.event());
     let (p, x, y) = (raw.pinned(4096), raw.device(4096), raw.device(4096));

@@ -241,6 +241,7 @@ fn a_kernel_of_many_buffers_waits_for_each_of_them() {
 #[test]
 fn control_a_kernel_of_many_undeclared_buffers_runs_before_the_uploads() {
     let mut serial = serial_on_two_devices();
+    serial.expect_violations();
     let (got, want) = many_buffers_after_uploads(false);
     assert!(
         got != want,
@@ -458,6 +459,7 @@ fn a_buffer_dropped_while_a_kernel_reads_it_is_freed_after_the_kernel() {
 #[test]
 fn control_a_buffer_whose_read_is_undeclared_is_freed_under_the_kernel() {
     let mut serial = serial_on_two_devices();
+    serial.expect_violations();
     let (got, want, violations) = drop_while_a_kernel_reads(false, &mut serial);
     if common::SIMULATED {
         assert!(

@@ -22,7 +22,7 @@ use crate::timing::{Stopwatch, median};
 /// Row sizes measured, bytes.
 pub const ROWS: [usize; 7] = [64, 256, 1024, 4096, 16384, 65536, 262_144];
 
-/// Bytes of rows per batch.
+/// Bytes of rows per batch (on a GPU).
 pub const BATCH_BYTES: usize = 64 << 20;
 
 /// Gathers enqueued one after another per timed sample, after an untimed lead gather: the device time runs from
@@ -35,6 +35,8 @@ const BACK_TO_BACK: usize = 4;
 pub struct Settings {
     /// Bytes of the table.
     pub table_bytes: usize,
+    /// Bytes of rows per batch.
+    pub batch_bytes: usize,
     /// Timed repetitions of each figure.
     pub samples: usize,
     /// Threads of the CPU gather.
@@ -42,13 +44,21 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// A 4 GiB table (1 GiB with `quick`), 7 repetitions (3), the CPU's cores (at most 16).
+    /// A 4 GiB table (1 GiB with `quick`), batches of [`BATCH_BYTES`], 7 repetitions (3), the CPU's cores (at
+    /// most 16). On the simulated driver, whose kernels run on the host one row at a time, a 64 MiB table,
+    /// batches of 1 MiB and 2 repetitions: enough to run every figure and check every batch.
     #[must_use]
-    pub fn new(quick: bool) -> Settings {
+    pub fn new(quick: bool, simulated: bool) -> Settings {
         let cores = std::thread::available_parallelism().map_or(4, |n| n.get().min(16));
+        let (table_bytes, batch_bytes, samples) = match (simulated, quick) {
+            (true, _) => (64 << 20, 1 << 20, 2),
+            (false, true) => (1 << 30, BATCH_BYTES, 3),
+            (false, false) => (4 << 30, BATCH_BYTES, 7),
+        };
         Settings {
-            table_bytes: if quick { 1 << 30 } else { 4 << 30 },
-            samples: if quick { 3 } else { 7 },
+            table_bytes,
+            batch_bytes,
+            samples,
             threads: cores,
         }
     }
@@ -135,7 +145,7 @@ pub fn measure(settings: &Settings) -> Outcome<Figures> {
     let stream = Stream::new(&context)?;
     let gatherer = Gatherer::new(&context)?;
     let watch = Stopwatch::new(&stream)?;
-    let gbps = |seconds: f64| BATCH_BYTES as f64 / seconds / 1e9;
+    let gbps = |seconds: f64| settings.batch_bytes as f64 / seconds / 1e9;
 
     // The table: bytes that say where they are, in page-locked memory mapped into the device's address space,
     // which starts on a page (a table's alignment matters: see `registered` below).
@@ -148,8 +158,8 @@ pub fn measure(settings: &Settings) -> Outcome<Figures> {
         .zeroed::<u8>(settings.table_bytes)?;
     fill_words(table.as_mut_slice()?, settings.threads);
 
-    let contiguous = Pinned::<u8>::zeroed(&context, BATCH_BYTES)?;
-    let mut out = DeviceBuffer::<u8>::zeroed(&stream, BATCH_BYTES)?;
+    let contiguous = Pinned::<u8>::zeroed(&context, settings.batch_bytes)?;
+    let mut out = DeviceBuffer::<u8>::zeroed(&stream, settings.batch_bytes)?;
     let upload = median(
         (0..settings.samples + 1)
             .map(|_| watch.time(|| Ok(stream.upload(&contiguous, &mut out)?)))
@@ -163,7 +173,7 @@ pub fn measure(settings: &Settings) -> Outcome<Figures> {
         let stop = std::sync::atomic::AtomicBool::new(false);
         let source = table.as_slice()?;
         let row = 1024;
-        let picks: Vec<u32> = (0..(BATCH_BYTES / row) as u64)
+        let picks: Vec<u32> = (0..(settings.batch_bytes / row) as u64)
             .map(|k| (mix(k) % (settings.table_bytes / row) as u64) as u32)
             .collect();
         std::thread::scope(|scope| -> Outcome<f64> {
@@ -189,13 +199,13 @@ pub fn measure(settings: &Settings) -> Outcome<Figures> {
     };
     let busy_upload_gbps = gbps(busy_upload);
 
-    let mut staging = Pinned::<u8>::zeroed(&context, BATCH_BYTES)?;
-    let mut check = Pinned::<u8>::zeroed(&context, BATCH_BYTES)?;
+    let mut staging = Pinned::<u8>::zeroed(&context, settings.batch_bytes)?;
+    let mut check = Pinned::<u8>::zeroed(&context, settings.batch_bytes)?;
     let mut rows = Vec::new();
     for row in ROWS {
         eprintln!("pinbench gather: rows of {row} bytes");
         let table_rows = settings.table_bytes / row;
-        let count = BATCH_BYTES / row;
+        let count = settings.batch_bytes / row;
         let indices: Vec<u32> = (0..count as u64)
             .map(|k| (mix(k ^ row as u64) % table_rows as u64) as u32)
             .collect();
@@ -258,7 +268,7 @@ pub fn measure(settings: &Settings) -> Outcome<Figures> {
         enqueue_64_speedup: single / batched,
         device: context.device().name()?,
         table_bytes: settings.table_bytes,
-        batch_bytes: BATCH_BYTES,
+        batch_bytes: settings.batch_bytes,
         samples: settings.samples,
         cpu_threads: settings.threads,
         pinned_upload_gbps: upload_gbps,
@@ -314,9 +324,9 @@ fn registered(
     fill_words(&mut values, settings.threads);
     let table = Registered::new(context, values)?;
     let base_offset = table.as_slice()?.as_ptr() as usize % 4096;
-    let mut out = DeviceBuffer::<u8>::zeroed(watch.stream(), BATCH_BYTES)?;
+    let mut out = DeviceBuffer::<u8>::zeroed(watch.stream(), settings.batch_bytes)?;
     let mut gbps = |row: usize, order: ReadOrder| -> Outcome<f64> {
-        let indices: Vec<u32> = (0..(BATCH_BYTES / row) as u64)
+        let indices: Vec<u32> = (0..(settings.batch_bytes / row) as u64)
             .map(|k| (mix(k ^ row as u64) % (settings.table_bytes / row) as u64) as u32)
             .collect();
         let options = GatherOptions::default()
@@ -325,7 +335,7 @@ fn registered(
         let (device, _) = time_gathers(
             gatherer, watch, &table, row, &indices, &mut out, options, settings,
         )?;
-        Ok(BATCH_BYTES as f64 / device / 1e9)
+        Ok(settings.batch_bytes as f64 / device / 1e9)
     };
     Ok(RegisteredFigures {
         base_offset,

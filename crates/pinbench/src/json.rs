@@ -66,6 +66,10 @@ struct HeaderJson<'a> {
     /// `13.0`.
     cuda_version: String,
     driver_library: &'a str,
+    /// `true` where the driver is cuda-pinned's simulated one, whose figures are a simulation's, not a GPU's;
+    /// present only then.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    simulated_driver: bool,
     pcie: Option<PcieJson>,
 }
 
@@ -169,17 +173,21 @@ struct EnqueueJson {
     cross_stream_ratio_to_raw: f64,
     batch: usize,
     samples: usize,
-    /// A small kernel launched through the raw `cuLaunchKernel`, on one stream.
-    kernel_launch_raw_seconds: f64,
+    /// A small kernel launched through the raw `cuLaunchKernel`, on one stream (the launch figures are null
+    /// where they could not be taken: see `kernel_launch_error`).
+    kernel_launch_raw_seconds: Option<f64>,
     /// The same launch through `Stream::launch`, on the same stream.
-    kernel_launch_seconds: f64,
-    kernel_launch_ratio_to_raw: f64,
+    kernel_launch_seconds: Option<f64>,
+    kernel_launch_ratio_to_raw: Option<f64>,
     /// `Stream::launch`'s time less the raw launch's.
-    kernel_launch_over_raw_seconds: f64,
+    kernel_launch_over_raw_seconds: Option<f64>,
     /// Batches (of `batch` launches) the two launch medians are taken over, each way.
     kernel_launch_samples: usize,
     /// Whether the kernel's output was as expected.
     kernel_launch_verified: bool,
+    /// Why the launch figures are null; present only then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kernel_launch_error: Option<String>,
 }
 
 /// The overlap pipeline, or a note that this build has no kernels to run it with.
@@ -222,6 +230,7 @@ pub fn document<'a>(report: &'a Report, plot: Option<&'a str>) -> Document<'a> {
             nvidia_driver: h.nvidia_driver.as_deref(),
             cuda_version: h.cuda_version_text(),
             driver_library: &h.driver_library,
+            simulated_driver: h.simulated,
             pcie: h.pcie.map(|link| PcieJson {
                 link,
                 read: "under load",
@@ -286,12 +295,13 @@ pub fn document<'a>(report: &'a Report, plot: Option<&'a str>) -> Document<'a> {
             cross_stream_ratio_to_raw: e.cross_stream / e.raw,
             batch: e.batch,
             samples: e.samples,
-            kernel_launch_raw_seconds: e.raw_launch,
-            kernel_launch_seconds: e.launch,
-            kernel_launch_ratio_to_raw: e.launch / e.raw_launch,
-            kernel_launch_over_raw_seconds: e.launch - e.raw_launch,
-            kernel_launch_samples: e.launch_samples,
-            kernel_launch_verified: e.launch_verified,
+            kernel_launch_raw_seconds: e.launch.as_ref().ok().map(|l| l.raw),
+            kernel_launch_seconds: e.launch.as_ref().ok().map(|l| l.crate_launch),
+            kernel_launch_ratio_to_raw: e.launch.as_ref().ok().map(|l| l.crate_launch / l.raw),
+            kernel_launch_over_raw_seconds: e.launch.as_ref().ok().map(|l| l.crate_launch - l.raw),
+            kernel_launch_samples: e.launch.as_ref().map_or(0, |l| l.samples),
+            kernel_launch_verified: e.launch.as_ref().is_ok_and(|l| l.verified),
+            kernel_launch_error: e.launch.as_ref().err().cloned(),
         },
         overlap: report.overlap.as_ref().map_or(
             OverlapJson::NotBuilt {
@@ -546,7 +556,7 @@ mod tests {
     #[test]
     fn a_launch_whose_output_was_wrong_is_a_failure() {
         let mut report = sample_report();
-        report.enqueue.launch_verified = false;
+        report.enqueue.launch.as_mut().unwrap().verified = false;
         let v = round_trip(&report, None);
         assert_eq!(v["enqueue"]["kernel_launch_verified"], false);
         assert_eq!(

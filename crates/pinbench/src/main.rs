@@ -21,8 +21,10 @@
 //!
 //! Device times come from CUDA events after warm-up, repeated until stable, as medians (`timing.rs`). Every copy's
 //! data is checked once; a figure is never a failure, however low, but data that did not arrive intact is.
-//! Where no CUDA driver can be loaded, pinbench exits with status 1 and the loader's message; on a command line
-//! it does not understand, with status 2 (`cli.rs`).
+//! Where no CUDA driver can be loaded, pinbench exits with status 1, the loader's message and how to run it on
+//! the simulated driver instead (cuda-pinned-sim, through `CUDA_PINNED_LIBCUDA`), where every report is printed
+//! under a banner saying its figures are a simulation's; on a command line it does not understand, with status 2
+//! (`cli.rs`).
 
 mod bandwidth;
 mod cli;
@@ -74,6 +76,8 @@ pub struct Bench {
     pub plan: Plan,
     /// The bar on stderr.
     pub progress: Progress,
+    /// Whether the driver is the simulated one (see [`simulated`]).
+    pub simulated: bool,
     seed: u64,
 }
 
@@ -105,8 +109,48 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("pinbench: {e}");
+            if is_load_error(e.as_ref()) {
+                eprintln!("{NO_GPU_HINT}");
+            }
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Said where no driver can be loaded: how to see everything run without a GPU.
+const NO_GPU_HINT: &str = "No GPU here? Run pinbench on the simulated driver (cuda-pinned-sim), from the \
+                           repository: cargo build --release -p cuda-pinned-sim && \
+                           CUDA_PINNED_LIBCUDA=target/release/libcuda_pinned_sim.so cargo run --release --bin \
+                           pinbench -- --quick";
+
+/// Printed above every report on the simulated driver.
+const SIMULATED_BANNER: &str = "SIMULATED DRIVER (cuda-pinned-sim): the figures below are a simulation's, not a \
+                                GPU's.\nThey show that each measurement runs and checks its data, not how fast \
+                                anything is.\n\n";
+
+/// Whether `e` is the loader's: no CUDA driver could be loaded.
+fn is_load_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    matches!(e.downcast_ref(), Some(sys::Error::Load { .. }))
+        || matches!(e.downcast_ref(), Some(cuda_pinned::Error::Load { .. }))
+}
+
+/// Whether the loaded driver is cuda-pinned's simulated one, which exports `cuda_sim_version` beside the
+/// driver's functions.
+fn simulated() -> Outcome<bool> {
+    let driver = sys::driver()?;
+    // SAFETY: the library is loaded already (it is the driver), so loading it again runs no initialiser and
+    // gives the same library; only whether it has a symbol is asked, and the symbol is never called.
+    let lib = unsafe { libloading::Library::new(driver.path()) }?;
+    // SAFETY: as above: the symbol's address is looked up, not used.
+    Ok(unsafe { lib.get::<*const ()>(b"cuda_sim_version\0") }.is_ok())
+}
+
+/// `text`, under [`SIMULATED_BANNER`] on the simulated driver.
+fn with_banner(simulated: bool, text: String) -> String {
+    if simulated {
+        format!("{SIMULATED_BANNER}{text}")
+    } else {
+        text
     }
 }
 
@@ -130,11 +174,12 @@ fn train_loop(_: &cli::TrainLoopOptions) -> Outcome<Vec<String>> {
 
 /// `pinbench gather`: the failures are batches whose rows arrived wrong.
 fn gather_mode(options: &cli::GatherOptions) -> Outcome<Vec<String>> {
-    let figures = gather::measure(&gather::Settings::new(options.quick))?;
+    let simulated = simulated()?;
+    let figures = gather::measure(&gather::Settings::new(options.quick, simulated))?;
     if options.json {
         print(&json::pretty(&figures)?);
     } else {
-        print(&gather::table(&figures));
+        print(&with_banner(simulated, gather::table(&figures)));
     }
     Ok(figures
         .rows
@@ -147,11 +192,12 @@ fn gather_mode(options: &cli::GatherOptions) -> Outcome<Vec<String>> {
 /// `pinbench devices`: the failures are figures whose data arrived wrong; a copy between devices that failed
 /// is an error, returned once the report (which shows it in its cell) is printed.
 fn devices_mode(options: &cli::DevicesOptions) -> Outcome<Vec<String>> {
+    let simulated = simulated()?;
     let figures = devices::measure(&devices::Settings::new(options.quick))?;
     if options.json {
         print(&json::pretty(&devices::document(&figures))?);
     } else {
-        print(&devices::table(&figures));
+        print(&with_banner(simulated, devices::table(&figures)));
     }
     let (errors, failures) = (figures.errors(), figures.failures());
     let Some(first) = errors.first() else {
@@ -182,6 +228,7 @@ fn print(text: &str) {
 fn run(options: &Options) -> Outcome<Vec<String>> {
     let started = Instant::now();
     let driver = sys::driver()?;
+    let simulated = simulated()?;
     let nvml = nvml::Nvml::open();
     let devices = Device::all()?;
     let Some(&device) = devices.first() else {
@@ -211,6 +258,7 @@ fn run(options: &Options) -> Outcome<Vec<String>> {
         context,
         progress: Progress::new(options.progress, total),
         plan,
+        simulated,
         seed: 0x5EED,
     };
 
@@ -244,6 +292,7 @@ fn run(options: &Options) -> Outcome<Vec<String>> {
             cuda_version: driver.version(),
             driver_library: driver.path().to_string(),
             pcie: link,
+            simulated,
         },
         bandwidth,
         staging_sweep,
@@ -261,7 +310,7 @@ fn run(options: &Options) -> Outcome<Vec<String>> {
     if options.json {
         print(&json::pretty(&json::document(&report, plot.as_deref()))?);
     } else {
-        let mut text = report::table(&report);
+        let mut text = with_banner(simulated, report::table(&report));
         if let Some(plot) = &plot {
             text.push_str(&format!("\nplot written to {plot}\n"));
         }

@@ -296,26 +296,26 @@ fn enqueue(out: &mut String, report: &Report) {
             (seconds - e.raw) * 1e6
         );
     }
+    let launch = e.launch.as_ref();
     let _ = writeln!(
         out,
         "\nlaunching a kernel of 2 buffers and 2 values, 1 block of {} threads, on one stream (host time per \
          launch, median of {} batches of {}, raw and crate in turns):",
         costs::LAUNCH_THREADS,
-        e.launch_samples,
+        launch.map_or(0, |l| l.samples),
         e.batch
     );
-    let _ = writeln!(
-        out,
-        "  kernel launch: raw {:.2} us, crate {:.2} us (raw + {:.2} us){}",
-        e.raw_launch * 1e6,
-        e.launch * 1e6,
-        (e.launch - e.raw_launch) * 1e6,
-        if e.launch_verified {
-            ""
-        } else {
-            "  ! wrong output"
-        }
-    );
+    let _ = match launch {
+        Ok(l) => writeln!(
+            out,
+            "  kernel launch: raw {:.2} us, crate {:.2} us (raw + {:.2} us){}",
+            l.raw * 1e6,
+            l.crate_launch * 1e6,
+            (l.crate_launch - l.raw) * 1e6,
+            if l.verified { "" } else { "  ! wrong output" }
+        ),
+        Err(why) => writeln!(out, "  kernel launch: {why}"),
+    };
 }
 
 fn overlap(out: &mut String, report: &Report) {
@@ -430,6 +430,26 @@ mod tests {
     }
 
     #[test]
+    fn a_launch_not_measured_says_why_and_fails_only_on_a_gpu() {
+        let mut report = sample_report();
+        report.enqueue.launch = Err("not measured: CUDA_ERROR_NOT_FOUND".into());
+        let text = table(&report);
+        assert!(
+            text.contains("  kernel launch: not measured: CUDA_ERROR_NOT_FOUND\n"),
+            "{text}"
+        );
+        assert_eq!(
+            report.failures(),
+            ["kernel launch: not measured: CUDA_ERROR_NOT_FOUND"]
+        );
+        // On the simulated driver the figure is not taken, which is no failure.
+        report.header.simulated = true;
+        report.enqueue.launch = Err(crate::costs::NO_STAND_IN.into());
+        assert!(report.failures().is_empty());
+        assert!(table(&report).contains(crate::costs::NO_STAND_IN));
+    }
+
+    #[test]
     fn failed_checks_are_marked_and_listed() {
         let mut report = sample_report();
         report.bandwidth[0].verified = false;
@@ -437,7 +457,7 @@ mod tests {
         assert!(text.contains("DATA CHECK FAILED"), "{text}");
         assert!(text.contains("pageable safe upload of 4 KiB"), "{text}");
         assert!(!text.contains("! wrong output"), "{text}");
-        report.enqueue.launch_verified = false;
+        report.enqueue.launch.as_mut().unwrap().verified = false;
         let text = table(&report);
         assert!(text.contains("(raw + 0.25 us)  ! wrong output"), "{text}");
         assert!(

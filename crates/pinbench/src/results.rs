@@ -387,16 +387,23 @@ pub struct Enqueue {
     pub batch: usize,
     /// Batches the medians are taken over.
     pub samples: usize,
-    /// A launch of a small kernel (two buffers, two values; one block) through `cuLaunchKernel` called with
-    /// `driver_call!` and a parameter array, on one stream, seconds per launch.
-    pub raw_launch: f64,
+    /// The launch figures, or why there are none (the error that stopped them; on the simulated driver, which
+    /// has no stand-in for pinbench's kernel, they are not taken).
+    pub launch: Result<LaunchCost, String>,
+}
+
+/// Host time of launching a small kernel (two buffers, two values; one block) on one stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LaunchCost {
+    /// Through `cuLaunchKernel` called with `driver_call!` and a parameter array, seconds per launch.
+    pub raw: f64,
     /// The same launch through `Stream::launch` (`Arg::read`, `Arg::write`, `Arg::value`), on the same stream,
     /// its batches taking turns with the raw ones'.
-    pub launch: f64,
-    /// Batches the launch medians are taken over, each way.
-    pub launch_samples: usize,
+    pub crate_launch: f64,
+    /// Batches the medians are taken over, each way.
+    pub samples: usize,
     /// Whether the launched kernel's output was as expected, checked once after the timing.
-    pub launch_verified: bool,
+    pub verified: bool,
 }
 
 /// A pipeline of uploads and kernels, on two streams and on one (feature `gpu` only).
@@ -466,6 +473,8 @@ pub struct Header {
     pub driver_library: String,
     /// The PCIe link, read while copies ran, where NVML could be read.
     pub pcie: Option<Link>,
+    /// Whether the driver is cuda-pinned's simulated one: the figures are a simulation's, not a GPU's.
+    pub simulated: bool,
 }
 
 impl Header {
@@ -553,7 +562,8 @@ impl Report {
         sizes
     }
 
-    /// What did not arrive intact, one line each; empty when everything was verified.
+    /// What did not arrive intact, and (on a GPU) a measurement that could not be taken, one line each; empty
+    /// when everything was verified.
     pub fn failures(&self) -> Vec<String> {
         let mut failures: Vec<String> = self
             .bandwidth
@@ -593,8 +603,12 @@ impl Report {
                 )
             }));
         }
-        if !self.enqueue.launch_verified {
-            failures.push("kernel launch (the kernel's output, y = a * x)".into());
+        match &self.enqueue.launch {
+            Ok(launch) if !launch.verified => {
+                failures.push("kernel launch (the kernel's output, y = a * x)".into());
+            }
+            Err(why) if !self.header.simulated => failures.push(format!("kernel launch: {why}")),
+            _ => {}
         }
         failures
     }

@@ -3,7 +3,7 @@
 use crate::nvml::Link;
 use crate::results::{
     Alloc, Allocation, Api, Bandwidth, Bidirectional, DeviceInfo, Direction, Enqueue, Header,
-    Method, Overlap, Report, StagingSweep, SweepPoint,
+    LaunchCost, Method, Overlap, Report, StagingSweep, SweepPoint,
 };
 
 /// A made-up figure of `gbps` GB/s.
@@ -126,6 +126,7 @@ pub fn sample_report() -> Report {
                 max_generation: 5,
                 max_width: 16,
             }),
+            simulated: false,
         },
         bandwidth,
         staging_sweep: Some(sample_sweep()),
@@ -183,10 +184,12 @@ pub fn sample_report() -> Report {
             bytes: 64,
             batch: 500,
             samples: 10,
-            raw_launch: 2e-6,
-            launch: 2.25e-6,
-            launch_samples: 100,
-            launch_verified: true,
+            launch: Ok(LaunchCost {
+                raw: 2e-6,
+                crate_launch: 2.25e-6,
+                samples: 100,
+                verified: true,
+            }),
         },
         overlap: None,
         wall_seconds: 12.5,

@@ -43,6 +43,13 @@ fn a_missing_driver_is_a_clear_error_not_a_panic() {
         stderr.contains(&format!("\n  {path} (from CUDA_PINNED_LIBCUDA): ")),
         "{stderr}"
     );
+    // The last line says how to see it work without a GPU.
+    assert!(
+        stderr.trim_end().lines().last().is_some_and(|line| line
+            .starts_with("No GPU here? Run pinbench on the simulated driver")
+            && line.contains("CUDA_PINNED_LIBCUDA=target/release/libcuda_pinned_sim.so")),
+        "{stderr}"
+    );
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 

@@ -60,6 +60,16 @@ pub fn serial_on_two_devices() -> Serial {
 }
 
 impl Serial {
+    /// Says that this test provokes violations on purpose and checks each one it takes with
+    /// [`Serial::take_violations`]: until `self` drops, the simulated driver records them without printing them,
+    /// so that a passing run prints nothing that looks like a problem. One not taken still fails the test,
+    /// listed. Nothing on a GPU.
+    pub fn expect_violations(&mut self) {
+        if let Some(sim) = sim() {
+            sim.print_violations(false);
+        }
+    }
+
     /// The violations the simulated driver found since the test began (or since the last call), which the
     /// test thereby expects: they no longer fail it when `self` drops. Empty on a GPU.
     pub fn take_violations(&mut self) -> Vec<String> {
@@ -73,6 +83,7 @@ impl Serial {
 impl Drop for Serial {
     fn drop(&mut self) {
         let Some(sim) = sim() else { return };
+        sim.print_violations(true);
         let new = sim.violations().split_off(self.violations_before);
         if !new.is_empty() && !std::thread::panicking() {
             panic!(
@@ -274,6 +285,8 @@ impl NoSimulator {
     pub fn violations(&self) -> Vec<String> {
         Vec::new()
     }
+
+    pub fn print_violations(&self, _: bool) {}
 }
 
 /// The tests' user module, `cuda/test_kernels.cu`: on a GPU the fatbin build.rs compiled; on the simulated
