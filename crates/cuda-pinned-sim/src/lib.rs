@@ -40,7 +40,8 @@
 //! unregistered, or before its stream-ordered allocation; memory freed while queued work still uses it;
 //! memory used after its stream-ordered free was queued. Each is a *violation*: a `VIOLATION` line on
 //! stderr, a `CUDA_ERROR_ILLEGAL_ADDRESS` from the next driver call, and an entry of
-//! [`Control::violations`].
+//! [`Control::violations`]. A test that provokes violations on purpose turns the printing off while it checks
+//! them ([`Control::print_violations`]).
 //!
 //! It also reports what is right but costs time, as violations that fail no call: a *hidden wait*, a call
 //! that synchronizes the whole device (`cuMemFreeHost`, `cuMemHostUnregister`, `cuMemFree_v2`, `cuModuleUnload`,
@@ -49,7 +50,9 @@
 //! wait for work that does not touch the memory of the operation the same call then enqueues on it. Both name
 //! the `cuda-pinned` functions on the caller's stack.
 //!
-//! Kernels run as *stand-ins*: Rust functions a test registers by kernel name ([`Control::register_kernel`]).
+//! Kernels run as *stand-ins*: Rust functions a test registers by kernel name ([`Control::register_kernel`]);
+//! those of `cuda-pinned`'s own gather kernels are built into the library, so that a program that loads it
+//! through `CUDA_PINNED_LIBCUDA` runs them as one that calls [`install`] does.
 //! Any image loads as a module (`cuModuleLoadData`), its kernels are the stand-ins of their names, and a launch
 //! (`cuLaunchKernel`) runs its stand-in in stream order, which reads and writes device memory and mapped host
 //! memory by device address ([`KernelCall`]). An access outside every live allocation, and a panic of a

@@ -159,3 +159,9 @@ macro_rules! driver_call {
         $crate::sys::driver_call!($function($($arg),*)).map_err($crate::Error::from)
     };
 }
+
+/// The examples of the crate's README, compiled by `cargo test` (as doctests) so that they cannot drift from
+/// the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeExamples;
