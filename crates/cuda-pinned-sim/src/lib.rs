@@ -5,7 +5,8 @@
 //!
 //! ```toml
 //! [dev-dependencies]
-//! cuda-pinned-sim = "0.1"
+//! # No registry has it yet: a checkout of its repository by path (or the repository by `git = "..."`).
+//! cuda-pinned-sim = { path = "../cuda-pinned/crates/cuda-pinned-sim" }
 //! ```
 //! ```ignore
 //! // (A test of a crate that depends on cuda-pinned; the repository's examples/downstream runs one like it.)

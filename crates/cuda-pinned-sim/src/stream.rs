@@ -255,16 +255,21 @@ fn execute<'a>(mut state: MutexGuard<'a, State>, op: &Op, stream: usize) -> Mute
             if let Some(to) = &to {
                 drop(state);
                 let pattern = &value.to_le_bytes()[..size];
-                for i in 0..count {
-                    // SAFETY: the place holds count * size bytes (checked at submission) and cannot go while
-                    // marked executing.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            pattern.as_ptr(),
-                            to.address.add(i * size),
-                            size,
-                        )
-                    };
+                let total = count * size;
+                // The pattern once, then what is filled copied after itself, doubling: a few large copies rather
+                // than one per element.
+                // SAFETY: the place holds count * size bytes (checked at submission) and cannot go while marked
+                // executing; each copy reads the filled bytes and writes the next ones, which do not overlap.
+                unsafe {
+                    if total > 0 {
+                        std::ptr::copy_nonoverlapping(pattern.as_ptr(), to.address, size);
+                    }
+                    let mut filled = size;
+                    while filled < total {
+                        let n = filled.min(total - filled);
+                        std::ptr::copy_nonoverlapping(to.address, to.address.add(filled), n);
+                        filled += n;
+                    }
                 }
                 state = SIM.lock();
             }

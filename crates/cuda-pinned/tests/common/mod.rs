@@ -670,17 +670,23 @@ pub mod kernels {
 
 /// Fresh data for each seed (splitmix64).
 pub fn data(len: usize, seed: u64) -> Vec<u32> {
-    let mut rng = SplitMix64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x1234_5678);
-    (0..len).map(|_| rng.next() as u32).collect()
+    bytemuck::cast_slice(&words(len.div_ceil(2), seed))[..len].to_vec()
 }
 
 /// [`data`] as `len` bytes.
 pub fn data_bytes(len: usize, seed: u64) -> Vec<u8> {
-    data(len.div_ceil(4), seed)
-        .iter()
-        .flat_map(|x| x.to_le_bytes())
-        .take(len)
-        .collect()
+    bytemuck::cast_slice(&words(len.div_ceil(8), seed))[..len].to_vec()
+}
+
+/// `len` splitmix64 values of `seed`: each a call, the fewest a debug build of the tests makes per byte (a
+/// buffer of hundreds of MiB is made in a fraction of a second); the rest is a copy.
+fn words(len: usize, seed: u64) -> Vec<u64> {
+    let mut rng = SplitMix64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x1234_5678);
+    let mut words = vec![0u64; len];
+    for word in &mut words {
+        *word = rng.next();
+    }
+    words
 }
 
 /// `SplitMix64`: reproducible choices and values for the tests' random programs.
