@@ -393,21 +393,67 @@ fn enqueue_spin(stream: &Stream, duration: Duration) -> cuda_pinned::Result<()> 
     }
     #[cfg(not(feature = "gpu"))]
     {
-        /// Sleeps for the number of nanoseconds its argument holds (a number, never dereferenced).
+        /// Sleeps for the time its argument says, or until [`release_spins`] is called.
         ///
         /// # Safety
-        /// None beyond cuLaunchHostFunc's: it makes no CUDA call.
-        unsafe extern "C" fn sleep(ns: *mut std::ffi::c_void) {
-            std::thread::sleep(Duration::from_nanos(ns as u64));
+        /// The argument comes from `Box::into_raw` of a [`Spin`], for this one call.
+        unsafe extern "C" fn sleep(spin: *mut std::ffi::c_void) {
+            // SAFETY: as the function's contract says; the box is dropped here.
+            let spin = unsafe { Box::from_raw(spin.cast::<Spin>()) };
+            let released = SPINS_RELEASED
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            drop(SPINS_RELEASED.1.wait_timeout_while(
+                released,
+                Duration::from_nanos(spin.ns),
+                |released| *released == spin.enqueued_after,
+            ));
         }
-        // SAFETY: a live stream; the host function reads nothing through its argument, which is a number.
-        unsafe {
-            cuda_pinned::driver_call!(cuLaunchHostFunc(
-                stream.as_raw(),
-                Some(sleep),
-                ns as usize as *mut _
-            ))
+        let spin = Box::new(Spin {
+            ns,
+            enqueued_after: *SPINS_RELEASED
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        });
+        let arg = Box::into_raw(spin).cast();
+        // SAFETY: a live stream; the host function takes the box `arg` holds and makes no CUDA call.
+        let enqueued = unsafe {
+            cuda_pinned::driver_call!(cuLaunchHostFunc(stream.as_raw(), Some(sleep), arg))
+        };
+        if enqueued.is_err() {
+            // SAFETY: made by Box::into_raw above, and not enqueued, so nothing else holds it.
+            drop(unsafe { Box::from_raw(arg.cast::<Spin>()) });
         }
+        enqueued
+    }
+}
+
+/// A simulated `spin`: how long it sleeps, and the count of [`release_spins`] calls made before it was
+/// enqueued.
+#[cfg(not(feature = "gpu"))]
+struct Spin {
+    ns: u64,
+    enqueued_after: u64,
+}
+
+/// How many times [`release_spins`] was called, and the simulated spins' wake-up.
+#[cfg(not(feature = "gpu"))]
+static SPINS_RELEASED: (Mutex<u64>, std::sync::Condvar) =
+    (Mutex::new(0), std::sync::Condvar::new());
+
+/// Ends, on the simulated driver, every `spin` enqueued so far, at once: for a test that is done with the
+/// busy work it queued (its checks made) and would otherwise wait out the rest of it. Nothing on a GPU, where
+/// a spin runs its time.
+pub fn release_spins() {
+    #[cfg(not(feature = "gpu"))]
+    {
+        *SPINS_RELEASED
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) += 1;
+        SPINS_RELEASED.1.notify_all();
     }
 }
 
