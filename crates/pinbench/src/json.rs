@@ -28,11 +28,20 @@ pub struct Document<'a> {
     staging_sweep: Option<SweepJson>,
     bidirectional: Vec<BidirectionalJson>,
     allocation: Vec<AllocationJson>,
-    enqueue: EnqueueJson,
+    /// `null` where it could not be measured (see `not_measured`).
+    enqueue: Option<EnqueueJson>,
     overlap: OverlapJson,
     failures: Vec<String>,
+    /// The sections that could not be measured, each as `section: the error`; present only where there are some.
+    #[serde(skip_serializing_if = "nothing")]
+    not_measured: &'a [String],
     /// The SVG file written with `--plot`, or `null`.
     plot: Option<&'a str>,
+}
+
+/// Whether `list` is empty (for `skip_serializing_if`).
+fn nothing(list: &&[String]) -> bool {
+    list.is_empty()
 }
 
 /// What the keys' units mean, for a reader of the document without this program.
@@ -217,7 +226,6 @@ enum OverlapJson {
 /// The report as the JSON document; `plot` is the SVG file written beside it, if any.
 pub fn document<'a>(report: &'a Report, plot: Option<&'a str>) -> Document<'a> {
     let h = &report.header;
-    let e = &report.enqueue;
     Document {
         tool: "pinbench",
         version: env!("CARGO_PKG_VERSION"),
@@ -285,7 +293,7 @@ pub fn document<'a>(report: &'a Report, plot: Option<&'a str>) -> Document<'a> {
                 }
             })
             .collect(),
-        enqueue: EnqueueJson {
+        enqueue: report.enqueue.as_ref().map(|e| EnqueueJson {
             bytes: e.bytes,
             raw_seconds: e.raw,
             same_stream_seconds: e.same_stream,
@@ -302,7 +310,7 @@ pub fn document<'a>(report: &'a Report, plot: Option<&'a str>) -> Document<'a> {
             kernel_launch_samples: e.launch.as_ref().map_or(0, |l| l.samples),
             kernel_launch_verified: e.launch.as_ref().is_ok_and(|l| l.verified),
             kernel_launch_error: e.launch.as_ref().err().cloned(),
-        },
+        }),
         overlap: report.overlap.as_ref().map_or(
             OverlapJson::NotBuilt {
                 built: false,
@@ -311,6 +319,7 @@ pub fn document<'a>(report: &'a Report, plot: Option<&'a str>) -> Document<'a> {
             overlap,
         ),
         failures: report.failures(),
+        not_measured: &report.not_measured,
         plot,
     }
 }
@@ -556,7 +565,14 @@ mod tests {
     #[test]
     fn a_launch_whose_output_was_wrong_is_a_failure() {
         let mut report = sample_report();
-        report.enqueue.launch.as_mut().unwrap().verified = false;
+        report
+            .enqueue
+            .as_mut()
+            .unwrap()
+            .launch
+            .as_mut()
+            .unwrap()
+            .verified = false;
         let v = round_trip(&report, None);
         assert_eq!(v["enqueue"]["kernel_launch_verified"], false);
         assert_eq!(

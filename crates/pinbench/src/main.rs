@@ -102,7 +102,7 @@ fn main() -> ExitCode {
         Ok(failures) if failures.is_empty() => ExitCode::SUCCESS,
         Ok(failures) => {
             eprintln!(
-                "pinbench: the data that arrived differs from the source for: {}",
+                "pinbench: failed (each is shown in the report): {}",
                 failures.join("; ")
             );
             ExitCode::FAILURE
@@ -185,7 +185,7 @@ fn gather_mode(options: &cli::GatherOptions) -> Outcome<Vec<String>> {
         .rows
         .iter()
         .filter(|r| !r.verified)
-        .map(|r| format!("gather of rows of {} bytes", r.row_bytes))
+        .map(|r| format!("data check of the gather of rows of {} bytes", r.row_bytes))
         .collect())
 }
 
@@ -201,7 +201,10 @@ fn devices_mode(options: &cli::DevicesOptions) -> Outcome<Vec<String>> {
     }
     let (errors, failures) = (figures.errors(), figures.failures());
     let Some(first) = errors.first() else {
-        return Ok(failures);
+        return Ok(failures
+            .into_iter()
+            .map(|f| format!("data check of {f}"))
+            .collect());
     };
     // The report lists every failed copy; the message names the first, and how many there were.
     let mut message = format!(
@@ -224,7 +227,7 @@ fn print(text: &str) {
     let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
 }
 
-/// Measures, reports, and returns the list of data checks that failed.
+/// Measures, reports, and returns what failed: the data checks, and the sections that could not be measured.
 fn run(options: &Options) -> Outcome<Vec<String>> {
     let started = Instant::now();
     let driver = sys::driver()?;
@@ -262,25 +265,58 @@ fn run(options: &Options) -> Outcome<Vec<String>> {
         seed: 0x5EED,
     };
 
-    let bandwidth = bandwidth::bandwidth(&mut bench)?;
-    bench.context.synchronize()?;
+    // Each section that stops at an error is reported as not measured, and the others still run.
+    let mut not_measured = Vec::new();
+    let bandwidth = section(
+        &mut not_measured,
+        "bandwidth",
+        bandwidth::bandwidth(&mut bench),
+    )
+    .unwrap_or_default();
+    section(
+        &mut not_measured,
+        "bandwidth",
+        bench.context.synchronize().map_err(Into::into),
+    );
     let staging_sweep = if options.staging_sweep {
-        Some(sweep::sweep(&mut bench)?)
+        section(&mut not_measured, "staging sweep", sweep::sweep(&mut bench))
     } else {
         None
     };
     let mut link = None;
-    let bidirectional = bandwidth::bidirectional(&mut bench, &mut || {
-        link = nvml.as_ref().and_then(|n| n.pcie_link(&info.pci_bus_id));
-    })?;
-    let enqueue = costs::enqueue(&mut bench)?;
-    let allocation = costs::allocation(&mut bench)?;
+    let bidirectional = section(
+        &mut not_measured,
+        "both directions at once",
+        bandwidth::bidirectional(&mut bench, &mut || {
+            link = nvml.as_ref().and_then(|n| n.pcie_link(&info.pci_bus_id));
+        }),
+    )
+    .unwrap_or_default();
+    let enqueue = section(
+        &mut not_measured,
+        "enqueue overhead",
+        costs::enqueue(&mut bench),
+    );
+    let allocation = section(
+        &mut not_measured,
+        "allocation",
+        costs::allocation(&mut bench),
+    )
+    .unwrap_or_default();
     #[cfg(feature = "gpu")]
-    let overlap = Some(overlap::overlap(&mut bench)?);
+    let overlap = section(&mut not_measured, "overlap", overlap::overlap(&mut bench));
     #[cfg(not(feature = "gpu"))]
     let overlap = None;
-    bench.context.synchronize()?;
-    bench.context.check_deferred_errors()?;
+    section(
+        &mut not_measured,
+        "the end of the run",
+        bench.context.synchronize().map_err(Into::into),
+    );
+    section(
+        &mut not_measured,
+        "the end of the run",
+        bench.context.check_deferred_errors().map_err(Into::into),
+    );
     bench.progress.finish();
 
     let report = Report {
@@ -300,6 +336,7 @@ fn run(options: &Options) -> Outcome<Vec<String>> {
         allocation,
         enqueue,
         overlap,
+        not_measured,
         wall_seconds: started.elapsed().as_secs_f64(),
     };
     let plot = options.plot.as_ref().map(|p| p.display().to_string());
@@ -316,7 +353,25 @@ fn run(options: &Options) -> Outcome<Vec<String>> {
         }
         print(&text);
     }
-    Ok(report.failures())
+    Ok(report
+        .failures()
+        .into_iter()
+        .map(|f| format!("data check of {f}"))
+        .chain(
+            report
+                .not_measured
+                .iter()
+                .map(|n| format!("not measured: {n}")),
+        )
+        .collect())
+}
+
+/// `result`'s value; or, where it is an error, `None`, with the section `name` and the error added to
+/// `not_measured`.
+fn section<T>(not_measured: &mut Vec<String>, name: &str, result: Outcome<T>) -> Option<T> {
+    result
+        .map_err(|e| not_measured.push(format!("{name}: {e}")))
+        .ok()
 }
 
 /// The estimated seconds of the whole plan and options, for the progress bar.

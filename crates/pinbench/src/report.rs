@@ -28,6 +28,12 @@ pub fn table(report: &Report) -> String {
             let _ = writeln!(out, "  {f}");
         }
     }
+    if !report.not_measured.is_empty() {
+        out.push_str("\nNOT MEASURED (the section stopped at an error; the others ran):\n");
+        for n in &report.not_measured {
+            let _ = writeln!(out, "  {n}");
+        }
+    }
     out
 }
 
@@ -267,7 +273,10 @@ fn per_call(seconds: f64) -> String {
 }
 
 fn enqueue(out: &mut String, report: &Report) {
-    let e = &report.enqueue;
+    let Some(e) = &report.enqueue else {
+        out.push_str("\nenqueue overhead: not measured (see NOT MEASURED below)\n");
+        return;
+    };
     let _ = writeln!(
         out,
         "\nenqueueing a {}-byte upload from pinned memory (host time per call, median of {} batches of {}; the \
@@ -320,7 +329,11 @@ fn enqueue(out: &mut String, report: &Report) {
 
 fn overlap(out: &mut String, report: &Report) {
     let Some(o) = &report.overlap else {
-        out.push_str("\noverlap: not built in (build with --features gpu)\n");
+        out.push_str(if cfg!(feature = "gpu") {
+            "\noverlap: not measured (see NOT MEASURED below)\n"
+        } else {
+            "\noverlap: not built in (build with --features gpu)\n"
+        });
         return;
     };
     let _ = writeln!(
@@ -430,9 +443,36 @@ mod tests {
     }
 
     #[test]
+    fn a_section_that_stopped_is_listed_and_the_others_print() {
+        let mut report = sample_report();
+        report.enqueue = None;
+        report.not_measured = vec!["enqueue overhead: CUDA_ERROR_UNKNOWN".into()];
+        let text = table(&report);
+        assert!(
+            text.contains("\nenqueue overhead: not measured (see NOT MEASURED below)\n"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(
+                "\nNOT MEASURED (the section stopped at an error; the others ran):\n  enqueue overhead: \
+                 CUDA_ERROR_UNKNOWN\n"
+            ),
+            "{text}"
+        );
+        // The sections that ran are all there.
+        assert!(text.contains("\nallocation (host time, median;"), "{text}");
+        let v = serde_json::to_value(crate::json::document(&report, None)).unwrap();
+        assert_eq!(v["enqueue"], serde_json::Value::Null);
+        assert_eq!(
+            v["not_measured"],
+            serde_json::json!(["enqueue overhead: CUDA_ERROR_UNKNOWN"])
+        );
+    }
+
+    #[test]
     fn a_launch_not_measured_says_why_and_fails_only_on_a_gpu() {
         let mut report = sample_report();
-        report.enqueue.launch = Err("not measured: CUDA_ERROR_NOT_FOUND".into());
+        report.enqueue.as_mut().unwrap().launch = Err("not measured: CUDA_ERROR_NOT_FOUND".into());
         let text = table(&report);
         assert!(
             text.contains("  kernel launch: not measured: CUDA_ERROR_NOT_FOUND\n"),
@@ -444,7 +484,7 @@ mod tests {
         );
         // On the simulated driver the figure is not taken, which is no failure.
         report.header.simulated = true;
-        report.enqueue.launch = Err(crate::costs::NO_STAND_IN.into());
+        report.enqueue.as_mut().unwrap().launch = Err(crate::costs::NO_STAND_IN.into());
         assert!(report.failures().is_empty());
         assert!(table(&report).contains(crate::costs::NO_STAND_IN));
     }
@@ -457,7 +497,14 @@ mod tests {
         assert!(text.contains("DATA CHECK FAILED"), "{text}");
         assert!(text.contains("pageable safe upload of 4 KiB"), "{text}");
         assert!(!text.contains("! wrong output"), "{text}");
-        report.enqueue.launch.as_mut().unwrap().verified = false;
+        report
+            .enqueue
+            .as_mut()
+            .unwrap()
+            .launch
+            .as_mut()
+            .unwrap()
+            .verified = false;
         let text = table(&report);
         assert!(text.contains("(raw + 0.25 us)  ! wrong output"), "{text}");
         assert!(

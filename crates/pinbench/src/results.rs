@@ -503,10 +503,13 @@ pub struct Report {
     pub bidirectional: Vec<Bidirectional>,
     /// Allocation and registration costs.
     pub allocation: Vec<Allocation>,
-    /// Enqueue overhead.
-    pub enqueue: Enqueue,
-    /// The overlap pipeline; `None` where pinbench was built without feature `gpu`.
+    /// Enqueue overhead; `None` where it could not be measured (see `not_measured`).
+    pub enqueue: Option<Enqueue>,
+    /// The overlap pipeline; `None` where pinbench was built without feature `gpu`, or where it could not be
+    /// measured.
     pub overlap: Option<Overlap>,
+    /// The sections that could not be measured, each as `section: the error`; the others are still reported.
+    pub not_measured: Vec<String>,
     /// The wall time of the whole run, in seconds.
     pub wall_seconds: f64,
 }
@@ -562,7 +565,7 @@ impl Report {
         sizes
     }
 
-    /// What did not arrive intact, and (on a GPU) a measurement that could not be taken, one line each; empty
+    /// What did not arrive intact, and (on a GPU) a kernel launch that could not be timed, one line each; empty
     /// when everything was verified.
     pub fn failures(&self) -> Vec<String> {
         let mut failures: Vec<String> = self
@@ -603,11 +606,13 @@ impl Report {
                 )
             }));
         }
-        match &self.enqueue.launch {
-            Ok(launch) if !launch.verified => {
+        match self.enqueue.as_ref().map(|e| &e.launch) {
+            Some(Ok(launch)) if !launch.verified => {
                 failures.push("kernel launch (the kernel's output, y = a * x)".into());
             }
-            Err(why) if !self.header.simulated => failures.push(format!("kernel launch: {why}")),
+            Some(Err(why)) if !self.header.simulated => {
+                failures.push(format!("kernel launch: {why}"))
+            }
             _ => {}
         }
         failures

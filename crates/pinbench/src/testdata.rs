@@ -176,7 +176,7 @@ pub fn sample_report() -> Report {
                 seconds: 0.05,
             },
         ],
-        enqueue: Enqueue {
+        enqueue: Some(Enqueue {
             raw: 1e-6,
             same_stream: 1e-6,
             cross_stream: 2e-6,
@@ -190,8 +190,9 @@ pub fn sample_report() -> Report {
                 samples: 100,
                 verified: true,
             }),
-        },
+        }),
         overlap: None,
+        not_measured: Vec::new(),
         wall_seconds: 12.5,
     }
 }
