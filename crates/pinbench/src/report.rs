@@ -305,26 +305,29 @@ fn enqueue(out: &mut String, report: &Report) {
             (seconds - e.raw) * 1e6
         );
     }
-    let launch = e.launch.as_ref();
+    let l = match &e.launch {
+        Ok(l) => l,
+        Err(why) => {
+            let _ = writeln!(out, "\nlaunching a kernel of 2 buffers and 2 values: {why}");
+            return;
+        }
+    };
     let _ = writeln!(
         out,
         "\nlaunching a kernel of 2 buffers and 2 values, 1 block of {} threads, on one stream (host time per \
          launch, median of {} batches of {}, raw and crate in turns):",
         costs::LAUNCH_THREADS,
-        launch.map_or(0, |l| l.samples),
+        l.samples,
         e.batch
     );
-    let _ = match launch {
-        Ok(l) => writeln!(
-            out,
-            "  kernel launch: raw {:.2} us, crate {:.2} us (raw + {:.2} us){}",
-            l.raw * 1e6,
-            l.crate_launch * 1e6,
-            (l.crate_launch - l.raw) * 1e6,
-            if l.verified { "" } else { "  ! wrong output" }
-        ),
-        Err(why) => writeln!(out, "  kernel launch: {why}"),
-    };
+    let _ = writeln!(
+        out,
+        "  kernel launch: raw {:.2} us, crate {:.2} us (raw + {:.2} us){}",
+        l.raw * 1e6,
+        l.crate_launch * 1e6,
+        (l.crate_launch - l.raw) * 1e6,
+        if l.verified { "" } else { "  ! wrong output" }
+    );
 }
 
 fn overlap(out: &mut String, report: &Report) {
@@ -475,7 +478,9 @@ mod tests {
         report.enqueue.as_mut().unwrap().launch = Err("not measured: CUDA_ERROR_NOT_FOUND".into());
         let text = table(&report);
         assert!(
-            text.contains("  kernel launch: not measured: CUDA_ERROR_NOT_FOUND\n"),
+            text.contains(
+                "\nlaunching a kernel of 2 buffers and 2 values: not measured: CUDA_ERROR_NOT_FOUND\n"
+            ),
             "{text}"
         );
         assert_eq!(
