@@ -332,7 +332,8 @@ fn enqueue(out: &mut String, report: &Report) {
 
 fn overlap(out: &mut String, report: &Report) {
     let Some(o) = &report.overlap else {
-        out.push_str(if cfg!(feature = "gpu") {
+        let stopped = report.not_measured.iter().any(|n| n.starts_with("overlap: "));
+        out.push_str(if stopped {
             "\noverlap: not measured (see NOT MEASURED below)\n"
         } else {
             "\noverlap: not built in (build with --features gpu)\n"
