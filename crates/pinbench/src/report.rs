@@ -332,7 +332,10 @@ fn enqueue(out: &mut String, report: &Report) {
 
 fn overlap(out: &mut String, report: &Report) {
     let Some(o) = &report.overlap else {
-        let stopped = report.not_measured.iter().any(|n| n.starts_with("overlap: "));
+        let stopped = report
+            .not_measured
+            .iter()
+            .any(|n| n.starts_with("overlap: "));
         out.push_str(if stopped {
             "\noverlap: not measured (see NOT MEASURED below)\n"
         } else {
