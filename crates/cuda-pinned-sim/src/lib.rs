@@ -46,8 +46,8 @@
 //!
 //! It also reports what is right but costs time, as violations that fail no call: a *hidden wait*, a call
 //! that synchronizes the whole device (`cuMemFreeHost`, `cuMemHostUnregister`, `cuMemFree_v2`, `cuModuleUnload`,
-//! which wait here for every operation queued on the device, as the driver's do) made on a thread other than `cuda-pinned`'s
-//! service threads (`cuda-pinned-*`) while unrelated work is queued; and a *false dependency*, a stream made to
+//! which wait here for every operation queued on the device, as the driver's do) made while unrelated work is
+//! queued, on any thread (`cuda-pinned`'s own release thread included); and a *false dependency*, a stream made to
 //! wait for work that does not touch the memory of the operation the same call then enqueues on it. Both name
 //! the `cuda-pinned` functions on the caller's stack.
 //!

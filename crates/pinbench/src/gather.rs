@@ -261,6 +261,9 @@ pub fn measure(settings: &Settings) -> Outcome<Figures> {
     }
     drop(table);
     let registered = registered(&context, &gatherer, &watch, settings)?;
+    // The raw copies below are work the crate cannot see: memory dropped before them is unpinned first, or
+    // unpinning would wait for them.
+    context.synchronize()?;
     let (single, batched) = enqueue_64(&context, &stream)?;
     Ok(Figures {
         enqueue_64_single_seconds: single,
