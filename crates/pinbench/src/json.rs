@@ -565,14 +565,7 @@ mod tests {
     #[test]
     fn a_launch_whose_output_was_wrong_is_a_failure() {
         let mut report = sample_report();
-        report
-            .enqueue
-            .as_mut()
-            .unwrap()
-            .launch
-            .as_mut()
-            .unwrap()
-            .verified = false;
+        crate::testdata::launch_of(&mut report).verified = false;
         let v = round_trip(&report, None);
         assert_eq!(v["enqueue"]["kernel_launch_verified"], false);
         assert_eq!(

@@ -506,14 +506,7 @@ mod tests {
         assert!(text.contains("DATA CHECK FAILED"), "{text}");
         assert!(text.contains("pageable safe upload of 4 KiB"), "{text}");
         assert!(!text.contains("! wrong output"), "{text}");
-        report
-            .enqueue
-            .as_mut()
-            .unwrap()
-            .launch
-            .as_mut()
-            .unwrap()
-            .verified = false;
+        crate::testdata::launch_of(&mut report).verified = false;
         let text = table(&report);
         assert!(text.contains("(raw + 0.25 us)  ! wrong output"), "{text}");
         assert!(

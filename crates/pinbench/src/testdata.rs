@@ -55,6 +55,18 @@ pub fn sample_sweep() -> StagingSweep {
     }
 }
 
+/// The launch figures of `report` (of [`sample_report`], which has them), to change in a test.
+pub fn launch_of(report: &mut Report) -> &mut LaunchCost {
+    let enqueue = report
+        .enqueue
+        .as_mut()
+        .expect("the sample has enqueue figures");
+    enqueue
+        .launch
+        .as_mut()
+        .expect("the sample has launch figures")
+}
+
 /// A small made-up report for the tests of the table, the JSON document and the plot.
 pub fn sample_report() -> Report {
     let mut bandwidth = Vec::new();
