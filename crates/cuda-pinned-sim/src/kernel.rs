@@ -93,14 +93,27 @@ impl StandIn {
     where
         F: Fn(&mut crate::KernelCall<'_>) + Send + Sync + 'static,
     {
-        let offsets = layout(&sizes).map_err(|e| format!("kernel {name:?}: {e}"))?;
+        // The sizes are checked before the stand-in is leaked, so that a refused one is dropped.
+        layout(&sizes).map_err(|e| format!("kernel {name:?}: {e}"))?;
         let ctx: *const F = Box::into_raw(Box::new(stand_in));
+        StandIn::from_raw(name, sizes, crate::testkit::trampoline::<F>, ctx as usize)
+    }
+
+    /// The stand-in `call` (called with `ctx`) of kernels named `name`, its parameters of `sizes` bytes each;
+    /// `Err` with the reason where the sizes are not valid (see [`layout`]).
+    fn from_raw(
+        name: CString,
+        sizes: Vec<usize>,
+        call: StandInFn,
+        ctx: usize,
+    ) -> Result<StandIn, String> {
+        let offsets = layout(&sizes).map_err(|e| format!("kernel {name:?}: {e}"))?;
         Ok(StandIn {
             name,
             sizes,
             offsets,
-            call: crate::testkit::trampoline::<F>,
-            ctx: ctx as usize,
+            call,
+            ctx,
         })
     }
 
@@ -193,19 +206,12 @@ pub unsafe extern "C" fn cuda_sim_register_kernel(
         // SAFETY: the caller passes `count` sizes at `sizes`, checked non-null.
         unsafe { std::slice::from_raw_parts(sizes, count) }.to_vec()
     };
-    let offsets = match layout(&sizes) {
-        Ok(offsets) => offsets,
+    let stand_in = match StandIn::from_raw(name.to_owned(), sizes, call, ctx as usize) {
+        Ok(stand_in) => stand_in,
         Err(error) => {
-            eprintln!("cuda-pinned-sim: cuda_sim_register_kernel: kernel {name:?}: {error}");
+            eprintln!("cuda-pinned-sim: cuda_sim_register_kernel: {error}");
             return CUresult::CUDA_ERROR_INVALID_VALUE;
         }
-    };
-    let stand_in = StandIn {
-        name: name.to_owned(),
-        sizes,
-        offsets,
-        call,
-        ctx: ctx as usize,
     };
     with_stand_ins(|stand_ins| stand_ins.insert(name.to_bytes().to_vec(), Arc::new(stand_in)));
     CUresult::CUDA_SUCCESS
