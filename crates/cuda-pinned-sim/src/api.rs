@@ -443,6 +443,10 @@ pub(crate) fn register(state: &mut State, p: *mut c_void, bytes: usize, flags: u
     if overlaps {
         return Err(CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
     }
+    // Registered pages are locked like allocated ones, and count against the same limit of the system.
+    if bytes > SIM.config.pinned_limit.saturating_sub(state.pinned_used) {
+        return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    }
     let device = host_device(state);
     state.add_allocation(Allocation {
         kind: Kind::Registered,

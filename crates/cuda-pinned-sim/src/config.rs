@@ -45,7 +45,7 @@ pub(crate) fn choose(name: &str, value: &str) -> Result<(), String> {
 /// | `CUDA_SIM_MAX_DELAY_US`  | the longest delay before a queued operation runs, microseconds | 200     |
 /// | `CUDA_SIM_DEVICES`       | how many devices there are                                     | 1       |
 /// | `CUDA_SIM_DEVICE_MEMORY` | bytes of memory per device (suffixes K, M, G, T)               | 16G     |
-/// | `CUDA_SIM_PINNED_LIMIT`  | bytes of pinned host memory the process may allocate           | 8G      |
+/// | `CUDA_SIM_PINNED_LIMIT`  | bytes of host memory the process may pin (alloc or register)   | 8G      |
 /// | `CUDA_SIM_FAIL`          | faults to inject: see `faults.rs`                              | none    |
 /// | `CUDA_SIM_PEER_ACCESS`   | whether two devices can access each other's memory (1 or 0)    | 1       |
 pub(crate) struct Config {

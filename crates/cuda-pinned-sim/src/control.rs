@@ -24,6 +24,9 @@ pub struct Live {
     pub pinned_bytes: u64,
     /// Host ranges registered (`cuMemHostRegister_v2`) and not yet unregistered.
     pub registrations: u64,
+    /// Their bytes. With `pinned_bytes`, what counts against the page-locked limit
+    /// ([`crate::Settings::pinned_limit`]).
+    pub registered_bytes: u64,
     /// Streams created and not yet destroyed.
     pub streams: u64,
     /// Events created and not yet destroyed.
@@ -187,6 +190,13 @@ pub unsafe extern "C" fn cuda_sim_violation(index: u64, buffer: *mut c_char, len
     message.map_or(-1, |message| unsafe { copy_out(message, buffer, len) })
 }
 
+/// Bytes of host memory page-locked now, allocated or registered: what counts against the limit. Returns at
+/// once, whatever runs.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuda_sim_page_locked() -> u64 {
+    SIM.lock().pinned_used as u64
+}
+
 /// Waits until every stream has finished its queue and destroyed streams have been joined, then fills `out`.
 ///
 /// # Safety
@@ -211,7 +221,10 @@ pub unsafe extern "C" fn cuda_sim_live(out: *mut Live) {
                 live.pinned_allocations += 1;
                 live.pinned_bytes += allocation.bytes as u64;
             }
-            Kind::Registered => live.registrations += 1,
+            Kind::Registered => {
+                live.registrations += 1;
+                live.registered_bytes += allocation.bytes as u64;
+            }
         }
     }
     live.streams = state.streams.values().filter(|s| !s.destroyed).count() as u64;
@@ -441,6 +454,14 @@ impl Control {
             // SAFETY: read_string passes a buffer of `len` writable bytes.
             .map(|i| read_string(|buffer, len| unsafe { get(i, buffer, len) }))
             .collect()
+    }
+
+    /// Bytes of host memory page-locked now, allocated (`cuMemHostAlloc`) or registered (`cuMemHostRegister`):
+    /// what counts against [`crate::Settings::pinned_limit`]. Unlike [`Control::live`], it returns at once, while
+    /// work runs: for a test that watches the page-locked memory of a loop whose devices never idle.
+    pub fn page_locked(&self) -> u64 {
+        let f: extern "C" fn() -> u64 = self.function("cuda_sim_page_locked");
+        f()
     }
 
     /// What is alive, once every stream has finished its queue and the worker threads of destroyed streams

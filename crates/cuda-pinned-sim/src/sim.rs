@@ -483,7 +483,7 @@ impl State {
         if allocation.kind.is_device() {
             self.device_map.insert(allocation.base, id);
         } else {
-            if allocation.kind == Kind::Pinned {
+            if matches!(allocation.kind, Kind::Pinned | Kind::Registered) {
                 self.pinned_used += allocation.bytes;
             }
             self.host_map.insert(allocation.base, id);
@@ -527,7 +527,7 @@ impl State {
             self.device_map.remove(&base);
         } else {
             self.host_map.remove(&base);
-            if kind == Kind::Pinned {
+            if matches!(kind, Kind::Pinned | Kind::Registered) {
                 self.pinned_used -= bytes;
             }
         }

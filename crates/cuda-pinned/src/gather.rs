@@ -198,14 +198,15 @@ impl Gatherer {
         &self.context
     }
 
-    /// Enqueues on `stream` a copy of rows of `table` (rows of `row_len` elements, the last partial one not
-    /// counted) into `out`: out row `k` is table row `indices[k]`. `table` is page-locked host memory that the
+    /// Enqueues on `stream` a copy of rows of `table` (rows of `row_len` elements, which must divide its
+    /// length) into `out`: out row `k` is table row `indices[k]`. `table` is page-locked host memory that the
     /// device reads in place ([`Registered`](crate::Registered), [`Pinned`](crate::Pinned), or a view of
     /// one). Returns once the gather is enqueued; it waits on the device for work on `table` and `out` it
     /// conflicts with, and host access to either, like a copy, waits for it.
     ///
     /// # Errors
-    /// An invalid-argument error, with nothing enqueued, for a row length of 0, an `out` whose length is not
+    /// An invalid-argument error, with nothing enqueued, for a row length of 0 or one that does not divide the
+    /// table's length (a table meant as a prefix of whole rows is passed as a view of them), an `out` whose length is not
     /// `indices.len() * row_len`, an index past the table's last row, or a stream, `out` or gatherer of
     /// different contexts; the driver's (host memory that is not mapped into the device's address space).
     pub fn gather<T: Pod>(
@@ -418,7 +419,7 @@ impl Gatherer {
                 indices.len()
             )));
         }
-        let rows = sealed::PinnedMemory::elements(table) / row_len;
+        let rows = whole_rows(sealed::PinnedMemory::elements(table), row_len)?;
         let wanted = indices.len().checked_mul(row_len);
         if wanted != Some(out.len()) {
             return Err(Error::invalid(format_args!(
@@ -549,7 +550,7 @@ impl<T: Pod, M: PinnedSource<T>> RowTable<T, M> {
     /// elements by `gatherer`, with `options`.
     ///
     /// # Errors
-    /// An invalid-argument error for a row length of 0.
+    /// An invalid-argument error for a row length of 0, or one that does not divide the table's length.
     pub fn new(
         gatherer: Gatherer,
         table: M,
@@ -559,6 +560,7 @@ impl<T: Pod, M: PinnedSource<T>> RowTable<T, M> {
         if row_len == 0 {
             return Err(Error::invalid("a table of rows of 0 elements"));
         }
+        whole_rows(sealed::PinnedMemory::elements(&table), row_len)?;
         Ok(Arc::new(RowTable {
             gatherer,
             table,
@@ -579,11 +581,24 @@ impl<T: Pod, M: PinnedSource<T>> RowTable<T, M> {
         self.row_len
     }
 
-    /// The number of whole rows.
+    /// The number of rows.
     #[must_use]
     pub fn rows(&self) -> usize {
         sealed::PinnedMemory::elements(&self.table) / self.row_len
     }
+}
+
+/// How many rows of `row_len` (not 0) elements a table of `elements` holds: an error if a partial row would be
+/// left over, which a wrong row length that happens to fit makes (its rows would come out wrong, silently).
+fn whole_rows(elements: usize, row_len: usize) -> Result<usize> {
+    if !elements.is_multiple_of(row_len) {
+        return Err(Error::invalid(format_args!(
+            "a table of {elements} elements is not made of rows of {row_len} elements ({} left over): check the \
+             row length, or pass a view of the whole rows meant; nothing was enqueued",
+            elements % row_len
+        )));
+    }
+    Ok(elements / row_len)
 }
 
 impl<T: Pod, M> fmt::Debug for RowTable<T, M> {

@@ -72,8 +72,11 @@ const MIN_CHUNK: usize = 256 << 10;
 /// across the link.
 const BUFFERS_PER_WORKER: usize = 2;
 
-/// How a staged transfer splits its work.
+/// How a staged transfer splits its work: `StagingOptions::default().chunk_bytes(1 << 20).threads(4)`. The
+/// fields can be read; they are set through the methods of the same names, so that options added later break
+/// no one's code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StagingOptions {
     /// The most bytes per chunk (and per staging buffer). Default 4 MiB. A transfer too short to give every
     /// worker two chunks of this size uses smaller ones (a power of two, at least 256 KiB).
@@ -110,6 +113,24 @@ impl Default for StagingOptions {
 }
 
 impl StagingOptions {
+    /// The most bytes per chunk (see the field).
+    pub const fn chunk_bytes(mut self, bytes: usize) -> StagingOptions {
+        self.chunk_bytes = bytes;
+        self
+    }
+
+    /// Worker threads (see the field).
+    pub const fn threads(mut self, threads: usize) -> StagingOptions {
+        self.threads = threads;
+        self
+    }
+
+    /// The size from which transfers are chunked on worker threads (see the field).
+    pub const fn chunked_from(mut self, bytes: usize) -> StagingOptions {
+        self.chunked_from = bytes;
+        self
+    }
+
     fn check(&self) -> Result<()> {
         if self.chunk_bytes == 0 || self.threads == 0 {
             return Err(Error::invalid(format_args!(

@@ -89,6 +89,9 @@ mod slice_held_across_download;
 #[path = "compile_pass/slice_upload.rs"]
 mod slice_upload;
 
+#[path = "compile_pass/staging_options_literal.rs"]
+mod staging_options_literal;
+
 #[path = "compile_pass/two_mut_device_views.rs"]
 mod two_mut_device_views;
 

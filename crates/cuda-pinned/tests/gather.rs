@@ -202,6 +202,28 @@ fn bad_gathers_are_errors_before_anything_is_enqueued() {
         gatherer.gather(&stream, &table, 0, &[], &mut out, options),
         "rows of 0 elements",
     );
+    // A row length that leaves part of a row over is wrong, even where every index fits: 80 bytes are not rows
+    // of 7 (this gather once copied rows 0, 1 and 2 of 7 bytes without a word).
+    let mut out7 = DeviceBuffer::<u8>::zeroed(&stream, 3 * 7).unwrap();
+    refused(
+        gatherer.gather(&stream, &table, 7, &[0, 1, 2], &mut out7, options),
+        "a table of 80 elements is not made of rows of 7 elements (3 left over)",
+    );
+    let pinned_table = Pinned::from_slice(&ctx, &bytes(10 * 8, 1)).unwrap();
+    refused(
+        cuda_pinned::RowTable::new(Gatherer::new(&ctx).unwrap(), pinned_table, 7, options)
+            .map(drop),
+        "a table of 80 elements is not made of rows of 7 elements",
+    );
+    // Meant as a prefix of whole rows, it is a view of them.
+    let prefix = table.slice(..77).unwrap();
+    gatherer
+        .gather(&stream, &prefix, 7, &[0, 10, 2], &mut out7, options)
+        .unwrap();
+    let mut got7 = Pinned::<u8>::zeroed(&ctx, 3 * 7).unwrap();
+    stream.download(&out7, &mut got7).unwrap();
+    let all = bytes(10 * 8, 1);
+    assert_eq!(got7.as_slice().unwrap(), model(&all[..77], 7, &[0, 10, 2]));
     // Nothing was written: the buffer still holds its zeros.
     let mut got = Pinned::<u8>::zeroed(&ctx, 3 * 8).unwrap();
     stream.download(&out, &mut got).unwrap();

@@ -15,6 +15,23 @@ fn context() -> Context {
     common::device(0)
 }
 
+/// A buffer of a zero-sized type has the length asked for, from a pool as from `Pinned::zeroed`, and takes no
+/// memory. (The pool returned 0 elements for every length.)
+#[test]
+fn zero_sized_elements_have_the_length_asked_for() {
+    let _serial = serial();
+    let ctx = context();
+    let pool = PinnedPool::new(&ctx, 1 << 20);
+    for len in [0, 1, 5, 1 << 40] {
+        let pooled = pool.alloc::<()>(len).unwrap();
+        assert_eq!((pooled.len(), pooled.as_slice().unwrap().len()), (len, len));
+        let own = cuda_pinned::Pinned::<()>::zeroed(&ctx, len).unwrap();
+        assert_eq!((own.len(), own.as_slice().unwrap().len()), (len, len));
+    }
+    let stats = pool.stats();
+    assert_eq!((stats.hits, stats.misses, stats.reserved), (0, 0, 0));
+}
+
 #[test]
 fn hits_misses_and_size_classes() {
     let _serial = serial();

@@ -25,15 +25,11 @@ fn odd_sizes_and_unaligned_slices_round_trip() {
     let pool = PinnedPool::new(&ctx, 256 << 20);
     // Small chunks, every size staged; the defaults, with small sizes on the driver's path; the defaults staging
     // every size, with chunks adapted to each.
-    let small = StagingOptions {
-        chunk_bytes: 64 << 10,
-        threads: 3,
-        chunked_from: 0,
-    };
-    let staged = StagingOptions {
-        chunked_from: 0,
-        ..StagingOptions::default()
-    };
+    let small = StagingOptions::default()
+        .chunk_bytes(64 << 10)
+        .threads(3)
+        .chunked_from(0);
+    let staged = StagingOptions::default().chunked_from(0);
     for options in [small, StagingOptions::default(), staged] {
         for (i, len) in [
             0,
@@ -97,10 +93,7 @@ fn the_source_can_be_reused_as_soon_as_an_upload_returns() {
     stream.upload_staged(&pool, &src, &mut device).unwrap();
     stream.synchronize().unwrap();
     // Eight workers: as many staging buffers as chunks, so that none needs waiting for.
-    let options = StagingOptions {
-        threads: 8,
-        ..StagingOptions::default()
-    };
+    let options = StagingOptions::default().threads(8);
     // Held for 100 ms on a GPU; on the simulator until `held` drops (or 10 s pass).
     let held = common::hold(&stream, Duration::from_millis(100));
     let earlier = Event::without_timing(&ctx).unwrap();
@@ -125,11 +118,10 @@ fn a_small_pool_still_stages_and_other_streams_are_ordered() {
     let ctx = context();
     let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
     // Room for one chunk only: the transfer goes on with that one buffer.
-    let options = StagingOptions {
-        chunk_bytes: 1 << 20,
-        threads: 4,
-        chunked_from: 0,
-    };
+    let options = StagingOptions::default()
+        .chunk_bytes(1 << 20)
+        .threads(4)
+        .chunked_from(0);
     let pool = PinnedPool::new(&ctx, 1 << 20);
     let len = (5 << 20) + 77;
     let want = data_bytes(len, 6);
@@ -159,11 +151,7 @@ fn a_small_pool_still_stages_and_other_streams_are_ordered() {
     assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
     let e = b.upload_staged_with(
         &pool,
-        StagingOptions {
-            chunk_bytes: 0,
-            threads: 1,
-            ..StagingOptions::default()
-        },
+        StagingOptions::default().chunk_bytes(0).threads(1),
         &want,
         &mut device,
     );

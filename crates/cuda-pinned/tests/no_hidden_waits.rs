@@ -1252,11 +1252,10 @@ fn a_cached_allocation_does_not_wait_for_a_staged_transfer_waiting_for_room() {
         busy,
         _device,
     } = full_pool(&case, WhenFull::Fail);
-    let one_chunk = StagingOptions {
-        chunk_bytes: 48 * MIB,
-        threads: 1,
-        chunked_from: 0,
-    };
+    let one_chunk = StagingOptions::default()
+        .chunk_bytes(48 * MIB)
+        .threads(1)
+        .chunked_from(0);
     thread::scope(|scope| {
         let waiter = scope.spawn(|| s.upload_staged_with(&pool, one_chunk, &src, &mut dst));
         thread::sleep(WAITER_START);
@@ -1305,11 +1304,10 @@ fn staged_transfers_do_not_wait_for_unrelated_work() {
     let s = case.stream();
     let mut probes = [case.probe("the stream of the transfers", &s)];
     let pool = pool(&case.ctx, 16 * MIB, Pinning::HostAlloc);
-    let chunked = StagingOptions {
-        chunk_bytes: 64 << 10,
-        threads: 2,
-        chunked_from: 0,
-    };
+    let chunked = StagingOptions::default()
+        .chunk_bytes(64 << 10)
+        .threads(2)
+        .chunked_from(0);
     let src = data(N, 24);
     let mut back = vec![0u32; N];
     // Warm the pool with every buffer the transfers may take, and run each once: pinning is not what this

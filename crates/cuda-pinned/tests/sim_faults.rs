@@ -198,7 +198,7 @@ fault_tests! {
     };
     staged_transfers: |f| {
         let pool = bounded!(PinnedPool::new(&f.ctx, 4 << 20));
-        let options = cuda_pinned::staging::StagingOptions { chunk_bytes: 1 << 20, threads: 2, chunked_from: 0 };
+        let options = cuda_pinned::staging::StagingOptions::default().chunk_bytes(1 << 20).threads(2).chunked_from(0);
         let want = common::data_bytes((3 << 20) + 5, 7);
         let mut d = bounded!(DeviceBuffer::<u8>::uninit(&f.a, want.len()))?;
         bounded!(f.a.upload_staged_with(&pool, options, &want, &mut d))?;

@@ -108,10 +108,7 @@ fn a_staged_transfer_whose_caller_holds_the_budget_goes_through_the_drivers_path
     let (stream, transfer_pool) = (Stream::new(&ctx).unwrap(), pool.clone());
     let (result, _) = on_a_thread("a staged upload with the pool held", HANG, move || {
         // Staged at any size, so that the pool is asked.
-        let options = StagingOptions {
-            chunked_from: 0,
-            ..StagingOptions::default()
-        };
+        let options = StagingOptions::default().chunked_from(0);
         let src: Vec<u32> = (0..1 << 20).collect();
         let mut dst = DeviceBuffer::<u32>::zeroed(&stream, src.len()).unwrap();
         stream.upload_staged_with(&transfer_pool, options, &src, &mut dst)?;

@@ -25,11 +25,10 @@ const MIB: usize = 1 << 20;
 
 /// Options that stage every transfer (no pageable crossover): `chunk_bytes` per chunk at most, on `threads`.
 fn staged(chunk_bytes: usize, threads: usize) -> StagingOptions {
-    StagingOptions {
-        chunk_bytes,
-        threads,
-        chunked_from: 0,
-    }
+    StagingOptions::default()
+        .chunk_bytes(chunk_bytes)
+        .threads(threads)
+        .chunked_from(0)
 }
 
 /// What a test needs: a context, a stream and a pool of `budget` bytes.
@@ -390,15 +389,9 @@ fn the_crossover_picks_the_path() {
             "{served} buffers, {copies} copies"
         );
     }
-    let always = StagingOptions {
-        chunked_from: 0,
-        ..default
-    };
+    let always = default.chunked_from(0);
     assert_eq!(footprint(&rig, always, 4096), [(1, 1); 2]);
-    let never = StagingOptions {
-        chunked_from: usize::MAX,
-        ..default
-    };
+    let never = default.chunked_from(usize::MAX);
     assert_eq!(footprint(&rig, never, 32 * MIB), [(0, 1); 2]);
     assert_eq!(footprint(&rig, never, 4096), [(1, 1); 2]);
     settle(&rig);

@@ -56,11 +56,12 @@ const MAX_LEN: usize = 4096;
 const STEPS: u64 = 2000;
 /// Staged transfers in chunks of 4 KiB on 2 threads: several chunks per buffer, at most 4 staging buffers;
 /// staged whatever their size.
-const STAGING: StagingOptions = StagingOptions {
-    chunk_bytes: 4096,
-    threads: 2,
-    chunked_from: 0,
-};
+fn staging() -> StagingOptions {
+    StagingOptions::default()
+        .chunk_bytes(4096)
+        .threads(2)
+        .chunked_from(0)
+}
 /// More than all threads can hold at once (each at most `OWN_HOST` buffers, 4 staging buffers and one loose
 /// allocation, of at most 16 KiB each: 640 KiB in all), so a wait for room always ends; little enough that
 /// blocks are evicted and reused.
@@ -602,7 +603,7 @@ impl<'a> Worker<'a> {
                 stream
                     .upload_staged_with(
                         self.pool,
-                        STAGING,
+                        staging(),
                         &values,
                         &mut dev.buf.slice_mut(range.clone()).unwrap(),
                     )
@@ -631,7 +632,7 @@ impl<'a> Worker<'a> {
                 stream
                     .download_staged_with(
                         self.pool,
-                        STAGING,
+                        staging(),
                         &dev.buf.slice(range.clone()).unwrap(),
                         &mut got,
                     )

@@ -4,6 +4,7 @@
 //! kernel launchers consult it before enqueueing work, host accessors before touching pinned memory, and
 //! destructors before releasing anything.
 
+mod block;
 mod device;
 mod host;
 mod layout;

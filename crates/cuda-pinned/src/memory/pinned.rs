@@ -6,22 +6,19 @@ use std::ptr::NonNull;
 
 use bytemuck::Pod;
 
+use super::block::{Block, How, PAGE, class_of, node_of};
 use super::host::HostRegion;
 use super::layout::{byte_len, check_alignment};
 use super::numa::{self, Placement};
 use super::pool::{Loan, POOL_FLAGS};
-use super::release::release_host;
+use super::release::{retire, reuse};
 use super::tracked::{Gpu, Track, lock};
 use crate::driver::Context;
-use crate::driver::calls;
 use crate::error::Result;
 use crate::sys::{
     CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_WRITECOMBINED,
 };
 use crate::units::Bytes;
-
-/// The alignment the driver guarantees for `cuMemHostAlloc`: a page.
-const PAGE: usize = 4096;
 
 /// `len` elements of `T` in page-locked host memory (`cuMemHostAlloc`), which the GPU's copy engines read and
 /// write directly: copies from and to it run at the full speed of the link and can be asynchronous.
@@ -29,6 +26,13 @@ const PAGE: usize = 4096;
 /// The host reaches the memory only through [`Pinned::as_slice`] and [`Pinned::as_mut_slice`], which wait for
 /// the device work that conflicts with the access, so a copy in flight is never read early or overwritten.
 /// Dropping it while a copy still uses it defers the release until that copy has completed.
+///
+/// The allocation is rounded up to a size class (less than 12.5% more above 32 KiB, as [`crate::PinnedPool`]'s),
+/// and memory dropped while some device is busy, whose own work has completed, serves the next `Pinned` of its
+/// context and flags that fits in it, with no driver call: the driver's unpinning waits for every device to be
+/// idle, so a loop that allocates and drops pinned buffers while its devices never idle would otherwise pin
+/// more and more. A pool ([`crate::PinnedPool`]) is still the faster choice for memory allocated again and
+/// again: its hits cost no zeroing.
 ///
 /// ```
 /// # fn main() -> cuda_pinned::Result<()> {
@@ -45,6 +49,10 @@ const PAGE: usize = 4096;
 /// ```
 pub struct Pinned<T> {
     host: HostRegion<T>,
+    /// The bytes of the allocation behind `host` (its size class, or more), when the buffer owns it; 0 for none.
+    block_bytes: usize,
+    /// The NUMA node the allocation was placed on (`None`: not bound, or not known).
+    node: Option<u32>,
     flags: u32,
     context: Context,
     /// The pool block this buffer borrows, given back on drop; `None` for memory of its own.
@@ -117,48 +125,78 @@ impl PinnedBuilder {
     pub fn zeroed<T: Pod>(self, len: usize) -> Result<Pinned<T>> {
         let bytes = byte_len::<T>(len, "allocating pinned memory")?;
         check_alignment::<T>(PAGE, "allocating pinned memory")?;
-        let ptr = if bytes == 0 {
-            NonNull::dangling()
-        } else {
-            let (context, flags) = (&self.context, self.flags);
-            // Freed in Drop (deferred while in use). The address comes back as a number: a raw pointer cannot
-            // leave the helper thread that `place` may run the allocation on.
-            let ptr = numa::place(self.placement, context.device(), || {
-                let _current = context.enter()?;
-                calls::mem_host_alloc(bytes, flags).map(|ptr| ptr as usize)
-            })
-            .and_then(|allocated| allocated)
-            .map_err(|e| {
-                e.context(format_args!(
-                    "allocating {} of pinned host memory",
-                    Bytes(bytes)
-                ))
-            })? as *mut c_void;
-            // The driver does not initialise the memory; a `T` made of uninitialised bytes would be undefined.
-            // SAFETY: cuMemHostAlloc succeeded: `bytes` writable bytes that nothing else uses yet.
-            unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, bytes) };
-            // The driver returns page-aligned memory; checked rather than assumed, since a misaligned slice of `T`
-            // would be undefined behaviour.
-            NonNull::new(ptr.cast::<T>())
-                .filter(|p| p.as_ptr().is_aligned())
-                .ok_or_else(|| {
-                    // SAFETY: allocated just above by cuMemHostAlloc; nothing uses it.
-                    let _ = unsafe { calls::mem_free_host(ptr) };
-                    crate::error::Error::invalid(format_args!(
-                        "cuMemHostAlloc returned {ptr:p}, not aligned for {}",
-                        std::any::type_name::<T>()
-                    ))
-                })?
+        if bytes == 0 {
+            // SAFETY: no bytes (`len` elements of a zero-sized type, or none): a dangling pointer is aligned for
+            // `T` and valid for them, and nothing is freed on drop.
+            let host = unsafe { HostRegion::new(NonNull::dangling(), len) };
+            return Ok(self.wrap(host, None));
+        }
+        let class = class_of(bytes, PAGE).ok_or_else(|| {
+            crate::error::Error::invalid(format_args!(
+                "allocating {} of pinned memory: too large",
+                Bytes(bytes)
+            ))
+        })?;
+        let allocating = |e: crate::Error| {
+            e.context(format_args!(
+                "allocating {} of pinned host memory",
+                Bytes(bytes)
+            ))
         };
-        // SAFETY: `len` zeroed page-locked elements, aligned for `T` (checked above; a dangling pointer is too),
-        // or none, owned by the new value alone and freed only by its Drop.
-        let host = unsafe { HostRegion::new(ptr, len) };
-        Ok(Pinned {
+        let node = node_of(self.placement, self.context.device()).map_err(allocating)?;
+        let fits = |b: &Block| b.how == How::HostAlloc && b.node == node;
+        let block = match reuse(&self.context, self.flags, class, usize::MAX, fits) {
+            Some(block) => block,
+            None => self.pin(class, node).map_err(allocating)?,
+        };
+        // The driver does not initialise the memory, and reused memory holds what its last buffer left: a `T`
+        // made of uninitialised bytes would be undefined.
+        // SAFETY: the block has at least `class >= bytes` writable bytes that nothing else uses.
+        unsafe { std::ptr::write_bytes(block.ptr.as_ptr(), 0, bytes) };
+        // SAFETY: `len` zeroed page-locked elements, page-aligned (checked by `pin`, or when the reused block
+        // was pinned) and so aligned for `T` (at most a page, checked above), owned by the new value alone and
+        // handed back only by its Drop.
+        let host = unsafe { HostRegion::new(block.ptr.cast::<T>(), len) };
+        Ok(self.wrap(host, Some(&block)))
+    }
+
+    /// Pins a new block of `bytes` with the builder's flags and placement (on `node`), page-aligned.
+    fn pin(&self, bytes: usize, node: Option<u32>) -> Result<Block> {
+        let (context, flags) = (&self.context, self.flags);
+        // The address comes back as a number: a raw pointer cannot leave the helper thread that `place` may run
+        // the allocation on.
+        let ptr = numa::place(self.placement, context.device(), || {
+            let _current = context.enter()?;
+            Block::host_alloc(bytes, flags).map(|block| block.ptr.as_ptr() as usize)
+        })
+        .and_then(|allocated| allocated)?;
+        let block = Block {
+            ptr: NonNull::new(ptr as *mut u8).expect("host_alloc checks for null"),
+            bytes,
+            flags,
+            how: How::HostAlloc,
+            node,
+        };
+        // The driver returns page-aligned memory; checked rather than assumed, since a misaligned slice of `T`
+        // would be undefined behaviour.
+        if !block.ptr.as_ptr().addr().is_multiple_of(PAGE) {
+            retire(context, Default::default(), block);
+            return Err(crate::error::Error::invalid(format_args!(
+                "cuMemHostAlloc returned {ptr:#x}, not aligned to a page"
+            )));
+        }
+        Ok(block)
+    }
+
+    fn wrap<T>(self, host: HostRegion<T>, block: Option<&Block>) -> Pinned<T> {
+        Pinned {
             host,
+            block_bytes: block.map_or(0, |b| b.bytes),
+            node: block.and_then(|b| b.node),
             flags: self.flags,
             context: self.context,
             loan: None,
-        })
+        }
     }
 
     /// Allocates a copy of `data`.
@@ -195,6 +233,8 @@ impl<T> Pinned<T> {
     pub(crate) fn from_pool(host: HostRegion<T>, context: Context, loan: Loan) -> Pinned<T> {
         Pinned {
             host,
+            block_bytes: 0,
+            node: None,
             flags: POOL_FLAGS,
             context,
             loan: Some(loan),
@@ -308,6 +348,7 @@ impl<T> Pinned<T> {
         let raw = (self.host.ptr(), self.host.len(), self.flags);
         // SAFETY: an empty region frees nothing on drop; the memory now belongs to the caller.
         self.host = unsafe { HostRegion::new(NonNull::dangling(), 0) };
+        self.block_bytes = 0;
         Ok(raw)
     }
 
@@ -325,6 +366,8 @@ impl<T> Pinned<T> {
         Pinned {
             // SAFETY: as the caller guarantees: owned page-locked elements, aligned, initialised.
             host: unsafe { HostRegion::new(ptr, len) },
+            block_bytes: len * size_of::<T>(),
+            node: None,
             flags,
             context: context.clone(),
             loan: None,
@@ -339,22 +382,19 @@ impl<T> Drop for Pinned<T> {
             loan.give_back(self.host.take_track());
             return;
         }
-        let bytes = self.host.byte_len();
-        if bytes == 0 {
+        if self.block_bytes == 0 {
             return;
         }
-        let ptr = self.host.ptr() as usize;
-        let release = move || {
-            // SAFETY: allocated by cuMemHostAlloc in `zeroed`; called once, when no device work uses it, and the
-            // buffer (the host's only way to it) is gone.
-            unsafe { calls::mem_free_host(ptr as *mut c_void) }
+        let block = Block {
+            // The region's pointer is the block's start (`zeroed`, `from_raw`), never null for a block.
+            ptr: NonNull::new(self.host.ptr().cast::<u8>()).expect("a block's address"),
+            bytes: self.block_bytes,
+            flags: self.flags,
+            how: How::HostAlloc,
+            node: self.node,
         };
-        release_host(
-            &self.context,
-            self.host.take_track(),
-            Box::new(release),
-            bytes,
-        );
+        // Unpinned once no device work uses it, and lent again meanwhile once its own work has completed.
+        retire(&self.context, self.host.take_track(), block);
     }
 }
 

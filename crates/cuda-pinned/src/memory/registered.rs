@@ -6,14 +6,19 @@ use std::ptr::NonNull;
 
 use bytemuck::Pod;
 
+use super::block::{Block, How};
 use super::host::HostRegion;
-use super::release::release_host;
+use super::release::{retire, reuse};
 use super::tracked::{Gpu, Track, lock};
 use crate::driver::Context;
 use crate::driver::calls;
 use crate::error::Result;
 use crate::sys::{CU_MEMHOSTREGISTER_DEVICEMAP, CU_MEMHOSTREGISTER_PORTABLE};
 use crate::units::Bytes;
+
+/// How a `Registered` is pinned: portable, so that it is the host side of copies on every device's streams,
+/// and mapped, so that kernels can read it in place (a gather's table, a user's kernel).
+const FLAGS: u32 = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
 
 /// A `Vec<T>` page-locked in place, so it can be the host side of asynchronous copies like [`crate::Pinned`],
 /// and mapped into the device's address space, so kernels can read and write it in place ([`crate::Arg::read_host`],
@@ -36,44 +41,68 @@ impl<T: Pod> Registered<T> {
     /// Pins the `len` elements of `vec` in place (its spare capacity is not pinned), for every device's
     /// streams (portable) and mapped.
     ///
+    /// One exception keeps a loop that registers a `Vec` per iteration bounded while its devices never idle
+    /// (the driver's unpinning waits for every device to be idle, so the registrations it drops would pile up):
+    /// where a `Registered` of the same element type, length and capacity was dropped, its work has completed
+    /// and its unpinning still waits, the elements are copied into that memory, which stays registered, and
+    /// `vec` is freed. [`Registered::into_vec`] then returns that `Vec`, with the same contents.
+    ///
     /// # Errors
     /// The driver's, such as `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED` when the memory overlaps a registered
     /// range, or `CUDA_ERROR_OUT_OF_MEMORY` when the system cannot lock it; the `Vec` is dropped then.
     #[doc(alias = "cuMemHostRegister")]
     pub fn new(context: &Context, mut vec: Vec<T>) -> Result<Registered<T>> {
         let bytes = size_of_val(vec.as_slice());
-        let ptr = NonNull::new(vec.as_mut_ptr()).unwrap_or(NonNull::dangling());
         if bytes > 0 {
+            if let Some(reused) = Registered::reuse(context, &vec) {
+                return Ok(reused);
+            }
             let _current = context.enter()?;
             // SAFETY: `bytes` bytes of a live allocation, which the returned value owns and never grows, moves
-            // out or frees while it is registered. Portable, so that it is the host side of copies on every
-            // device's streams, and mapped, so that kernels can read it in place (a gather's table, a user's
-            // kernel).
-            unsafe {
-                calls::mem_host_register(
-                    ptr.as_ptr().cast(),
-                    bytes,
-                    CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP,
-                )
-            }
-            .map_err(|e| {
-                e.context(format_args!(
-                    "pinning {} of host memory in place",
-                    Bytes(bytes)
-                ))
-            })?;
+            // out or frees while it is registered.
+            unsafe { calls::mem_host_register(vec.as_mut_ptr().cast(), bytes, FLAGS) }.map_err(
+                |e| {
+                    e.context(format_args!(
+                        "pinning {} of host memory in place",
+                        Bytes(bytes)
+                    ))
+                },
+            )?;
         }
+        Ok(Registered::wrap(context, vec))
+    }
+
+    /// A `Registered` owning `vec`, which is registered (or holds no bytes).
+    fn wrap(context: &Context, mut vec: Vec<T>) -> Registered<T> {
+        let ptr = NonNull::new(vec.as_mut_ptr()).unwrap_or(NonNull::dangling());
         // SAFETY: the Vec's initialised elements, aligned for `T` (a Vec's pointer always is, dangling or not),
-        // now page-locked (or zero bytes), owned by the new value, whose Vec is never touched again until
+        // page-locked (or zero bytes), owned by the new value, whose Vec is never touched again until
         // unregistered after all device work.
         let host = unsafe { HostRegion::new(ptr, vec.len()) };
-        Ok(Registered {
+        Registered {
             vec: Some(vec),
             host,
             context: context.clone(),
-        })
+        }
     }
 
+    /// `vec`'s elements in the memory of a dropped `Registered` of the same type, length and capacity that waits
+    /// to be unpinned with its work completed, if there is one; `vec` is freed then.
+    fn reuse(context: &Context, vec: &[T]) -> Option<Registered<T>> {
+        let bytes = size_of_val(vec);
+        let layout = std::alloc::Layout::array::<T>(vec.len()).ok()?;
+        let block = reuse(context, FLAGS, bytes, bytes, |b| {
+            b.how == How::Registered(layout)
+        })?;
+        // SAFETY: the block is the allocation of a `Vec<T>` of `vec.len()` elements and as much capacity (its
+        // layout is that of such an array, and `Registered` makes such blocks only of its own Vec), registered
+        // over those bytes, with no device work using it and no other owner; the elements are initialised
+        // (any bytes are a valid `T: Pod`), and overwritten with `vec`'s at once.
+        let mut kept =
+            unsafe { Vec::from_raw_parts(block.ptr.as_ptr().cast::<T>(), vec.len(), vec.len()) };
+        kept.copy_from_slice(vec);
+        Some(Registered::wrap(context, kept))
+    }
     /// The length in elements.
     #[must_use]
     pub fn len(&self) -> usize {
@@ -162,36 +191,21 @@ impl<T: Pod> Drop for Registered<T> {
         let Some(vec) = self.vec.take().filter(|_| bytes > 0) else {
             return;
         };
-        let ptr = self.host.ptr() as usize;
-        let owned = SendVec { _vec: vec };
-        let release = move || {
-            // SAFETY: registered in `new`; called once, when no device work uses it.
-            let unpinned = unsafe { calls::mem_host_unregister(ptr as *mut c_void) };
-            match unpinned {
-                Ok(()) => drop(owned),
-                // Still registered, as far as anyone can tell: freeing it would hand page-locked memory back
-                // to the allocator, where a later registration of it would fail. Leak it, as the pool does.
-                Err(_) => std::mem::forget(owned),
-            }
-            unpinned.map_err(|e| e.context("unpinning a registered Vec (leaked)"))
-        };
-        release_host(
-            &self.context,
-            self.host.take_track(),
-            Box::new(release),
+        let mut vec = std::mem::ManuallyDrop::new(vec);
+        let layout = std::alloc::Layout::array::<T>(vec.capacity())
+            .expect("the layout of a live Vec's allocation");
+        let block = Block {
+            ptr: NonNull::new(vec.as_mut_ptr().cast::<u8>()).expect("a Vec of bytes is not null"),
             bytes,
-        );
+            flags: FLAGS,
+            how: How::Registered(layout),
+            node: None,
+        };
+        // Unregistered and freed (as the Vec's allocation: `layout`) once no device work uses it, and lent again
+        // meanwhile to a `Registered` of the same shape once its own work has completed.
+        retire(&self.context, self.host.take_track(), block);
     }
 }
-
-/// A Vec moved into a release closure that may run on another thread.
-struct SendVec<T> {
-    _vec: Vec<T>,
-}
-
-// SAFETY: the closure only unregisters and frees the allocation, never reads or writes a `T`, and the `T`s have
-// no destructor to run (a `Registered` is only made of `T: Pod`), so moving it between threads is harmless.
-unsafe impl<T> Send for SendVec<T> {}
 
 impl<T: Pod> fmt::Debug for Registered<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -1,4 +1,5 @@
-//! The release thread: where page-locked host memory is unpinned and freed, once no device work uses it.
+//! The release thread: where page-locked host memory is unpinned and freed, once no device work uses it; and
+//! until then, the cache that lends that memory again.
 //!
 //! Unpinning (`cuMemFreeHost`, `cuMemHostUnregister`) and the synchronous `cuMemFree` make the calling thread
 //! wait until *all* work on the device has finished, whoever enqueued it, and hold back every other thread's
@@ -8,9 +9,13 @@
 //! to one process-wide thread, `cuda-pinned-release`, and the caller returns at once. The thread keeps each
 //! block until the device work recorded on it has completed (rule 4) and until every device is idle (see
 //! `release_idle`), polls with a growing pause, and reports what it cannot do through the block's context
-//! ([`Context::check_deferred_errors`]). On a device that never goes idle, dropped pinned memory stays pinned
-//! until [`Context::synchronize`]; memory allocated and dropped repeatedly belongs in a `PinnedPool`, which
-//! reuses it.
+//! ([`Context::check_deferred_errors`]).
+//!
+//! A loop that keeps some device busy at every moment never gives the thread that moment, so what waits for it
+//! is reused instead (rule 11): a block of page-locked memory whose own work has completed serves the next
+//! request that fits it ([`reuse`]: a `Pinned` of its own, a pool's new block, a `Registered` of the same
+//! size) with no driver call, and so the page-locked memory of a loop stays what one iteration holds. What the
+//! thread releases when the devices are idle is what nobody took.
 //!
 //! The list is process-wide rather than per context so that nothing but completed work ends an entry:
 //! dropping every handle of a context must not release memory a copy still uses. Each entry keeps a clone of
@@ -24,6 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, Once, OnceLock, PoisonError};
 use std::time::Duration;
 
+use super::block::Block;
 use super::tracked::{Gpu, GpuTracker};
 use crate::driver::Context;
 use crate::error::{Error, Result};
@@ -36,8 +42,16 @@ pub(crate) type Release = Box<dyn FnOnce() -> Result<()> + Send>;
 struct Pending {
     context: Context,
     track: GpuTracker,
-    release: Release,
+    held: Held,
     bytes: usize,
+}
+
+/// What an entry releases.
+enum Held {
+    /// Page-locked memory, which [`reuse`] may lend again once its work has completed.
+    Block(Block),
+    /// Anything else (device memory, a module): run once, when its work has completed.
+    Other(Release),
 }
 
 /// What the release thread shares with everyone else.
@@ -51,8 +65,10 @@ struct Service {
 
 #[derive(Default)]
 struct State {
-    /// Blocks handed over since the thread last looked.
-    incoming: Vec<Pending>,
+    /// Everything handed over and not yet released or reused.
+    pending: Vec<Pending>,
+    /// Whether something was handed over since the thread last looked.
+    arrived: bool,
     /// Rounds the thread has started: each takes every block handed over before it.
     started: u64,
     /// The last round the thread has finished.
@@ -85,49 +101,51 @@ impl Service {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The thread: takes the blocks handed over, releases those whose work has completed, and polls the
+    /// The thread: releases the entries whose work has completed once every device is idle, and polls the
     /// others with a pause that grows from 50 us to 20 ms while nothing changes.
     fn run(&self) {
         const FIRST_PAUSE: Duration = Duration::from_micros(50);
         const LONGEST_PAUSE: Duration = Duration::from_millis(20);
-        let mut held: Vec<Pending> = Vec::new();
         let mut pause = FIRST_PAUSE;
         loop {
             let mut state = self.lock();
-            while state.incoming.is_empty() && !state.flush_requested && held.is_empty() {
+            while state.pending.is_empty() && !state.flush_requested {
                 state = self
                     .arrived
                     .wait(state)
                     .unwrap_or_else(PoisonError::into_inner);
             }
-            let arrived = !state.incoming.is_empty() || state.flush_requested;
+            let arrived = state.arrived || state.flush_requested;
+            state.arrived = false;
             state.flush_requested = false;
             state.started += 1;
             let round = state.started;
-            held.append(&mut state.incoming);
             drop(state);
 
-            let before = held.len();
-            {
+            let released = {
                 let _calls = DRIVER_CALLS.lock().unwrap_or_else(PoisonError::into_inner);
                 if EXITING.load(Ordering::Acquire) {
                     // The process is ending: what is left stays pinned until the system reclaims it. Anyone
                     // waiting for a round (an exit hook of the user's that synchronizes) is let go.
-                    std::mem::forget(held);
                     let mut state = self.lock();
+                    std::mem::forget(std::mem::take(&mut state.pending));
                     state.finished = u64::MAX;
                     self.round_done.notify_all();
                     return;
                 }
                 Context::sweep_drained();
-                held = release_idle(held);
-            }
-            let released = held.len() < before;
+                release_idle(|| std::mem::take(&mut self.lock().pending))
+                    .map(|(released, kept)| {
+                        self.lock().pending.extend(kept);
+                        released
+                    })
+                    .unwrap_or(false)
+            };
 
             let mut state = self.lock();
             state.finished = round;
             self.round_done.notify_all();
-            if held.is_empty() {
+            if state.pending.is_empty() {
                 pause = FIRST_PAUSE;
                 continue;
             }
@@ -136,7 +154,7 @@ impl Service {
             } else {
                 (pause * 2).min(LONGEST_PAUSE)
             };
-            if state.incoming.is_empty() && !state.flush_requested {
+            if !state.arrived && !state.flush_requested {
                 drop(
                     self.arrived
                         .wait_timeout(state, pause)
@@ -199,22 +217,43 @@ fn guard_exit_once() {
 /// early: where the state of the work cannot be read, the memory is leaked and the error kept for
 /// [`Context::check_deferred_errors`].
 pub(crate) fn release_host(context: &Context, track: GpuTracker, release: Release, bytes: usize) {
-    let pending = Pending {
+    hand_over(Pending {
         context: context.clone(),
         track,
-        release,
+        held: Held::Other(release),
         bytes,
-    };
+    });
+}
+
+/// Hands a block of page-locked memory of `context` to the release thread, which unpins it once `track`'s
+/// work has completed and every device is idle; until then [`reuse`] may lend it again. Returns at once.
+pub(crate) fn retire(context: &Context, track: GpuTracker, block: Block) {
+    let bytes = block.bytes;
+    hand_over(Pending {
+        context: context.clone(),
+        track,
+        held: Held::Block(block),
+        bytes,
+    });
+}
+
+fn hand_over(pending: Pending) {
     match service() {
         Some(service) => {
-            service.lock().incoming.push(pending);
+            let mut state = service.lock();
+            state.pending.push(pending);
+            state.arrived = true;
+            drop(state);
             service.arrived.notify_one();
         }
         None => {
-            // No thread to hand it to: release it here if its work is done (waiting for the device, as the
-            // driver's unpinning does), else leak it with the reason.
-            let mut kept = release_idle(vec![pending]);
-            if let Some(p) = kept.pop() {
+            // No thread to hand it to: release it here if its work is done and the devices are idle, else
+            // leak it with the reason.
+            let mut kept = vec![pending];
+            if let Some((_, left)) = release_idle(|| std::mem::take(&mut kept)) {
+                kept = left;
+            }
+            for p in kept {
                 forget_leaked(
                     p,
                     Error::invalid("the crate's release thread could not be started"),
@@ -222,6 +261,63 @@ pub(crate) fn release_host(context: &Context, track: GpuTracker, release: Releas
             }
         }
     }
+}
+
+/// A block of page-locked memory waiting to be unpinned that can serve a new request with no driver call:
+/// one of `context`, pinned with exactly `flags`, of `bytes` to `max_bytes` bytes, for which `fits` holds,
+/// whose device work has completed; the smallest such. `None` if there is none (or no release thread).
+///
+/// The work is checked with event queries, which return at once: the caller never waits for device work here.
+/// Each candidate is taken out of the list while its work is checked, without the list's lock: a query may
+/// record an event, which takes the device's gate, which the release thread holds while it takes the list.
+pub(crate) fn reuse(
+    context: &Context,
+    flags: u32,
+    bytes: usize,
+    max_bytes: usize,
+    fits: impl Fn(&Block) -> bool,
+) -> Option<Block> {
+    let service = service()?;
+    let address = |p: &Pending| match &p.held {
+        Held::Block(b) => Some(b.ptr.as_ptr().addr()),
+        Held::Other(_) => None,
+    };
+    let mut candidates: Vec<(usize, usize)> = service
+        .lock()
+        .pending
+        .iter()
+        .filter_map(|p| match &p.held {
+            Held::Block(b)
+                if b.flags == flags
+                    && (bytes..=max_bytes).contains(&b.bytes)
+                    && p.context == *context
+                    && fits(b) =>
+            {
+                Some((b.bytes, b.ptr.as_ptr().addr()))
+            }
+            _ => None,
+        })
+        .collect();
+    candidates.sort_unstable();
+    for (_, at) in candidates {
+        let mut p = {
+            let mut state = service.lock();
+            // Gone meanwhile (reused by another thread, or released): next.
+            let Some(i) = state.pending.iter().position(|p| address(p) == Some(at)) else {
+                continue;
+            };
+            state.pending.swap_remove(i)
+        };
+        // An entry whose query fails goes back for the release thread, which reports it.
+        if matches!(p.track.is_idle(&Gpu), Ok(true)) {
+            match p.held {
+                Held::Block(block) => return Some(block),
+                Held::Other(_) => unreachable!("only blocks are candidates"),
+            }
+        }
+        service.lock().pending.push(p);
+    }
+    None
 }
 
 impl Context {
@@ -268,41 +364,44 @@ fn flush_releases(_context: &Context) {
     }
 }
 
-/// Releases every block of `held` whose work has completed, once every device is found idle; returns the
-/// others.
+/// Once every device is found idle, releases every entry `take` hands over whose work has completed: returns
+/// whether it released any and the entries it kept. `None`, without calling `take`, while some device is not
+/// idle: nothing can be released then, and the entries stay where they are, to be reused.
 ///
 /// The unpinning calls wait for all work on the device, and while they wait the driver holds back every other
 /// thread's calls too (measured on an H100, driver 580: a copy enqueued on an unrelated stream by another
-/// thread took as long as a kernel running elsewhere). So a block is released only once every stream the
+/// thread took as long as a kernel running elsewhere). So memory is released only once every stream the
 /// crate knows, on every device, is idle, checked and released under the devices' gates, which the crate's work
 /// holds while it enqueues: no work of the crate can be queued between the check and the release. Work other
 /// code enqueues through raw handles is not seen, and may still be waited for.
-fn release_idle(held: Vec<Pending>) -> Vec<Pending> {
-    let mut kept = Vec::with_capacity(held.len());
-    let mut ready: Vec<Pending> = Vec::new();
-    for mut p in held {
-        match p.context.enter().and_then(|_current| p.track.is_idle(&Gpu)) {
-            Ok(true) => ready.push(p),
-            Ok(false) => kept.push(p),
-            Err(e) => forget_leaked(p, e.context("checking whether memory may be released")),
-        }
-    }
-    if ready.is_empty() {
-        return kept;
-    }
+fn release_idle(take: impl FnOnce() -> Vec<Pending>) -> Option<(bool, Vec<Pending>)> {
     // Page-locked memory is mapped into every device's address space (unified addressing), and unpinning it
     // waits for the work of every device the process uses (the simulated driver's model: a block of device 0
     // unpinned while device 1 still had frees queued waited for them). So every device the crate knows must be
     // idle, each checked under its gate; work is being enqueued on a device right now if its gate cannot be
     // closed: not idle.
     let devices = Context::known_devices();
-    let closed: Option<Vec<_>> = devices.iter().map(|&d| Context::close_gate(d)).collect();
-    if closed.is_some() && devices.iter().all(|&d| Context::device_is_idle(d)) {
-        ready.into_iter().for_each(run);
-    } else {
-        kept.extend(ready);
+    let _closed: Vec<_> = devices
+        .iter()
+        .map(|&d| Context::close_gate(d))
+        .collect::<Option<_>>()?;
+    if !devices.iter().all(|&d| Context::device_is_idle(d)) {
+        return None;
     }
-    kept
+    let held = take();
+    let mut kept = Vec::with_capacity(held.len());
+    let mut released = false;
+    for mut p in held {
+        match p.context.enter().and_then(|_current| p.track.is_idle(&Gpu)) {
+            Ok(true) => {
+                run(p);
+                released = true;
+            }
+            Ok(false) => kept.push(p),
+            Err(e) => forget_leaked(p, e.context("checking whether memory may be released")),
+        }
+    }
+    Some((released, kept))
 }
 
 /// Leaks a block whose work cannot be known to be complete, with the reason.
@@ -310,12 +409,13 @@ fn forget_leaked(p: Pending, error: Error) {
     let Pending {
         context,
         track,
-        release,
+        held,
         bytes,
     } = p;
     // Forgetting the release leaks the memory, and with it any Vec the closure owns: dropping the closure
-    // would free memory a copy may still write. The tracker goes too: its marks are only events.
-    std::mem::forget(release);
+    // would free memory a copy may still write (a block has no destructor: dropping it leaks it). The tracker
+    // goes too: its marks are only events.
+    std::mem::forget(held);
     drop(track);
     context.keep_for_leaked_memory();
     context.defer_error(error.context(format_args!("releasing {} (leaked)", Bytes(bytes))));
@@ -324,11 +424,15 @@ fn forget_leaked(p: Pending, error: Error) {
 fn run(p: Pending) {
     let Pending {
         context,
-        release,
+        held,
         bytes,
         ..
     } = p;
-    if let Err(e) = context.enter().and_then(|_current| release()) {
+    let released = context.enter().and_then(|_current| match held {
+        Held::Block(block) => block.release(),
+        Held::Other(release) => release(),
+    });
+    if let Err(e) = released {
         context.defer_error(e.context(format_args!("releasing {}", Bytes(bytes))));
     }
 }

@@ -20,6 +20,12 @@ pub(crate) type GpuTracker = Tracker<Stream, Mark>;
 #[derive(Default)]
 pub struct Track(Mutex<GpuTracker>);
 
+impl std::fmt::Debug for Track {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Track")
+    }
+}
+
 /// Locks a buffer's tracker. A panic while it was held (only possible from a bug in the tracker) leaves the
 /// state conservative, so the lock is taken over rather than propagated.
 pub(crate) fn lock(track: &Track) -> MutexGuard<'_, GpuTracker> {

@@ -7,7 +7,10 @@ use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 
 use super::device::{DeviceBuffer, Origin};
+use bytemuck::Pod;
+
 use super::pinned::Pinned;
+use super::registered::Registered;
 use super::tracked::Track;
 use crate::driver::Context;
 use crate::error::{Error, Result};
@@ -126,22 +129,25 @@ macro_rules! device_view_common {
 device_view_common!(DeviceView);
 device_view_common!(DeviceViewMut);
 
-/// Elements of a [`Pinned`] buffer, borrowed for reading (as the source of an upload): `host.slice(..n)?`.
+/// Elements of a [`Pinned`] or [`Registered`] buffer, borrowed for reading (as the source of an upload, or
+/// a gather's table): `host.slice(..n)?`.
 #[derive(Clone, Copy, Debug)]
 pub struct PinnedView<'a, T> {
     ptr: *mut T,
     len: usize,
-    pinned: &'a Pinned<T>,
+    /// The tracker of the buffer it borrows.
+    track: &'a Track,
+    _elements: PhantomData<&'a [T]>,
 }
 
-/// Elements of a [`Pinned`] buffer, borrowed exclusively (as the destination of a download).
+/// Elements of a [`Pinned`] or [`Registered`] buffer, borrowed exclusively (as the destination of a download).
 #[derive(Debug)]
 pub struct PinnedViewMut<'a, T> {
     ptr: *mut T,
     len: usize,
-    pinned: &'a Pinned<T>,
-    /// Exclusive, as the `&mut Pinned` it was made from.
-    _exclusive: PhantomData<&'a mut Pinned<T>>,
+    track: &'a Track,
+    /// Exclusive, as the `&mut` borrow of the buffer it was made from.
+    _exclusive: PhantomData<&'a mut [T]>,
 }
 
 // SAFETY: a view only hands its pointer to copies, which the tracker orders; it is as sendable as the borrow
@@ -154,38 +160,46 @@ unsafe impl<T: Send> Send for PinnedViewMut<'_, T> {}
 // SAFETY: `&PinnedViewMut` allows nothing but reading its length and pointer.
 unsafe impl<T: Sync> Sync for PinnedViewMut<'_, T> {}
 
-impl<T> Pinned<T> {
-    /// The elements in `range`, as the source of an upload.
-    ///
-    /// # Errors
-    /// An invalid-argument error if the range is not within the buffer.
-    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<PinnedView<'_, T>> {
-        let (start, end) = bounds(range, self.len())?;
-        // SAFETY: `start <= len`, so the offset stays within (or one past) the allocation.
-        let ptr = unsafe { self.as_ptr().cast_mut().add(start) };
-        Ok(PinnedView {
-            ptr,
-            len: end - start,
-            pinned: self,
-        })
-    }
+/// The views of page-locked buffers: `slice` and `slice_mut` over the buffer's elements and tracker.
+macro_rules! pinned_views {
+    ($buffer:ident, $($bound:tt)*) => {
+        impl<T: $($bound)*> $buffer<T> {
+            /// The elements in `range`, as the source of an upload (or a gather's table).
+            ///
+            /// # Errors
+            /// An invalid-argument error if the range is not within the buffer.
+            pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<PinnedView<'_, T>> {
+                let (start, end) = bounds(range, self.len())?;
+                // SAFETY: `start <= len`, so the offset stays within (or one past) the allocation.
+                let ptr = unsafe { self.host_ptr().cast::<T>().add(start) };
+                Ok(PinnedView {
+                    ptr,
+                    len: end - start,
+                    track: self.track(),
+                    _elements: PhantomData,
+                })
+            }
 
-    /// The elements in `range`, as the destination of a download.
-    ///
-    /// # Errors
-    /// An invalid-argument error if the range is not within the buffer.
-    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<PinnedViewMut<'_, T>> {
-        let (start, end) = bounds(range, self.len())?;
-        // SAFETY: as in `slice`.
-        let ptr = unsafe { self.as_ptr().cast_mut().add(start) };
-        Ok(PinnedViewMut {
-            ptr,
-            len: end - start,
-            pinned: self,
-            _exclusive: PhantomData,
-        })
-    }
+            /// The elements in `range`, as the destination of a download.
+            ///
+            /// # Errors
+            /// An invalid-argument error if the range is not within the buffer.
+            pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<PinnedViewMut<'_, T>> {
+                let (start, end) = bounds(range, self.len())?;
+                // SAFETY: as in `slice`.
+                let ptr = unsafe { self.host_ptr().cast::<T>().add(start) };
+                Ok(PinnedViewMut {
+                    ptr,
+                    len: end - start,
+                    track: self.track(),
+                    _exclusive: PhantomData,
+                })
+            }
+        }
+    };
 }
+pinned_views!(Pinned, Sized);
+pinned_views!(Registered, Pod);
 
 macro_rules! pinned_view_common {
     ($view:ident) => {
@@ -207,7 +221,7 @@ macro_rules! pinned_view_common {
             }
 
             pub(crate) fn track(&self) -> &Track {
-                self.pinned.track()
+                self.track
             }
         }
     };

@@ -132,6 +132,13 @@ enum Indices {
     Count(usize),
     /// Given by the user.
     List(Box<[usize]>),
+    /// `first, first + step, ...`, `len` of them: one feed's share of `0..n` dealt out in turn, computed
+    /// when asked rather than stored (`n` may be as large as `usize::MAX`).
+    Strided {
+        first: usize,
+        step: usize,
+        len: usize,
+    },
 }
 
 impl Indices {
@@ -139,6 +146,7 @@ impl Indices {
         match self {
             Indices::Count(n) => *n,
             Indices::List(list) => list.len(),
+            Indices::Strided { len, .. } => *len,
         }
     }
 
@@ -146,6 +154,8 @@ impl Indices {
         match self {
             Indices::Count(_) => position,
             Indices::List(list) => list[position],
+            // At most `n - 1`, for `position < len`.
+            Indices::Strided { first, step, .. } => first + position * step,
         }
     }
 }

@@ -113,7 +113,8 @@ impl<B: Batch> ShardedBuilder<B> {
 
     /// Sends batch `index` to feed `shard(index)` (an index into the feeds) rather than sharing the batches
     /// out in turn: to keep a batch on the device that holds its data, say. Called once per batch when the
-    /// prefetchers are built.
+    /// prefetchers are built, which then hold every batch's index (shared out in turn, `batches(n)` holds
+    /// none, whatever `n`).
     pub fn shard_by(mut self, shard: impl Fn(usize) -> usize + 'static) -> ShardedBuilder<B> {
         self.shard = Some(Box::new(shard));
         self
@@ -123,8 +124,8 @@ impl<B: Batch> ShardedBuilder<B> {
     /// the batches (in their order, when ordered). `fill` is shared by all of them.
     ///
     /// # Errors
-    /// An invalid-argument error for no feeds, no batches, or a shard function that names a feed that does
-    /// not exist; then as [`PrefetcherBuilder::build`] for each feed (the prefetchers built before an error
+    /// An invalid-argument error for no feeds, no batches, a shard function that names a feed that does not
+    /// exist, or one given more than 2^32 batches to share out; then as [`PrefetcherBuilder::build`] for each feed (the prefetchers built before an error
     /// are dropped, which stops their workers).
     pub fn build<F>(self, fill: F) -> Result<Vec<Prefetcher<B>>>
     where
@@ -155,7 +156,7 @@ impl<B: Batch> ShardedBuilder<B> {
                     workers: self.workers,
                     depth: self.depth,
                     ordered: self.ordered,
-                    indices: Some(Indices::List(share.into())),
+                    indices: Some(share),
                     copy: None,
                 }
                 .build(move |index, batch: &mut B| fill(index, batch))
@@ -164,9 +165,30 @@ impl<B: Batch> ShardedBuilder<B> {
     }
 }
 
-/// The batch indices of each of `feeds` feeds, in the order of `indices`: by `shard` of each index, else in
-/// turn by position.
-fn share_out(indices: &Indices, feeds: usize, shard: Option<&Shard>) -> Result<Vec<Vec<usize>>> {
+/// The batch indices of each of `feeds` (at least one) feeds, in the order of `indices`: by `shard` of each
+/// index, else in turn by position. `0..n` shared out in turn is a stride per feed, held as such.
+fn share_out(indices: &Indices, feeds: usize, shard: Option<&Shard>) -> Result<Vec<Indices>> {
+    /// The most batches a shard function is asked about: each one's index is held.
+    const MOST_SHARDED: usize = 1 << 32;
+    match (indices, shard) {
+        (&Indices::Count(n), None) => {
+            return Ok((0..feeds)
+                .map(|feed| Indices::Strided {
+                    first: feed,
+                    step: feeds,
+                    len: n.saturating_sub(feed).div_ceil(feeds),
+                })
+                .collect());
+        }
+        (_, Some(_)) if indices.len() > MOST_SHARDED => {
+            return Err(Error::invalid(format_args!(
+                "a shard function asked about {} batches, which the prefetchers would each hold the index of; \
+                 at most 2^32",
+                indices.len()
+            )));
+        }
+        _ => {}
+    }
     let mut shares: Vec<Vec<usize>> = (0..feeds)
         .map(|_| Vec::with_capacity(indices.len() / feeds + 1))
         .collect();
@@ -182,30 +204,44 @@ fn share_out(indices: &Indices, feeds: usize, shard: Option<&Shard>) -> Result<V
             })?
             .push(index);
     }
-    Ok(shares)
+    Ok(shares
+        .into_iter()
+        .map(|share| Indices::List(share.into()))
+        .collect())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Each feed's indices, listed.
+    fn listed(shares: Vec<Indices>) -> Vec<Vec<usize>> {
+        shares
+            .iter()
+            .map(|share| (0..share.len()).map(|p| share.get(p)).collect())
+            .collect()
+    }
+
     #[test]
     fn batches_are_shared_out_in_turn_or_by_the_function() {
         let count = Indices::Count(7);
         assert_eq!(
-            share_out(&count, 3, None).unwrap(),
+            listed(share_out(&count, 3, None).unwrap()),
             [vec![0, 3, 6], vec![1, 4], vec![2, 5]]
         );
         let list = Indices::List([9, 4, 7, 2].into());
-        assert_eq!(share_out(&list, 2, None).unwrap(), [vec![9, 7], vec![4, 2]]);
+        assert_eq!(
+            listed(share_out(&list, 2, None).unwrap()),
+            [vec![9, 7], vec![4, 2]]
+        );
         let parity = |index: usize| index % 2;
         assert_eq!(
-            share_out(&list, 2, Some(&parity)).unwrap(),
+            listed(share_out(&list, 2, Some(&parity)).unwrap()),
             [vec![4, 2], vec![9, 7]]
         );
         // More feeds than batches: the last ones get none.
         assert_eq!(
-            share_out(&Indices::Count(1), 3, None).unwrap(),
+            listed(share_out(&Indices::Count(1), 3, None).unwrap()),
             [vec![0], vec![], vec![]]
         );
         let beyond = |index: usize| index;
@@ -214,5 +250,27 @@ mod tests {
             error.contains("sends batch 9 to feed 9, of 2 feeds"),
             "{error}"
         );
+    }
+
+    /// `batches(usize::MAX)` shared out in turn holds nothing per batch (it overflowed a capacity), and every
+    /// batch goes to exactly one feed, up to the last index.
+    #[test]
+    fn any_count_is_shared_out_without_holding_its_indices() {
+        for feeds in [1, 2, 3, 7] {
+            let shares = share_out(&Indices::Count(usize::MAX), feeds, None).unwrap();
+            let total: u128 = shares.iter().map(|s| s.len() as u128).sum();
+            assert_eq!(total, usize::MAX as u128, "{feeds} feeds");
+            for (feed, share) in shares.iter().enumerate() {
+                assert!(matches!(share, Indices::Strided { .. }));
+                assert_eq!(share.get(0), feed);
+                assert_eq!(share.get(share.len() - 1) % feeds, feed);
+                assert!(share.get(share.len() - 1) >= usize::MAX - feeds);
+            }
+        }
+        let parity = |index: usize| index % 2;
+        let error = share_out(&Indices::Count(usize::MAX), 2, Some(&parity))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("at most 2^32"), "{error}");
     }
 }

@@ -1,5 +1,5 @@
-//! A pool block: how it is pinned (the faster of two ways on this machine) and handed to the release thread to
-//! be unpinned.
+//! How the pool pins a block (the faster of two ways on this machine) and hands one it gives up to the release
+//! thread.
 
 use std::ptr::NonNull;
 use std::sync::OnceLock;
@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use crate::driver::Context;
 use crate::driver::calls;
 use crate::error::{Error, Result};
+use crate::memory::block::{Block, How, PAGE, node_of};
 use crate::memory::numa::{self, Placement};
-use crate::memory::release::release_host;
+use crate::memory::release::retire;
 use crate::memory::tracked::GpuTracker;
 use crate::sys::{
     CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTREGISTER_DEVICEMAP,
@@ -26,9 +27,6 @@ const _: () = assert!(
     "a registered block's flags read as a pinned one's"
 );
 
-/// The page size the pool's classes are multiples of, and the alignment every block has at least.
-pub(super) const PAGE: usize = 4096;
-
 /// How the pool pins a new block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -41,124 +39,84 @@ pub enum Pinning {
     Register,
 }
 
-/// A block of pinned memory, owned by the pool.
-pub(crate) struct Block {
-    pub(super) ptr: NonNull<u8>,
-    pub(super) bytes: usize,
-    /// Allocated by the Rust allocator and registered, rather than by `cuMemHostAlloc`.
-    registered: bool,
+/// Pins a block of `bytes` (a multiple of the page size) the way `how` says, zeroed, placed as `placement` says
+/// (see `numa`). `context` is current.
+pub(super) fn pin(
+    context: &Context,
+    bytes: usize,
+    how: Pinning,
+    placement: Placement,
+) -> Result<Block> {
+    let node = node_of(placement, context.device())
+        .map_err(|e| e.context(format_args!("pinning {} for the pool", Bytes(bytes))))?;
+    match how {
+        Pinning::Auto => pin(context, bytes, fastest_pinning(context), placement),
+        Pinning::HostAlloc => {
+            // Freed by `Block::release`. The driver places the pages as it pins them, by the memory policy of the
+            // thread that calls it. The address comes back as a number: a raw pointer cannot leave the helper
+            // thread that `place` may run the allocation on.
+            let ptr = numa::place(placement, context.device(), || {
+                let _current = context.enter()?;
+                Block::host_alloc(bytes, POOL_FLAGS).map(|block| block.ptr.as_ptr() as usize)
+            })
+            .and_then(|allocated| allocated)
+            .map_err(|e| e.context(format_args!("pinning {} for the pool", Bytes(bytes))))?;
+            let ptr = NonNull::new(ptr as *mut u8)
+                .ok_or_else(|| Error::invalid("cuMemHostAlloc returned null"))?;
+            zero(ptr, bytes);
+            Ok(Block {
+                ptr,
+                bytes,
+                flags: POOL_FLAGS,
+                how: How::HostAlloc,
+                node,
+            })
+        }
+        Pinning::Register => {
+            let layout = std::alloc::Layout::from_size_align(bytes, registered_align(bytes))
+                .map_err(|_| Error::invalid(format_args!("a pool block of {bytes} bytes")))?;
+            // SAFETY: a layout of non-zero size (classes are at least a page). Freed by `Block::release`.
+            let ptr = NonNull::new(unsafe { std::alloc::alloc(layout) }).ok_or_else(|| {
+                Error::invalid(format_args!(
+                    "the system could not allocate {}",
+                    Bytes(bytes)
+                ))
+            })?;
+            advise_huge_pages(ptr, bytes);
+            // Pages are placed when first touched: bound to the node first, so that the threads touching them
+            // may run anywhere.
+            if let Err(e) = numa::bind_for(ptr.as_ptr(), bytes, placement, context.device()) {
+                // SAFETY: allocated above with `layout`, never registered.
+                unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
+                return Err(e.context(format_args!("pinning {} for the pool", Bytes(bytes))));
+            }
+            // Touching the pages faults them in on several threads at once, which is what makes this path
+            // fast, and initialises them.
+            zero(ptr, bytes);
+            // SAFETY: `bytes` bytes of a live allocation owned by the block, unregistered by `Block::release`.
+            let registered =
+                unsafe { calls::mem_host_register(ptr.as_ptr().cast(), bytes, POOL_FLAGS) };
+            if let Err(e) = registered {
+                // SAFETY: allocated above with `layout`, never registered.
+                unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
+                return Err(e.context(format_args!("pinning {} for the pool", Bytes(bytes))));
+            }
+            Ok(Block {
+                ptr,
+                bytes,
+                flags: POOL_FLAGS,
+                how: How::Registered(layout),
+                node,
+            })
+        }
+    }
 }
 
-// SAFETY: a block is memory the pool owns exclusively (lent to one `Pinned` at a time); its address means the
-// same on every thread.
-unsafe impl Send for Block {}
-// SAFETY: a shared block gives access to nothing but its address and size (it has no methods taking `&self`), so
-// sharing it between threads shares no memory; the `Pinned` that borrows it guards the memory itself.
-unsafe impl Sync for Block {}
-
-impl Block {
-    /// Pins `bytes` (a multiple of the page size) the way `how` says, zeroed, placed as `placement` says (see
-    /// `numa`). `context` is current.
-    pub(super) fn pin(
-        context: &Context,
-        bytes: usize,
-        how: Pinning,
-        placement: Placement,
-    ) -> Result<Block> {
-        match how {
-            Pinning::Auto => Block::pin(context, bytes, fastest_pinning(context), placement),
-            Pinning::HostAlloc => {
-                // Freed in `release`. The driver places the pages as it pins them, by the memory policy of the
-                // thread that calls it. The address comes back as a number: a raw pointer cannot leave the
-                // helper thread that `place` may run the allocation on.
-                let ptr = numa::place(placement, context.device(), || {
-                    let _current = context.enter()?;
-                    calls::mem_host_alloc(bytes, POOL_FLAGS).map(|ptr| ptr as usize)
-                })
-                .and_then(|allocated| allocated)
-                .map_err(|e| e.context(format_args!("pinning {} for the pool", Bytes(bytes))))?;
-                let ptr = NonNull::new(ptr as *mut u8)
-                    .ok_or_else(|| Error::invalid("cuMemHostAlloc returned null"))?;
-                zero(ptr, bytes);
-                Ok(Block {
-                    ptr,
-                    bytes,
-                    registered: false,
-                })
-            }
-            Pinning::Register => {
-                let layout = std::alloc::Layout::from_size_align(bytes, registered_align(bytes))
-                    .map_err(|_| Error::invalid(format_args!("a pool block of {bytes} bytes")))?;
-                // SAFETY: a layout of non-zero size (classes are at least a page). Freed in `release`.
-                let ptr = NonNull::new(unsafe { std::alloc::alloc(layout) }).ok_or_else(|| {
-                    Error::invalid(format_args!(
-                        "the system could not allocate {}",
-                        Bytes(bytes)
-                    ))
-                })?;
-                advise_huge_pages(ptr, bytes);
-                // Pages are placed when first touched: bound to the node first, so that the threads touching
-                // them may run anywhere.
-                if let Err(e) = numa::bind_for(ptr.as_ptr(), bytes, placement, context.device()) {
-                    // SAFETY: allocated above with `layout`, never registered.
-                    unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
-                    return Err(e.context(format_args!("pinning {} for the pool", Bytes(bytes))));
-                }
-                // Touching the pages faults them in on several threads at once, which is what makes this path
-                // fast, and initialises them.
-                zero(ptr, bytes);
-                // SAFETY: `bytes` bytes of a live allocation owned by the block, unregistered in `release`.
-                let registered =
-                    unsafe { calls::mem_host_register(ptr.as_ptr().cast(), bytes, POOL_FLAGS) };
-                if let Err(e) = registered {
-                    // SAFETY: allocated above with `layout`, never registered.
-                    unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
-                    return Err(e.context(format_args!("pinning {} for the pool", Bytes(bytes))));
-                }
-                Ok(Block {
-                    ptr,
-                    bytes,
-                    registered: true,
-                })
-            }
-        }
-    }
-
-    /// Hands the block, which no device work uses, to the crate's release thread to be unpinned and freed:
-    /// returns at once, as unpinning waits for all work on the device. An error is kept in the context (and
-    /// the memory leaked).
-    pub(super) fn unpin(self, context: &Context) {
-        let bytes = self.bytes;
-        let release = Box::new(move || {
-            self.release()
-                .map_err(|e| e.context("unpinning a block of the pinned pool (leaked)"))
-        });
-        release_host(context, GpuTracker::default(), release, bytes);
-    }
-
-    /// Unpins and frees the block. The pool's context must be current, and no device work may use the block.
-    pub(super) fn release(self) -> Result<()> {
-        let ptr = self.ptr.as_ptr();
-        if self.registered {
-            // SAFETY: registered in `pin`; no device work uses it.
-            unsafe { calls::mem_host_unregister(ptr.cast()) }?;
-            // SAFETY: allocated in `pin` with this size and `registered_align` of it (a valid layout then), and no
-            // longer registered.
-            unsafe {
-                std::alloc::dealloc(
-                    ptr,
-                    std::alloc::Layout::from_size_align_unchecked(
-                        self.bytes,
-                        registered_align(self.bytes),
-                    ),
-                )
-            };
-            Ok(())
-        } else {
-            // SAFETY: allocated by cuMemHostAlloc in `pin`; no device work uses it.
-            unsafe { calls::mem_free_host(ptr.cast()) }
-        }
-    }
+/// Hands `block`, which no device work uses, to the crate's release thread: returns at once, as unpinning
+/// waits for all work on the device. Until it is unpinned, the block can serve a later request of its size
+/// (the pool's or another's: see `release.rs`). An error is kept in the context (and the memory leaked).
+pub(super) fn give_up(block: Block, context: &Context) {
+    retire(context, GpuTracker::default(), block);
 }
 
 /// The alignment of a block allocated for registration: 2 MiB for blocks of at least that, so that the kernel
@@ -219,7 +177,7 @@ fn fastest_pinning(context: &Context) -> Pinning {
         let mut blocks = Vec::new();
         let mut time = |how| -> Option<Duration> {
             let started = Instant::now();
-            let block = Block::pin(context, 32 << 20, how, Placement::Any).ok()?;
+            let block = pin(context, 32 << 20, how, Placement::Any).ok()?;
             let took = started.elapsed();
             blocks.push(block);
             Some(took)
@@ -231,7 +189,7 @@ fn fastest_pinning(context: &Context) -> Pinning {
             (None, _) => Pinning::Register,
         };
         for block in blocks {
-            block.unpin(context);
+            give_up(block, context);
         }
         fastest
     })

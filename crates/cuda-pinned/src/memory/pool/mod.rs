@@ -30,19 +30,20 @@ use bytemuck::Pod;
 
 pub(crate) use self::block::POOL_FLAGS;
 pub use self::block::Pinning;
-use self::block::{Block, PAGE};
 use self::state::{Config, Lease, PoolState, Reservation, Take};
+use super::block::{Block, PAGE, node_of};
 use super::host::HostRegion;
 use super::layout::{byte_len, check_alignment};
 use super::numa::Placement;
 use super::pinned::{Pinned, PinnedBuilder};
-use super::release::release_host;
+use super::release::{retire, reuse};
 use super::tracked::{Gpu, GpuTracker};
 use crate::driver::Context;
 use crate::driver::Stream;
 use crate::driver::marks::Mark;
 use crate::error::{Error, Result};
 use crate::track::Timeline;
+use crate::units::Bytes;
 
 /// What a request names in its errors.
 const ALLOCATING: &str = "allocating from the pinned pool";
@@ -70,9 +71,11 @@ pub enum WhenFull {
 /// thread-safe.
 ///
 /// Blocks the pool gives up (evicted to make room for another size class, trimmed, or cached when the pool
-/// drops) leave its budget at once and are unpinned shortly after on the crate's release thread, because the
-/// driver's unpinning waits for all work on the device; [`Context::synchronize`] waits until they are. So for
-/// that moment the process may hold up to a budget's worth more pinned memory than the pool counts.
+/// drops) leave its budget at once and are unpinned on the crate's release thread once every device is idle,
+/// because the driver's unpinning waits for all work on the device; [`Context::synchronize`] waits until they
+/// are. Until then such a block serves the next block of its size class that this pool (or another pool of the
+/// context) would pin, with no driver call: while some device is never idle, a pool whose requests cycle through
+/// size classes takes back the blocks it gave up instead of pinning more and more.
 ///
 /// ```no_run
 /// # fn main() -> cuda_pinned::Result<()> {
@@ -295,7 +298,8 @@ impl PinnedPool {
         let bytes = byte_len::<T>(len, ALLOCATING)?;
         let shared = &*self.shared;
         if bytes == 0 {
-            return PinnedBuilder::new(&shared.context).zeroed(0);
+            // No memory to lend (`len` elements of a zero-sized type, or none).
+            return PinnedBuilder::new(&shared.context).zeroed(len);
         }
         let started = Instant::now();
         // `None` when the deadline is past any instant the clock can tell (a `max_wait` of centuries).
@@ -388,17 +392,28 @@ impl PinnedPool {
         };
         drop(state);
         for block in evict {
-            block.unpin(&shared.context);
+            block::give_up(block, &shared.context);
         }
-        let started = Instant::now();
-        let pinned = Block::pin(
-            &shared.context,
-            reservation.bytes(),
-            shared.pinning,
-            shared.placement,
-        );
-        let nanos = started.elapsed().as_nanos() as u64;
-        shared.pin_nanos.fetch_add(nanos, Ordering::Relaxed);
+        // A block of the class given up earlier (by this pool or another of the context) whose unpinning still
+        // waits for an idle device serves before a new pin: in a loop that never idles, that is what keeps
+        // evictions from pinning more and more.
+        let class = reservation.bytes();
+        let pinned = node_of(shared.placement, shared.context.device())
+            .map_err(|e| e.context(format_args!("pinning {} for the pool", Bytes(class))))
+            .and_then(|node| {
+                let fits = |b: &Block| b.ptr.as_ptr().addr().is_multiple_of(PAGE) && b.node == node;
+                match reuse(&shared.context, POOL_FLAGS, class, class, fits) {
+                    Some(block) => Ok(block),
+                    None => {
+                        let started = Instant::now();
+                        let pinned =
+                            block::pin(&shared.context, class, shared.pinning, shared.placement);
+                        let nanos = started.elapsed().as_nanos() as u64;
+                        shared.pin_nanos.fetch_add(nanos, Ordering::Relaxed);
+                        pinned
+                    }
+                }
+            });
         drop(current);
         let mut state = shared.lock();
         match pinned {
@@ -434,7 +449,7 @@ impl PinnedPool {
             (polled, state.trim())
         };
         for block in blocks {
-            block.unpin(&self.shared.context);
+            block::give_up(block, &self.shared.context);
         }
         polled.map(drop)
     }
@@ -511,12 +526,10 @@ impl Drop for Shared {
         // now, and the pending ones to be released once their work has completed.
         let drained = self.lock().drain();
         for block in drained.idle {
-            block.unpin(&self.context);
+            block::give_up(block, &self.context);
         }
         for pending in drained.pending {
-            let block = pending.block;
-            let release = Box::new(move || block.release());
-            release_host(&self.context, pending.track, release, pending.bytes);
+            retire(&self.context, pending.track, pending.block);
         }
     }
 }

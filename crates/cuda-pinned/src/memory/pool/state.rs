@@ -214,12 +214,7 @@ impl<B, S: Clone + Eq, M: Clone + Eq> PoolState<B, S, M> {
     /// The size class of a request of `bytes`: the bytes a block serving it has (see the module docs). `None`
     /// only when it would exceed `usize` (requests above `isize::MAX`, which no allocation can have).
     pub(crate) fn class_of(&self, bytes: usize) -> Option<usize> {
-        let page = self.config.page;
-        if bytes <= page {
-            return Some(page);
-        }
-        let granule = (bytes.checked_next_power_of_two()? / 16).max(page);
-        bytes.checked_next_multiple_of(granule)
+        crate::memory::block::class_of(bytes, self.config.page)
     }
 
     /// Serves a request of `bytes`: an idle cached block of its class if there is one; else, after polling every
