@@ -10,7 +10,7 @@ use cuda_pinned::{
     Registered, Stream, driver_call, sys,
 };
 
-use crate::results::{Alloc, Allocation, Enqueue, LaunchCost, size_label};
+use crate::results::{Alloc, Allocation, Enqueue, Extra, LaunchCost, size_label};
 use crate::timing::{Plan, fill_pattern, median};
 use crate::{Bench, Outcome};
 
@@ -223,28 +223,24 @@ pub fn enqueue(bench: &mut Bench) -> Outcome<Enqueue> {
     let stream = &bench.stream;
     let other = Stream::new(&context)?;
     let small = Pinned::from_slice(&context, &[7u8; SMALL])?;
-    let mut device = DeviceBuffer::<u8>::zeroed(stream, SMALL)?;
-    // Also lets the crate's release thread finish unpinning what earlier sections dropped: unpinning holds back
-    // every thread's driver calls, the timed ones too.
-    context.synchronize()?;
-    let batches = |enqueue: &mut dyn FnMut(usize) -> cuda_pinned::Result<()>| -> Outcome<f64> {
-        Ok(in_turns(&context, samples, &mut [enqueue])?[0])
-    };
+    // One device buffer per way of copying: the crate's calls borrow theirs mutably side by side.
+    let device = DeviceBuffer::<u8>::zeroed(stream, SMALL)?;
     let (dst, src) = (device.as_raw(), small.as_ptr().cast::<c_void>());
-    let raw = batches(&mut |_| {
+    let mut raw = |_| {
         // SAFETY: 64 bytes of live pinned and device memory; the context is synchronised after each batch,
         // before either buffer can be touched or dropped.
         unsafe { driver_call!(cuMemcpyHtoDAsync_v2(dst, src, SMALL, stream.as_raw())) }
-    })?;
-    let same_stream = batches(&mut |_| stream.upload(&small, &mut device))?;
+    };
+    let mut device_too = DeviceBuffer::<u8>::zeroed(stream, SMALL)?;
+    let mut same_stream = |_| stream.upload(&small, &mut device_too);
     // The driver's part of a crossing, as the tracking does it: an event recorded after the other stream's copy,
     // waited for by this one's (two events reused in turn, as the tracking's pool reuses them).
     let events = [
         Event::without_timing(&context)?,
         Event::without_timing(&context)?,
     ];
-    let raw_cross_stream = batches(&mut |i| {
-        let (this, previous) = if i % 2 == 0 {
+    let mut raw_cross_stream = |i: usize| {
+        let (this, previous) = if i.is_multiple_of(2) {
             (stream, &other)
         } else {
             (&other, stream)
@@ -256,9 +252,31 @@ pub fn enqueue(bench: &mut Bench) -> Outcome<Enqueue> {
             driver_call!(cuStreamWaitEvent(this.as_raw(), event.as_raw(), 0))?;
             driver_call!(cuMemcpyHtoDAsync_v2(dst, src, SMALL, this.as_raw()))
         }
-    })?;
-    let cross_stream =
-        batches(&mut |i| if i % 2 == 0 { stream } else { &other }.upload(&small, &mut device))?;
+    };
+    let mut device_three = DeviceBuffer::<u8>::zeroed(stream, SMALL)?;
+    // Also lets the crate's release thread finish unpinning what earlier sections dropped: unpinning holds back
+    // every thread's driver calls, the timed ones too.
+    context.synchronize()?;
+    let mut cross_stream = |i: usize| {
+        if i.is_multiple_of(2) { stream } else { &other }.upload(&small, &mut device_three)
+    };
+    // The four take turns batch by batch, so that what drifts over the run (clocks, the driver's queues) falls
+    // on all of them alike, and each crate figure is compared with its reference of the same round.
+    let rounds = in_turns(
+        &context,
+        samples,
+        &mut [
+            &mut raw,
+            &mut same_stream,
+            &mut raw_cross_stream,
+            &mut cross_stream,
+        ],
+    )?;
+    let [raw, same_stream, raw_cross_stream, cross_stream] = [0, 1, 2, 3].map(|i| &rounds[i]);
+    let same_stream_extra = Extra::of(same_stream, raw);
+    let cross_stream_extra = Extra::of(cross_stream, raw_cross_stream);
+    let [raw, same_stream, raw_cross_stream, cross_stream] =
+        [raw, same_stream, raw_cross_stream, cross_stream].map(|times| median(times.clone()));
 
     bench.progress.show("enqueue overhead of a kernel launch");
     let launch = if bench.simulated {
@@ -272,6 +290,8 @@ pub fn enqueue(bench: &mut Bench) -> Outcome<Enqueue> {
         same_stream,
         cross_stream,
         raw_cross_stream,
+        same_stream_extra,
+        cross_stream_extra,
         bytes: SMALL,
         batch: ENQUEUE_BATCH,
         samples,
@@ -348,6 +368,8 @@ fn launch(context: &Context, stream: &Stream, plan: &Plan) -> Outcome<LaunchCost
         launch_samples,
         &mut [&mut raw_launch, &mut safe_launch],
     )?;
+    let extra = Extra::of(&launches[1], &launches[0]);
+    let launches = launches.into_iter().map(median).collect::<Vec<_>>();
     let mut out = Pinned::<f32>::zeroed(context, elements)?;
     stream.download(&y, &mut out)?;
     let verified = out
@@ -359,6 +381,7 @@ fn launch(context: &Context, stream: &Stream, plan: &Plan) -> Outcome<LaunchCost
         raw: launches[0],
         crate_launch: launches[1],
         samples: launch_samples,
+        extra,
         verified,
     })
 }
@@ -390,13 +413,13 @@ impl Drop for ThreadContext {
 
 /// Times each of `enqueuers` in batches of [`ENQUEUE_BATCH`] calls (given the call's index in its batch), taking
 /// turns batch by batch so that drift over the run falls on all of them alike, and synchronising `context` after
-/// every batch. The first [`ENQUEUE_WARMUP`] rounds are not timed; returns, in order, each one's median seconds
-/// per call over `samples` batches.
+/// every batch. The first [`ENQUEUE_WARMUP`] rounds are not timed; returns, in order, each one's seconds per
+/// call in each of `samples` rounds.
 fn in_turns(
     context: &Context,
     samples: usize,
     enqueuers: &mut [&mut dyn FnMut(usize) -> cuda_pinned::Result<()>],
-) -> Outcome<Vec<f64>> {
+) -> Outcome<Vec<Vec<f64>>> {
     let mut times = vec![Vec::with_capacity(samples); enqueuers.len()];
     for round in 0..ENQUEUE_WARMUP + samples {
         for (enqueue, times) in enqueuers.iter_mut().zip(&mut times) {
@@ -411,5 +434,5 @@ fn in_turns(
             }
         }
     }
-    Ok(times.into_iter().map(median).collect())
+    Ok(times)
 }

@@ -10,7 +10,8 @@ use serde::Serialize;
 
 use crate::nvml::Link;
 use crate::results::{
-    Alloc, Api, Bandwidth, DeviceInfo, Direction, Method, Overlap, Report, StagingSweep, gb_per_s,
+    Alloc, Api, Bandwidth, DeviceInfo, Direction, Extra, Method, Overlap, Report, StagingSweep,
+    gb_per_s,
 };
 
 /// The document `pinbench --json` prints.
@@ -170,6 +171,24 @@ struct AllocationJson {
     speedup: Option<f64>,
 }
 
+/// A call's cost over its reference's, batch by batch: the median difference and its 10th and 90th percentiles.
+#[derive(Debug, Serialize)]
+struct ExtraJson {
+    median_seconds: f64,
+    p10_seconds: f64,
+    p90_seconds: f64,
+}
+
+impl From<&Extra> for ExtraJson {
+    fn from(e: &Extra) -> ExtraJson {
+        ExtraJson {
+            median_seconds: e.median,
+            p10_seconds: e.p10,
+            p90_seconds: e.p90,
+        }
+    }
+}
+
 /// The enqueue overhead, in seconds per call and as ratios to the raw call.
 #[derive(Debug, Serialize)]
 struct EnqueueJson {
@@ -180,6 +199,10 @@ struct EnqueueJson {
     raw_cross_stream_seconds: f64,
     same_stream_ratio_to_raw: f64,
     cross_stream_ratio_to_raw: f64,
+    /// `Stream::upload` on one stream over the raw call, batch by batch (the four ways take turns).
+    same_stream_over_raw: ExtraJson,
+    /// `Stream::upload` alternating two streams over the raw record + wait + copy, batch by batch.
+    cross_stream_over_raw_cross_stream: ExtraJson,
     batch: usize,
     samples: usize,
     /// A small kernel launched through the raw `cuLaunchKernel`, on one stream (the launch figures are null
@@ -190,6 +213,8 @@ struct EnqueueJson {
     kernel_launch_ratio_to_raw: Option<f64>,
     /// `Stream::launch`'s time less the raw launch's.
     kernel_launch_over_raw_seconds: Option<f64>,
+    /// The same, batch by batch.
+    kernel_launch_over_raw: Option<ExtraJson>,
     /// Batches (of `batch` launches) the two launch medians are taken over, each way.
     kernel_launch_samples: usize,
     /// Whether the kernel's output was as expected.
@@ -301,12 +326,15 @@ pub fn document<'a>(report: &'a Report, plot: Option<&'a str>) -> Document<'a> {
             raw_cross_stream_seconds: e.raw_cross_stream,
             same_stream_ratio_to_raw: e.same_stream / e.raw,
             cross_stream_ratio_to_raw: e.cross_stream / e.raw,
+            same_stream_over_raw: (&e.same_stream_extra).into(),
+            cross_stream_over_raw_cross_stream: (&e.cross_stream_extra).into(),
             batch: e.batch,
             samples: e.samples,
             kernel_launch_raw_seconds: e.launch.as_ref().ok().map(|l| l.raw),
             kernel_launch_seconds: e.launch.as_ref().ok().map(|l| l.crate_launch),
             kernel_launch_ratio_to_raw: e.launch.as_ref().ok().map(|l| l.crate_launch / l.raw),
             kernel_launch_over_raw_seconds: e.launch.as_ref().ok().map(|l| l.crate_launch - l.raw),
+            kernel_launch_over_raw: e.launch.as_ref().ok().map(|l| (&l.extra).into()),
             kernel_launch_samples: e.launch.as_ref().map_or(0, |l| l.samples),
             kernel_launch_verified: e.launch.as_ref().is_ok_and(|l| l.verified),
             kernel_launch_error: e.launch.as_ref().err().cloned(),
@@ -407,7 +435,7 @@ mod tests {
     }
 
     /// The enqueue section's keys, in the order the document writes them.
-    const ENQUEUE_KEYS: [&str; 15] = [
+    const ENQUEUE_KEYS: [&str; 18] = [
         "bytes",
         "raw_seconds",
         "same_stream_seconds",
@@ -415,12 +443,15 @@ mod tests {
         "raw_cross_stream_seconds",
         "same_stream_ratio_to_raw",
         "cross_stream_ratio_to_raw",
+        "same_stream_over_raw",
+        "cross_stream_over_raw_cross_stream",
         "batch",
         "samples",
         "kernel_launch_raw_seconds",
         "kernel_launch_seconds",
         "kernel_launch_ratio_to_raw",
         "kernel_launch_over_raw_seconds",
+        "kernel_launch_over_raw",
         "kernel_launch_samples",
         "kernel_launch_verified",
     ];
@@ -448,9 +479,10 @@ mod tests {
     }
 
     #[test]
-    fn the_document_has_the_shape_of_the_committed_h100_run() {
+    fn the_document_has_the_shape_of_the_latest_committed_run() {
+        // A full run on the lent H100, with the batch-by-batch figures of the enqueue section.
         let h100: Value =
-            serde_json::from_str(include_str!("../../../docs/bench/h100.json")).unwrap();
+            serde_json::from_str(include_str!("../../../docs/bench/h100-2026-11-27.json")).unwrap();
         let mut report = sample_report();
         report.overlap = Some(sample_overlap());
         let ours = round_trip(&report, Some("bench.svg"));
@@ -552,11 +584,17 @@ mod tests {
     #[test]
     fn the_enqueue_keys_keep_their_order_with_the_launch_figures_last() {
         let text = pretty(&document(&sample_report(), None)).unwrap();
-        let section = &text[text.find("\"enqueue\": {").unwrap()..];
-        let section = &section[..section.find('}').unwrap()];
-        let written: Vec<&str> = section
+        let start = text.find("\"enqueue\": {").unwrap();
+        let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
+        // The section's own keys, one level in (the objects of the batch-by-batch figures hold keys of their own).
+        let indent = " ".repeat(start - line_start + 2);
+        let written: Vec<&str> = text[start..]
             .lines()
             .skip(1)
+            .take_while(|line| line.len() > indent.len() - 2 && line.starts_with(&indent))
+            .filter(|line| {
+                !line[indent.len()..].starts_with(' ') && !line[indent.len()..].starts_with('}')
+            })
             .filter_map(|line| line.trim().split('"').nth(1))
             .collect();
         assert_eq!(written, ENQUEUE_KEYS);

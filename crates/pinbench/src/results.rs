@@ -110,10 +110,7 @@ impl Method {
 
     /// The staging options of a staged method (`None`: the defaults).
     pub fn staging_options(self) -> Option<StagingOptions> {
-        (self == Method::StagedChunked).then(|| StagingOptions {
-            chunked_from: 0,
-            ..StagingOptions::default()
-        })
+        (self == Method::StagedChunked).then(|| StagingOptions::default().chunked_from(0))
     }
 }
 
@@ -381,6 +378,10 @@ pub struct Enqueue {
     /// copy, `cuStreamWaitEvent` on the next one, the copy (two events reused in turn): the floor any tracking
     /// of a crossing pays.
     pub raw_cross_stream: f64,
+    /// `same_stream` over `raw`, batch by batch (the four copy figures take turns, batch by batch).
+    pub same_stream_extra: Extra,
+    /// `cross_stream` over `raw_cross_stream`, batch by batch.
+    pub cross_stream_extra: Extra,
     /// Bytes per copy.
     pub bytes: usize,
     /// Copies per timed batch.
@@ -402,8 +403,40 @@ pub struct LaunchCost {
     pub crate_launch: f64,
     /// Batches the medians are taken over, each way.
     pub samples: usize,
+    /// `crate_launch` over `raw`, batch by batch.
+    pub extra: Extra,
     /// Whether the launched kernel's output was as expected, checked once after the timing.
     pub verified: bool,
+}
+
+/// What a call of the crate costs over its reference, from batches of both taken in turns: for each round, the
+/// crate's seconds per call less the reference's in the same round; the median of those differences and their
+/// 10th and 90th percentiles, which say how far one run's figure can be trusted.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Extra {
+    /// Seconds per call.
+    pub median: f64,
+    pub p10: f64,
+    pub p90: f64,
+}
+
+impl Extra {
+    /// From the per-round seconds per call of the crate's call and of its reference, taken in the same rounds.
+    pub fn of(calls: &[f64], reference: &[f64]) -> Extra {
+        let mut differences: Vec<f64> = calls.iter().zip(reference).map(|(c, r)| c - r).collect();
+        differences.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            differences
+                .get(((differences.len().saturating_sub(1)) as f64 * q).round() as usize)
+                .copied()
+                .unwrap_or(f64::NAN)
+        };
+        Extra {
+            median: at(0.5),
+            p10: at(0.1),
+            p90: at(0.9),
+        }
+    }
 }
 
 /// A pipeline of uploads and kernels, on two streams and on one (feature `gpu` only).

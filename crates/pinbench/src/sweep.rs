@@ -29,10 +29,10 @@ pub const THREADS: [usize; 5] = [1, 2, 4, 8, 16];
 /// The grid's options, chunk size outer.
 fn grid() -> impl Iterator<Item = StagingOptions> {
     CHUNKS.into_iter().flat_map(|chunk_bytes| {
-        THREADS.into_iter().map(move |threads| StagingOptions {
-            chunk_bytes,
-            threads,
-            ..StagingOptions::default()
+        THREADS.into_iter().map(move |threads| {
+            StagingOptions::default()
+                .chunk_bytes(chunk_bytes)
+                .threads(threads)
         })
     })
 }
@@ -64,11 +64,9 @@ pub fn estimate(plan: &Plan) -> f64 {
         .map(|chunk_bytes| {
             let threads = THREADS.into_iter().max().unwrap_or(1);
             bandwidth::estimate_warm(
-                StagingOptions {
-                    chunk_bytes,
-                    threads,
-                    ..StagingOptions::default()
-                },
+                StagingOptions::default()
+                    .chunk_bytes(chunk_bytes)
+                    .threads(threads),
                 BYTES,
             )
         })

@@ -2,8 +2,8 @@
 
 use crate::nvml::Link;
 use crate::results::{
-    Alloc, Allocation, Api, Bandwidth, Bidirectional, DeviceInfo, Direction, Enqueue, Header,
-    LaunchCost, Method, Overlap, Report, StagingSweep, SweepPoint,
+    Alloc, Allocation, Api, Bandwidth, Bidirectional, DeviceInfo, Direction, Enqueue, Extra,
+    Header, LaunchCost, Method, Overlap, Report, StagingSweep, SweepPoint,
 };
 
 /// A made-up figure of `gbps` GB/s.
@@ -193,6 +193,16 @@ pub fn sample_report() -> Report {
             same_stream: 1e-6,
             cross_stream: 2e-6,
             raw_cross_stream: 1.5e-6,
+            same_stream_extra: Extra {
+                median: 0.02e-6,
+                p10: -0.01e-6,
+                p90: 0.05e-6,
+            },
+            cross_stream_extra: Extra {
+                median: 0.5e-6,
+                p10: 0.4e-6,
+                p90: 0.7e-6,
+            },
             bytes: 64,
             batch: 500,
             samples: 10,
@@ -200,6 +210,11 @@ pub fn sample_report() -> Report {
                 raw: 2e-6,
                 crate_launch: 2.25e-6,
                 samples: 100,
+                extra: Extra {
+                    median: 0.25e-6,
+                    p10: 0.2e-6,
+                    p90: 0.3e-6,
+                },
                 verified: true,
             }),
         }),
