@@ -160,6 +160,8 @@ mod bindings {
         "cuFuncSetAttribute",
         "cuFuncGetParamInfo",
         "cuFuncGetName",
+        "cuFuncLoad",
+        "cuFuncIsLoaded",
         "cuOccupancyMaxActiveBlocksPerMultiprocessor",
         // kernel launch
         "cuLaunchKernel",
@@ -227,6 +229,7 @@ mod bindings {
         "CUevent_wait_flags",
         "CUmemorytype",
         "CUfunction_attribute",
+        "CUfunctionLoadingState",
         "CUjit_option",
         "CUlaunchAttributeID",
         "CUstreamCaptureMode",

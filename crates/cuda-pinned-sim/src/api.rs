@@ -48,7 +48,15 @@ pub(crate) fn entry(
     };
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
         Ok(Ok(())) => CUresult::CUDA_SUCCESS,
-        Ok(Err(code)) => code,
+        Ok(Err(CUresult::CUDA_ERROR_NOT_READY)) => CUresult::CUDA_ERROR_NOT_READY,
+        Ok(Err(code)) => {
+            let name = crate::codes::describe(code).map_or_else(
+                || format!("{code:?}"),
+                |(name, _)| name.to_string_lossy().into(),
+            );
+            SIM.lock().api_errors.push(format!("{function}: {name}"));
+            code
+        }
         Err(_) => {
             eprintln!("cuda-pinned-sim: BUG: {function} panicked in the simulator");
             CUresult::CUDA_ERROR_UNKNOWN
@@ -2005,6 +2013,7 @@ pub extern "C" fn cuModuleGetFunction(
                 module: handle,
                 device,
                 kernel,
+                loaded: false,
             },
         );
         state
@@ -2014,6 +2023,38 @@ pub extern "C" fn cuModuleGetFunction(
             .functions
             .insert(name.to_vec(), function);
         put(hfunc, function as CUfunction)
+    })
+}
+
+/// Loads a function's code now: it waits for all work on the device, as loading a module eagerly does.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuFuncLoad(function: CUfunction) -> CUresult {
+    entry("cuFuncLoad", |state| {
+        let handle = live_function(&state, function)?;
+        let FunctionData { device, loaded, .. } = state.functions[&handle];
+        if !loaded {
+            let mut state = device_wait(state, Some(device), |_| false, "cuFuncLoad");
+            if let Some(f) = state.functions.get_mut(&handle) {
+                f.loaded = true;
+            }
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuFuncIsLoaded(
+    state_out: *mut CUfunctionLoadingState,
+    function: CUfunction,
+) -> CUresult {
+    entry("cuFuncIsLoaded", |state| {
+        let handle = live_function(&state, function)?;
+        let loaded = if state.functions[&handle].loaded {
+            CUfunctionLoadingState::CU_FUNCTION_LOADING_STATE_LOADED
+        } else {
+            CUfunctionLoadingState::CU_FUNCTION_LOADING_STATE_UNLOADED
+        };
+        put(state_out, loaded)
     })
 }
 
@@ -2114,6 +2155,7 @@ pub extern "C" fn cuLaunchKernel(
             module,
             device,
             ref kernel,
+            ..
         } = state.functions[&function];
         let kernel = Arc::clone(kernel);
         let stream_device = if is_default_stream(hStream) {
@@ -2124,6 +2166,19 @@ pub extern "C" fn cuLaunchKernel(
         // The function and the stream must be of one context.
         if stream_device != device as usize {
             return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+        }
+        // Under lazy loading a kernel's code is loaded at its first launch, unless `cuFuncLoad` loaded it, and
+        // loading waits for all work on the device.
+        if !state.functions[&function].loaded {
+            state = device_wait(
+                state,
+                Some(device),
+                |_| false,
+                "cuLaunchKernel (a kernel's first launch loads its code)",
+            );
+            if let Some(loaded) = state.functions.get_mut(&function) {
+                loaded.loaded = true;
+            }
         }
         let count = kernel.sizes.len();
         if count > 0 && kernelParams.is_null() {
@@ -2278,6 +2333,8 @@ fn signatures(api: &DriverApi) {
         cuModuleLoadDataEx,
         cuModuleUnload,
         cuModuleGetFunction,
+        cuFuncLoad,
+        cuFuncIsLoaded,
         cuFuncGetParamInfo,
         cuFuncGetAttribute,
         cuFuncGetName,

@@ -171,6 +171,24 @@ pub unsafe extern "C" fn cuda_sim_injected_name(
     name.map_or(-1, |name| unsafe { copy_out(name, buffer, len) })
 }
 
+/// Calls that returned an error other than `CUDA_ERROR_NOT_READY` so far.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuda_sim_api_errors() -> u64 {
+    SIM.lock().api_errors.len() as u64
+}
+
+/// Copies API error `index` into `buffer`, as [`cuda_sim_violation`] does.
+///
+/// # Safety
+/// `buffer` has `len` writable bytes (or `len` is 0).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuda_sim_api_error(index: u64, buffer: *mut c_char, len: usize) -> i64 {
+    let state = SIM.lock();
+    let error = state.api_errors.get(index as usize);
+    // SAFETY: as the caller promises.
+    error.map_or(-1, |error| unsafe { copy_out(error, buffer, len) })
+}
+
 /// Violations found so far.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuda_sim_violations() -> u64 {
@@ -442,6 +460,19 @@ impl Control {
         (0..len())
             // SAFETY: read_string passes a buffer of `len` writable bytes.
             .map(|i| read_string(|buffer, len| unsafe { name(i, buffer, len) }))
+            .collect()
+    }
+
+    /// Every call so far that returned an error other than `CUDA_ERROR_NOT_READY` (which queries return for
+    /// work not done), as `function: CODE`: what compute-sanitizer reports as API errors, injected faults
+    /// included.
+    pub fn api_errors(&self) -> Vec<String> {
+        let count: extern "C" fn() -> u64 = self.function("cuda_sim_api_errors");
+        let get: unsafe extern "C" fn(u64, *mut c_char, usize) -> i64 =
+            self.function("cuda_sim_api_error");
+        (0..count())
+            // SAFETY: read_string passes a buffer of `len` writable bytes.
+            .map(|i| read_string(|buffer, len| unsafe { get(i, buffer, len) }))
             .collect()
     }
 

@@ -357,6 +357,9 @@ pub(crate) struct FunctionData {
     pub(crate) device: i32,
     /// The stand-in registered under its name when it was got.
     pub(crate) kernel: Arc<StandIn>,
+    /// Whether its code is loaded (`cuFuncLoad`, or a first launch): under lazy loading, the driver's default,
+    /// it is not when got.
+    pub(crate) loaded: bool,
 }
 
 /// A device's primary context.
@@ -375,6 +378,9 @@ pub(crate) struct State {
     pub(crate) bad_fail_spec: Option<String>,
     /// Every violation found so far, in order.
     pub(crate) violations: Vec<String>,
+    /// Calls that returned an error other than `CUDA_ERROR_NOT_READY` (what compute-sanitizer reports as API
+    /// errors), as `function: CODE`.
+    pub(crate) api_errors: Vec<String>,
     /// Whether the last violation still has to be returned as an error from a driver call.
     pub(crate) unreported: bool,
     pub(crate) allocations: HashMap<u64, Allocation>,
@@ -436,6 +442,7 @@ impl State {
             faults: Faults::default(),
             bad_fail_spec: None,
             violations: Vec::new(),
+            api_errors: Vec::new(),
             unreported: false,
             allocations: HashMap::new(),
             device_map: BTreeMap::new(),

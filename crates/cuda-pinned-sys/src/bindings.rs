@@ -2609,6 +2609,21 @@ impl Default for CUmemcpyAttributes_st {
 }
 pub type CUmemcpyAttributes_v1 = CUmemcpyAttributes_st;
 pub type CUmemcpyAttributes = CUmemcpyAttributes_v1;
+impl CUfunctionLoadingState_enum {
+    pub const CU_FUNCTION_LOADING_STATE_UNLOADED: CUfunctionLoadingState_enum = CUfunctionLoadingState_enum(
+        0,
+    );
+    pub const CU_FUNCTION_LOADING_STATE_LOADED: CUfunctionLoadingState_enum = CUfunctionLoadingState_enum(
+        1,
+    );
+    pub const CU_FUNCTION_LOADING_STATE_MAX: CUfunctionLoadingState_enum = CUfunctionLoadingState_enum(
+        2,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUfunctionLoadingState_enum(pub ::std::os::raw::c_uint);
+pub use self::CUfunctionLoadingState_enum as CUfunctionLoadingState;
 impl cudaError {
     pub const cudaSuccess: cudaError = cudaError(0);
     pub const cudaErrorInvalidValue: cudaError = cudaError(1);
@@ -3436,6 +3451,17 @@ pub struct DriverApi {
         ) -> CUresult,
         ::libloading::Error,
     >,
+    pub cuFuncIsLoaded: Result<
+        unsafe extern "C" fn(
+            state: *mut CUfunctionLoadingState,
+            function: CUfunction,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuFuncLoad: Result<
+        unsafe extern "C" fn(function: CUfunction) -> CUresult,
+        ::libloading::Error,
+    >,
     pub cuLaunchKernel: Result<
         unsafe extern "C" fn(
             f: CUfunction,
@@ -3781,6 +3807,9 @@ impl DriverApi {
         let cuFuncGetName = unsafe { __library.get(b"cuFuncGetName\0") }.map(|sym| *sym);
         let cuFuncGetParamInfo = unsafe { __library.get(b"cuFuncGetParamInfo\0") }
             .map(|sym| *sym);
+        let cuFuncIsLoaded = unsafe { __library.get(b"cuFuncIsLoaded\0") }
+            .map(|sym| *sym);
+        let cuFuncLoad = unsafe { __library.get(b"cuFuncLoad\0") }.map(|sym| *sym);
         let cuLaunchKernel = unsafe { __library.get(b"cuLaunchKernel\0") }
             .map(|sym| *sym);
         let cuLaunchKernelEx = unsafe { __library.get(b"cuLaunchKernelEx\0") }
@@ -3920,6 +3949,8 @@ impl DriverApi {
             cuFuncSetAttribute,
             cuFuncGetName,
             cuFuncGetParamInfo,
+            cuFuncIsLoaded,
+            cuFuncLoad,
             cuLaunchKernel,
             cuLaunchKernelEx,
             cuLaunchHostFunc,
@@ -5175,6 +5206,23 @@ impl DriverApi {
                 .expect(
                     "Expected function, got error.",
                 ))(func, paramIndex, paramOffset, paramSize)
+        }
+    }
+    pub unsafe fn cuFuncIsLoaded(
+        &self,
+        state: *mut CUfunctionLoadingState,
+        function: CUfunction,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuFuncIsLoaded
+                .as_ref()
+                .expect("Expected function, got error."))(state, function)
+        }
+    }
+    pub unsafe fn cuFuncLoad(&self, function: CUfunction) -> CUresult {
+        unsafe {
+            (self.cuFuncLoad.as_ref().expect("Expected function, got error."))(function)
         }
     }
     pub unsafe fn cuLaunchKernel(

@@ -2,6 +2,10 @@
 //! GPU code use: a cudarc stream of a device's primary context is one of the crate's [`Stream`]s, and device
 //! memory changes hands both ways.
 //!
+//! cudarc needs its CUDA version chosen when it builds: a crate that uses cudarc has one of its `cuda-XXXXX`
+//! features on already (`cudarc = { version = "0.19", features = ["cuda-13000"] }`); otherwise set
+//! `CUDARC_CUDA_VERSION` (e.g. `13000`) for the build.
+//!
 //! Work cudarc enqueues on a shared stream is invisible to the crate's tracking, as any other code's is:
 //! enqueue it inside [`Stream::enqueue_foreign`], declaring the crate's buffers it reads and writes, and the
 //! crate orders its own work around it.

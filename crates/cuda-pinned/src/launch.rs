@@ -59,6 +59,8 @@ pub struct Module(Arc<ModuleInner>);
 struct ModuleInner {
     raw: CUmodule,
     context: Context,
+    /// The PTX text it was loaded from, where it was: its kernels' parameter lists are read there.
+    ptx: Option<Box<str>>,
     /// Every launch of one of its kernels reads the module: it is unloaded only after them.
     track: Track,
 }
@@ -96,7 +98,10 @@ impl Module {
         }
         let owned = [text, &[0]].concat();
         // SAFETY: NUL-terminated text within `owned`, which the driver reads up to the NUL.
-        unsafe { Module::load_image(context, &owned, "PTX", text.len()) }
+        let mut module = unsafe { Module::load_image(context, &owned, "PTX", text.len()) }?;
+        let ptx = String::from_utf8_lossy(text).into();
+        Arc::get_mut(&mut module.0).expect("a module just made").ptx = Some(ptx);
+        Ok(module)
     }
 
     /// Loads a cubin or fatbin image, as nvcc writes them (`nvcc --cubin` / `--fatbin`, e.g.
@@ -138,16 +143,30 @@ impl Module {
         Ok(Module(Arc::new(ModuleInner {
             raw,
             context: context.clone(),
+            ptx: None,
             track: Track::default(),
         })))
     }
 
     /// The kernel named `name` (its name in the image: `extern "C"` kernels keep theirs, others are mangled).
     ///
+    /// Its parameters' sizes are read from the driver (`cuFuncGetParamInfo`), so that launches are checked
+    /// against them. For a module loaded from PTX the count comes from the PTX text, and no call fails. For one
+    /// loaded from a binary image the driver has no call that tells the count, so the indices are asked for until
+    /// it answers `CUDA_ERROR_INVALID_VALUE`: one failed call per kernel looked up, which compute-sanitizer
+    /// reports as an API error (`--report-api-errors no` silences it). No other call of the crate fails in
+    /// normal use.
+    ///
+    /// Blocks while the driver loads the kernel's code (`cuFuncLoad`), which may wait for device work already
+    /// running, as loading the module may: under lazy loading, the driver's default, the kernel's first launch
+    /// would otherwise do it, and wait for work on every stream. Look kernels up before the work that must not
+    /// be held up, as modules are loaded.
+    ///
     /// # Errors
     /// `CUDA_ERROR_NOT_FOUND` naming the kernel if the module has none of that name; an invalid-argument
     /// error for a name with a NUL; the driver's.
     #[doc(alias = "cuModuleGetFunction")]
+    #[doc(alias = "cuFuncLoad")]
     pub fn kernel(&self, name: &str) -> Result<Kernel> {
         let c_name = CString::new(name).map_err(|_| {
             Error::invalid(format_args!(
@@ -160,9 +179,28 @@ impl Module {
                  declared extern \"C\")"
             ))
         })?;
+        // Under lazy loading (the driver's default since CUDA 12.2) a kernel's code is loaded at its first launch,
+        // and loading waits for all work on the device: that launch would wait for whatever runs on any stream.
+        // Loaded here instead, where the caller expects to wait (see `Module::load`). A driver before CUDA 12.4
+        // has no such call, and nothing is asked.
+        let loaded = self
+            .context()
+            .enter()
+            .and_then(|_current| calls::func_load(raw));
+        match loaded {
+            Err(e) if e.driver_code().is_some() => {
+                return Err(e.context(format_args!("loading the code of kernel `{name}`")));
+            }
+            _ => {}
+        }
         let limits = Limits::of(self.context(), raw)
             .map_err(|e| e.context(format_args!("reading the attributes of kernel `{name}`")))?;
-        let params = param_sizes(raw)
+        let count = self
+            .0
+            .ptx
+            .as_deref()
+            .and_then(|ptx| ptx_param_count(ptx, name));
+        let params = param_sizes(raw, count)
             .map_err(|e| e.context(format_args!("reading the parameters of kernel `{name}`")))?;
         Ok(Kernel {
             module: self.clone(),
@@ -220,15 +258,22 @@ fn describe_image(image: &[u8]) -> String {
 }
 
 /// The sizes of `function`'s parameters, or `None` where the driver cannot tell (`cuFuncGetParamInfo` is
-/// CUDA 12.4+).
-fn param_sizes(function: CUfunction) -> Result<Option<Vec<usize>>> {
+/// CUDA 12.4+). With `count` known (from the PTX), exactly those are asked for. Without it (a binary image),
+/// the indices are tried until the driver answers `CUDA_ERROR_INVALID_VALUE`: the driver has no call that
+/// tells the count, and that one failed call is an API error compute-sanitizer reports.
+fn param_sizes(function: CUfunction, count: Option<usize>) -> Result<Option<Vec<usize>>> {
     // The parameters of a kernel fit in 32 KiB, so there are fewer than this many.
     const MOST: usize = 32 * 1024;
     let mut sizes = Vec::new();
-    for index in 0..MOST {
+    for index in 0..count.unwrap_or(MOST) {
         match calls::func_get_param_info(function, index) {
             Ok((_, size)) => sizes.push(size),
-            Err(e) if e.driver_code() == Some(CUresult::CUDA_ERROR_INVALID_VALUE) => break,
+            Err(e)
+                if count.is_none()
+                    && e.driver_code() == Some(CUresult::CUDA_ERROR_INVALID_VALUE) =>
+            {
+                break;
+            }
             Err(e)
                 if e.driver_code() == Some(CUresult::CUDA_ERROR_NOT_SUPPORTED)
                     || e.driver_code().is_none() =>
@@ -241,6 +286,28 @@ fn param_sizes(function: CUfunction) -> Result<Option<Vec<usize>>> {
     Ok(Some(sizes))
 }
 
+/// How many parameters the kernel `name` declares in `ptx` (the `.param` entries of its `.entry` list), or
+/// `None` where the text does not say plainly (no such entry).
+fn ptx_param_count(ptx: &str, name: &str) -> Option<usize> {
+    let mut rest = ptx;
+    loop {
+        let at = rest.find(".entry")?;
+        rest = &rest[at + ".entry".len()..];
+        let Some(after) = rest.trim_start().strip_prefix(name) else {
+            continue;
+        };
+        let after = after.trim_start();
+        if let Some(list) = after.strip_prefix('(') {
+            let list = &list[..list.find(')')?];
+            return Some(list.matches(".param").count());
+        }
+        if after.starts_with('{') || after.starts_with('.') {
+            // No parameter list: its body, or a performance directive (`.maxntid`), comes next.
+            return Some(0);
+        }
+        // A longer name that starts with this one: look further.
+    }
+}
 /// What a launch of a kernel may ask for on its device.
 #[derive(Clone, Copy, Debug)]
 struct Limits {
@@ -830,8 +897,11 @@ impl Stream {
     /// current again once this returns), so that calls taking their context from the thread find the stream's,
     /// and with no lock of the crate held: it may call the crate (the declared buffers are borrowed by `uses`,
     /// so only reads of those declared read). The uses are recorded once it returns, or
-    /// unwinds: work it enqueued before a panic is waited for all the same. A stream's ledger
-    /// ([`Stream::with_ledger`]) does not time this work; wrap it in [`Stream::profile`] for that.
+    /// unwinds: work it enqueued before a panic is waited for all the same. They are recorded even where
+    /// `enqueue` enqueued nothing (it failed before its first call, say): the crate cannot tell, so later work
+    /// on those buffers, their frees and host access then wait for this stream's work up to this point, which
+    /// may be more than they needed (never less). A stream's ledger ([`Stream::with_ledger`]) does not time
+    /// this work; wrap it in [`Stream::profile`] for that.
     ///
     /// # Errors
     /// An invalid-argument error, with `enqueue` not run, for device memory or a module of another context;
@@ -858,5 +928,39 @@ impl Stream {
             uses.iter().map(|u| (u.track, u.access)).collect();
         self.declared(&mut tracks, || enqueue(self.as_raw()))
             .map_err(|e| e.context("declaring other code's work"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ptx_param_count;
+
+    #[test]
+    fn a_kernels_parameters_are_counted_in_its_ptx_entry() {
+        let ptx = "\
+.version 8.0
+.target sm_75
+.visible .entry scale_all(
+    .param .u64 x
+)
+{ ret; }
+.visible .entry scale(
+    .param .u64 .ptr .global .align 4 x,
+    .param .u64 y,
+    .param .align 8 .b8 pair[16],
+    .param .u32 n
+)
+{ ret; }
+.entry empty
+{ ret; }
+.entry tuned .maxntid 256, 1, 1
+{ ret; }
+";
+        assert_eq!(ptx_param_count(ptx, "scale"), Some(4));
+        assert_eq!(ptx_param_count(ptx, "scale_all"), Some(1));
+        assert_eq!(ptx_param_count(ptx, "empty"), Some(0));
+        assert_eq!(ptx_param_count(ptx, "tuned"), Some(0));
+        assert_eq!(ptx_param_count(ptx, "absent"), None);
+        assert_eq!(ptx_param_count(ptx, "sca"), None);
     }
 }

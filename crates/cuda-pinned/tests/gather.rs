@@ -626,3 +626,26 @@ fn a_gather_does_not_wait_for_the_staging_of_gathers_on_another_stream() {
     );
     assert!(rows_arrived, "the gather on the idle stream is wrong");
 }
+
+/// Looking up the gatherer's kernels asks the driver only what it can answer: no call fails, so compute-sanitizer
+/// has no API error to report (each kernel's parameter count is read from its PTX, and only those parameters are
+/// asked for). The control: the same kernel looked up in a module loaded from a binary image, whose parameters
+/// are counted by asking until the driver says there is no such parameter, a failed call.
+#[cfg(not(feature = "gpu"))]
+#[test]
+fn looking_up_the_gather_kernels_makes_no_call_fail() {
+    let _serial = serial();
+    let sim = common::sim().expect("the simulated driver");
+    let ctx = context();
+    let before = sim.api_errors().len();
+    let gatherer = Gatherer::new(&ctx).unwrap();
+    assert_eq!(sim.api_errors()[before..], [] as [String; 0]);
+    drop(gatherer);
+
+    // SAFETY: the simulated driver takes any image for a module and reads none of it.
+    let binary = unsafe { cuda_pinned::Module::load_binary(&ctx, b"\x7fELF not read") }.unwrap();
+    let kernel = binary.kernel("cuda_pinned_gather_4").unwrap();
+    assert_eq!(kernel.param_sizes(), Some(&[8; 6][..]));
+    let failed = sim.api_errors()[before..].to_vec();
+    assert_eq!(failed, ["cuFuncGetParamInfo: CUDA_ERROR_INVALID_VALUE"]);
+}

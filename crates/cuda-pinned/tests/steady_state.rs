@@ -7,9 +7,10 @@
 //!
 //! On the simulated driver, 2,000 iterations under a page-locked limit of 16 MiB, the process's page-locked
 //! bytes read after every iteration. On a GPU, 10,000 iterations, the process's page-locked allocations read
-//! from `/proc/self/smaps` every 100 (the driver maps them as shared mappings of `/dev/zero`); registered
-//! memory shows in no counter there, so for `Registered` the resident memory stands in: registrations that
-//! pile up keep their `Vec`s allocated.
+//! from `/proc/self/smaps` every 100 (the driver maps them as shared mappings of `/dev/zero`). Registered memory
+//! shows in no counter there, so the process's resident memory is watched too (within the same bound and 64 MiB
+//! for the loop's own memory): registrations that pile up keep their pages allocated, and so do the pool's blocks
+//! where it pins by registering.
 
 mod common;
 
@@ -48,32 +49,34 @@ fn context() -> Context {
     ctx
 }
 
-/// Keeps a stream of its own busy at every moment while a loop runs: spins of 50 ms, the next queued once
-/// the last has run for 20 ms, so one is always queued behind the running one.
+/// Keeps a stream of its own busy at every moment while a loop runs: spins of 50 ms, queued so that about a
+/// second of them is always ahead (an iteration under compute-sanitizer can take far longer than 50 ms).
 struct Busy {
     stream: Stream,
-    last: Instant,
+    /// When the spins queued so far end, at the earliest.
+    ends: Instant,
 }
 
 impl Busy {
     const SPIN: Duration = Duration::from_millis(50);
-    const RENEW: Duration = Duration::from_millis(20);
+    const AHEAD: Duration = Duration::from_secs(1);
 
     fn new(context: &Context) -> Busy {
-        let stream = Stream::new(context).unwrap();
-        spin_for(&stream, Busy::SPIN);
-        spin_for(&stream, Busy::SPIN);
-        Busy {
-            stream,
-            last: Instant::now(),
-        }
+        let mut busy = Busy {
+            stream: Stream::new(context).unwrap(),
+            ends: Instant::now(),
+        };
+        busy.keep();
+        busy
     }
 
-    /// Called every iteration: queues the next spin when it is time.
+    /// Called every iteration: queues spins until a second of them is ahead.
     fn keep(&mut self) {
-        if self.last.elapsed() >= Busy::RENEW {
+        let now = Instant::now();
+        self.ends = self.ends.max(now);
+        while self.ends < now + Busy::AHEAD {
             spin_for(&self.stream, Busy::SPIN);
-            self.last = Instant::now();
+            self.ends += Busy::SPIN;
         }
     }
 
@@ -115,23 +118,23 @@ fn page_locked() -> u64 {
     }
 }
 
-/// On a GPU, the process's resident memory (`VmRSS`), where registered memory that piles up shows; on the
-/// simulated driver, [`page_locked`], which counts registrations.
-fn registered_measure() -> u64 {
-    #[cfg(not(feature = "gpu"))]
-    {
-        page_locked()
-    }
-    #[cfg(feature = "gpu")]
-    {
-        let status = std::fs::read_to_string("/proc/self/status").unwrap();
-        let line = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .unwrap();
-        kilobytes(line)
-    }
+/// The process's resident memory (`VmRSS`): on a GPU, where memory registered in place shows (its pages stay
+/// allocated while registered), and the pool's blocks when it pins by registering. Not read on the simulated
+/// driver, whose page-locked count has registrations.
+#[cfg(feature = "gpu")]
+fn resident() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .unwrap();
+    kilobytes(line)
 }
+
+/// What the resident memory may grow by besides page-locked memory: the loop's own `Vec`s and the allocator's
+/// caches.
+#[cfg(feature = "gpu")]
+const RESIDENT_SLACK: u64 = 64 << 20;
 
 /// `   1234 kB` as bytes.
 #[cfg(feature = "gpu")]
@@ -142,26 +145,28 @@ fn kilobytes(field: &str) -> u64 {
         * 1024
 }
 
-/// Watches a measure of page-locked memory over a loop: it may not grow past `bound` bytes over what it read
-/// before the loop.
+/// Watches the page-locked memory of a loop: it may not grow past `bound` bytes over what it was before the
+/// loop. On a GPU the resident memory is watched too, with [`RESIDENT_SLACK`] more.
 struct Watch {
     what: &'static str,
     iterations: usize,
-    measure: fn() -> u64,
-    before: u64,
     bound: u64,
+    before: u64,
     most: u64,
+    #[cfg(feature = "gpu")]
+    resident: (u64, u64),
 }
 
 impl Watch {
-    fn new(what: &'static str, iterations: usize, measure: fn() -> u64, bound: usize) -> Watch {
+    fn new(what: &'static str, iterations: usize, bound: usize) -> Watch {
         Watch {
             what,
             iterations,
-            measure,
-            before: measure(),
             bound: bound as u64,
+            before: page_locked(),
             most: 0,
+            #[cfg(feature = "gpu")]
+            resident: (resident(), 0),
         }
     }
 
@@ -169,7 +174,7 @@ impl Watch {
         if !iteration.is_multiple_of(READ_EVERY) && iteration + 1 != self.iterations {
             return;
         }
-        let more = (self.measure)().saturating_sub(self.before);
+        let more = page_locked().saturating_sub(self.before);
         self.most = self.most.max(more);
         assert!(
             more <= self.bound,
@@ -178,16 +183,34 @@ impl Watch {
             self.what,
             self.bound
         );
+        #[cfg(feature = "gpu")]
+        {
+            let more = resident().saturating_sub(self.resident.0);
+            self.resident.1 = self.resident.1.max(more);
+            assert!(
+                more <= self.bound + RESIDENT_SLACK,
+                "{}: after iteration {iteration} the process's resident memory grew by {more} bytes, past the \
+                 bound of {} and {RESIDENT_SLACK} bytes for the loop's own memory",
+                self.what,
+                self.bound
+            );
+        }
     }
 
     fn report(&self) {
-        eprintln!(
-            "{}: {} iterations, at most {:.2} MiB more than before (bound {:.2} MiB)",
+        eprint!(
+            "{}: {} iterations, page-locked at most {:.2} MiB more than before (bound {:.2} MiB)",
             self.what,
             self.iterations,
             self.most as f64 / MIB as f64,
             self.bound as f64 / MIB as f64
         );
+        #[cfg(feature = "gpu")]
+        eprint!(
+            ", resident at most {:.2} MiB more",
+            self.resident.1 as f64 / MIB as f64
+        );
+        eprintln!();
     }
 }
 
@@ -210,12 +233,7 @@ fn a_pool_cycling_size_classes_stays_within_its_budget() {
     let budget = 4 * MIB;
     let pool = PinnedPool::new(&ctx, budget);
     let mut device = DeviceBuffer::<u8>::zeroed(&stream, 4 * MIB).unwrap();
-    let mut watch = Watch::new(
-        "a 4 MiB pool",
-        ITERATIONS,
-        page_locked,
-        budget + rounded(4 * MIB),
-    );
+    let mut watch = Watch::new("a 4 MiB pool", ITERATIONS, budget + rounded(4 * MIB));
     for i in 0..ITERATIONS {
         busy.keep();
         // Requests of 4, 2 and 1 MiB in turn: each needs another size class, so the pool evicts.
@@ -245,12 +263,7 @@ fn plain_pinned_buffers_allocated_every_iteration_reuse_memory_whose_work_comple
     let stream = Stream::new(&ctx).unwrap();
     let mut busy = Busy::new(&ctx);
     let mut device = DeviceBuffer::<u8>::zeroed(&stream, 4 * MIB).unwrap();
-    let mut watch = Watch::new(
-        "Pinned per iteration",
-        ITERATIONS,
-        page_locked,
-        rounded(4 * MIB),
-    );
+    let mut watch = Watch::new("Pinned per iteration", ITERATIONS, rounded(4 * MIB));
     for i in 0..ITERATIONS {
         busy.keep();
         let len = [4, 2, 1][i % 3] * MIB - 100 * (i % 7);
@@ -285,14 +298,7 @@ fn registered_vecs_of_every_iteration_stay_bounded() {
     let len = 2 * MIB;
     let mut device = DeviceBuffer::<u8>::zeroed(&stream, len).unwrap();
     let mut back = Pinned::<u8>::zeroed(&ctx, 1).unwrap();
-    // On a GPU the measure is the resident memory, which the loop's own Vec and allocator add to.
-    let slack = if common::SIMULATED { 0 } else { 64 * MIB };
-    let mut watch = Watch::new(
-        "Registered per iteration",
-        ITERATIONS,
-        registered_measure,
-        rounded(len) + slack,
-    );
+    let mut watch = Watch::new("Registered per iteration", ITERATIONS, rounded(len));
     for i in 0..ITERATIONS {
         busy.keep();
         let host = at("registering", i, Registered::new(&ctx, vec![i as u8; len]));
@@ -339,7 +345,6 @@ fn a_gatherer_whose_staging_is_too_small_reuses_the_buffers_it_pins() {
     let mut watch = Watch::new(
         "a gatherer with 256 KiB of staging",
         iterations,
-        page_locked,
         staging + rounded(count * 4),
     );
     for i in 0..iterations {
@@ -386,12 +391,7 @@ fn staged_transfers_stay_within_their_pool() {
     let mut device = DeviceBuffer::<u8>::zeroed(&stream, len).unwrap();
     let mut back = vec![0u8; len];
     let iterations = ITERATIONS / 4;
-    let mut watch = Watch::new(
-        "staged transfers through a 4 MiB pool",
-        iterations,
-        page_locked,
-        budget,
-    );
+    let mut watch = Watch::new("staged transfers through a 4 MiB pool", iterations, budget);
     for i in 0..iterations {
         busy.keep();
         let src = vec![i as u8; len - i % 4096];
@@ -424,12 +424,7 @@ fn a_prefetcher_stays_within_its_pool() {
     let budget = 4 * MIB;
     let pool = PinnedPool::new(&ctx, budget);
     let len = 64 << 10;
-    let mut watch = Watch::new(
-        "a prefetcher over a 4 MiB pool",
-        ITERATIONS,
-        page_locked,
-        budget,
-    );
+    let mut watch = Watch::new("a prefetcher over a 4 MiB pool", ITERATIONS, budget);
     let batches = Prefetcher::<Pinned<u32>>::builder(&pool, &compute, len)
         .batches(ITERATIONS)
         .workers(2)

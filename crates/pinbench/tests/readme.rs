@@ -4,6 +4,7 @@
 
 const REPOSITORY: &str = include_str!("../../../README.md");
 const CRATE: &str = include_str!("../../cuda-pinned/README.md");
+const DOWNSTREAM_BUILD: &str = include_str!("../../../examples/downstream/build.rs");
 
 /// The Rust code blocks of a Markdown text, fences included.
 fn rust_blocks(text: &str) -> Vec<&str> {
@@ -22,7 +23,7 @@ fn rust_blocks(text: &str) -> Vec<&str> {
 fn the_repository_readme_shows_the_crates_compiled_examples() {
     let repository = rust_blocks(REPOSITORY);
     let packaged = rust_blocks(CRATE);
-    assert_eq!(repository.len(), 4, "the README's examples");
+    assert_eq!(repository.len(), 5, "the README's examples");
     for block in &repository {
         assert!(
             packaged.contains(block),
@@ -42,4 +43,24 @@ fn a_changed_example_is_found() {
             .iter()
             .any(|block| !packaged.contains(block))
     );
+}
+
+/// The README's build-script recipe is the one `examples/downstream` builds its kernels with (on a GPU, where its
+/// tests run them): each of its lines is a line of that build script.
+#[test]
+fn the_build_script_recipe_is_the_downstream_examples() {
+    let recipe = rust_blocks(CRATE)
+        .into_iter()
+        .find(|block| block.contains("// build.rs"))
+        .expect("the README shows a build script");
+    let lines: Vec<&str> = DOWNSTREAM_BUILD.lines().map(str::trim).collect();
+    for line in recipe.lines().map(str::trim) {
+        if line.starts_with("```") || line.starts_with("//") || line.is_empty() {
+            continue;
+        }
+        assert!(
+            lines.contains(&line),
+            "the README's build script has `{line}`, examples/downstream/build.rs does not"
+        );
+    }
 }
