@@ -43,9 +43,10 @@ impl<T: Pod> Registered<T> {
     ///
     /// One exception keeps a loop that registers a `Vec` per iteration bounded while its devices never idle
     /// (the driver's unpinning waits for every device to be idle, so the registrations it drops would pile up):
-    /// where a `Registered` of the same element type, length and capacity was dropped, its work has completed
-    /// and its unpinning still waits, the elements are copied into that memory, which stays registered, and
-    /// `vec` is freed. [`Registered::into_vec`] then returns that `Vec`, with the same contents.
+    /// where a `Registered` was dropped whose `Vec` had room for exactly as many elements (of the same size and
+    /// alignment) as `vec` holds, its work has completed and its unpinning still waits, the elements are copied
+    /// into that memory, which stays registered, and `vec` is freed. [`Registered::into_vec`] then returns that
+    /// `Vec`, with the same contents (and no spare capacity).
     ///
     /// # Errors
     /// The driver's, such as `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED` when the memory overlaps a registered
