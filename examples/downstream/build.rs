@@ -19,6 +19,15 @@ fn main() {
         .arg(out.join("pipeline.ptx"))
         .arg("cuda/pipeline.cu")
         .status()
-        .unwrap_or_else(|e| panic!("running {}: {e} (set CUDA_PATH to a CUDA toolkit)", nvcc.display()));
-    assert!(status.success(), "{} could not compile cuda/pipeline.cu", nvcc.display());
+        .unwrap_or_else(|e| {
+            panic!(
+                "running {}: {e} (set CUDA_PATH to a CUDA toolkit)",
+                nvcc.display()
+            )
+        });
+    assert!(
+        status.success(),
+        "{} could not compile cuda/pipeline.cu",
+        nvcc.display()
+    );
 }

@@ -324,7 +324,10 @@ fuzz_target!(|data: &[u8]| {
     let threads = number(&mut input, chunks);
     let sample = input.u64_le();
     // Every size staged: the crossover to the driver's path decides nothing about the split.
-    let options = StagingOptions::default().chunk_bytes(chunk_bytes).threads(threads).chunked_from(0);
+    let options = StagingOptions::default()
+        .chunk_bytes(chunk_bytes)
+        .threads(threads)
+        .chunked_from(0);
     // A host slice of more than `usize::MAX` bytes cannot exist; the split is still checked up to that.
     let Some(total) = total else { return };
     match staging_plan(total, options) {
