@@ -268,12 +268,9 @@ fn param_sizes(function: CUfunction, count: Option<usize>) -> Result<Option<Vec<
     for index in 0..count.unwrap_or(MOST) {
         match calls::func_get_param_info(function, index) {
             Ok((_, size)) => sizes.push(size),
-            Err(e)
-                if count.is_none()
-                    && e.driver_code() == Some(CUresult::CUDA_ERROR_INVALID_VALUE) =>
-            {
-                break;
-            }
+            // Past the last parameter: the end of the probe, or a count read wrong from the PTX (the driver
+            // knows best).
+            Err(e) if e.driver_code() == Some(CUresult::CUDA_ERROR_INVALID_VALUE) => break,
             Err(e)
                 if e.driver_code() == Some(CUresult::CUDA_ERROR_NOT_SUPPORTED)
                     || e.driver_code().is_none() =>
@@ -289,7 +286,8 @@ fn param_sizes(function: CUfunction, count: Option<usize>) -> Result<Option<Vec<
 /// How many parameters the kernel `name` declares in `ptx` (the `.param` entries of its `.entry` list), or
 /// `None` where the text does not say plainly (no such entry).
 fn ptx_param_count(ptx: &str, name: &str) -> Option<usize> {
-    let mut rest = ptx;
+    let text = without_comments(ptx);
+    let mut rest = text.as_str();
     loop {
         let at = rest.find(".entry")?;
         rest = &rest[at + ".entry".len()..];
@@ -308,6 +306,27 @@ fn ptx_param_count(ptx: &str, name: &str) -> Option<usize> {
         // A longer name that starts with this one: look further.
     }
 }
+/// `ptx` with its `//` and `/* */` comments blanked out (PTX has no string literals to mind).
+fn without_comments(ptx: &str) -> String {
+    let mut out = String::with_capacity(ptx.len());
+    let mut rest = ptx;
+    while let Some(start) = rest.find('/') {
+        out.push_str(&rest[..start]);
+        let from = &rest[start..];
+        if from.starts_with("//") {
+            rest = from.find('\n').map_or("", |end| &from[end..]);
+        } else if let Some(block) = from.strip_prefix("/*") {
+            rest = block.find("*/").map_or("", |end| &block[end + 2..]);
+            out.push(' ');
+        } else {
+            out.push('/');
+            rest = &from[1..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// What a launch of a kernel may ask for on its device.
 #[derive(Clone, Copy, Debug)]
 struct Limits {
@@ -940,14 +959,16 @@ mod tests {
         let ptx = "\
 .version 8.0
 .target sm_75
+// .entry scale(.param .u32 n) was the old signature
+/* .entry tuned( .param .u64 x ) */
 .visible .entry scale_all(
     .param .u64 x
 )
 { ret; }
 .visible .entry scale(
     .param .u64 .ptr .global .align 4 x,
-    .param .u64 y,
-    .param .align 8 .b8 pair[16],
+    .param .u64 y, // the output (written)
+    .param .align 8 .b8 pair[16], /* a struct ) by value */
     .param .u32 n
 )
 { ret; }

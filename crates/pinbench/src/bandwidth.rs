@@ -1,8 +1,10 @@
 //! Bandwidth of each way of holding the host side of a copy, per size and direction, through the safe layer and
 //! through the raw driver call on the same memory; and an upload and a download at the same time.
 //!
-//! The staged method copies a `Vec` through pinned buffers of the bench's `PinnedPool`, which is warmed before
-//! the figures of each size (and by every figure's warm-up copy), so that pinning is never timed. Below the
+//! The figures are taken size by size, every method in turn, and the pageable and staged methods of a size copy
+//! through one `Vec`: their ratio compares two figures taken seconds apart on the same pages. The staged method
+//! copies that `Vec` through pinned buffers of the bench's `PinnedPool`, which is warmed before the figures of
+//! each size (and by every figure's warm-up copy), so that pinning is never timed. Below the
 //! library's crossover (`StagingOptions::chunked_from`) the staged method is the driver's pageable path, as
 //! for any user of `upload_staged`.
 //!
@@ -214,13 +216,17 @@ pub fn bandwidth(bench: &mut Bench) -> Outcome<Vec<Bandwidth>> {
     let mut check = vec![0u8; plan.max_size()];
     let watch = Stopwatch::new(&stream)?;
     let mut rows = Vec::new();
-    for method in Method::MEASURED {
-        let apis: &[Api] = if method.has_raw() {
-            &[Api::Safe, Api::Raw]
-        } else {
-            &[Api::Safe]
-        };
-        for &bytes in &plan.sizes {
+    // Size by size, every method in turn, so that the figures a ratio compares (staged against the driver's
+    // pageable path above all) are measured seconds apart, not minutes; and the ordinary memory of the
+    // pageable and staged methods is one `Vec` per size, so that they copy from and into the same pages.
+    for &bytes in &plan.sizes {
+        let mut ordinary = Some(vec![0u8; bytes]);
+        for method in Method::MEASURED {
+            let apis: &[Api] = if method.has_raw() {
+                &[Api::Safe, Api::Raw]
+            } else {
+                &[Api::Safe]
+            };
             if method.against_pageable() {
                 // The library adapts the chunk size to the transfer, so each size has staging buffers of its own
                 // size: pin them before its figures.
@@ -234,7 +240,18 @@ pub fn bandwidth(bench: &mut Bench) -> Outcome<Vec<Bandwidth>> {
                     bench.progress.advance(estimate_warm(options, bytes));
                 }
             }
-            let mut host = Host::new(&bench.context, &bench.pool, method, bytes)?;
+            let mut host = match (method, ordinary.take()) {
+                (Method::Pageable, Some(data)) => Host::Pageable(data),
+                (Method::Staged | Method::StagedChunked, Some(data)) => Host::Staged {
+                    data,
+                    pool: bench.pool.clone(),
+                    options: method.staging_options(),
+                },
+                (_, data) => {
+                    ordinary = data;
+                    Host::new(&bench.context, &bench.pool, method, bytes)?
+                }
+            };
             for direction in Direction::BOTH {
                 for &api in apis {
                     bench.progress.show(&format!(
@@ -278,12 +295,22 @@ pub fn bandwidth(bench: &mut Bench) -> Outcome<Vec<Bandwidth>> {
                     bench.progress.advance(estimate(method, bytes, &plan));
                 }
             }
-            // Pinned memory is unpinned on the crate's release thread once the device is idle, and unpinning
-            // holds back every other thread's driver calls: done here, between figures, not during the next.
-            drop(host);
-            bench.context.synchronize()?;
+            match host {
+                // Ordinary memory: the next method of this size copies through the same pages.
+                Host::Pageable(data) | Host::Staged { data, .. } => ordinary = Some(data),
+                host => {
+                    // Pinned memory is unpinned on the crate's release thread once the device is idle, and
+                    // unpinning holds back every other thread's driver calls: done here, between figures, not
+                    // during the next.
+                    drop(host);
+                    bench.context.synchronize()?;
+                }
+            }
         }
     }
+    // In the order the report and the document list them: method by method, size by size.
+    let place = |m: Method| Method::MEASURED.iter().position(|&x| x == m);
+    rows.sort_by_key(|r| (place(r.method), r.bytes));
     Ok(rows)
 }
 

@@ -11,7 +11,7 @@ use super::host::HostRegion;
 use super::layout::{byte_len, check_alignment};
 use super::numa::{self, Placement};
 use super::pool::{Loan, POOL_FLAGS};
-use super::release::{retire, reuse};
+use super::release::{release_host, retire, reuse};
 use super::tracked::{Gpu, Track, lock};
 use crate::driver::Context;
 use crate::error::Result;
@@ -144,7 +144,9 @@ impl PinnedBuilder {
             ))
         };
         let node = node_of(self.placement, self.context.device()).map_err(allocating)?;
-        let fits = |b: &Block| b.how == How::HostAlloc && b.node == node;
+        let fits = |b: &Block| {
+            b.how == How::HostAlloc && b.node == node && b.ptr.as_ptr().addr().is_multiple_of(PAGE)
+        };
         let block = match reuse(&self.context, self.flags, class, usize::MAX, fits) {
             Some(block) => block,
             None => self.pin(class, node).map_err(allocating)?,
@@ -180,7 +182,14 @@ impl PinnedBuilder {
         // The driver returns page-aligned memory; checked rather than assumed, since a misaligned slice of `T`
         // would be undefined behaviour.
         if !block.ptr.as_ptr().addr().is_multiple_of(PAGE) {
-            retire(context, Default::default(), block);
+            // Released, never lent again: every block lent is page-aligned.
+            let bytes = block.bytes;
+            release_host(
+                context,
+                Default::default(),
+                Box::new(|| block.release()),
+                bytes,
+            );
             return Err(crate::error::Error::invalid(format_args!(
                 "cuMemHostAlloc returned {ptr:#x}, not aligned to a page"
             )));

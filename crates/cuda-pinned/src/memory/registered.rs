@@ -95,10 +95,11 @@ impl<T: Pod> Registered<T> {
         let block = reuse(context, FLAGS, bytes, bytes, |b| {
             b.how == How::Registered(layout)
         })?;
-        // SAFETY: the block is the allocation of a `Vec<T>` of `vec.len()` elements and as much capacity (its
-        // layout is that of such an array, and `Registered` makes such blocks only of its own Vec), registered
-        // over those bytes, with no device work using it and no other owner; the elements are initialised
-        // (any bytes are a valid `T: Pod`), and overwritten with `vec`'s at once.
+        // SAFETY: the block is an allocation of the global allocator with the layout of `vec.len()` elements of
+        // `T` (checked by `fits`: a dropped `Registered`'s Vec, or a pool block registered with that layout),
+        // so a `Vec<T>` of that length and capacity; it is registered over all those bytes, with no device work
+        // using it and no other owner; the elements are initialised (any bytes are a valid `T: Pod`), and
+        // overwritten with `vec`'s at once.
         let mut kept =
             unsafe { Vec::from_raw_parts(block.ptr.as_ptr().cast::<T>(), vec.len(), vec.len()) };
         kept.copy_from_slice(vec);

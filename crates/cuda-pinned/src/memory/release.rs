@@ -40,6 +40,8 @@ use crate::units::Bytes;
 pub(crate) type Release = Box<dyn FnOnce() -> Result<()> + Send>;
 
 struct Pending {
+    /// Tells the entry apart from every other, even one at the same address after this one was freed.
+    id: u64,
     context: Context,
     track: GpuTracker,
     held: Held,
@@ -75,6 +77,12 @@ struct State {
     finished: u64,
     /// Whether someone waits for a round to start after their call (so one starts even with nothing new).
     flush_requested: bool,
+    /// The next entry's id.
+    next_id: u64,
+    /// The trackers of blocks lent again by [`reuse`], their work completed, for the thread to drop: a tracker
+    /// may hold the last handle of a stream, and a stream's drop takes its device's gate, which the thread holds
+    /// while it releases (the user's thread would wait for that).
+    spent: Vec<GpuTracker>,
 }
 
 /// The release thread, started on first use; `None` if it could not be started.
@@ -109,7 +117,7 @@ impl Service {
         let mut pause = FIRST_PAUSE;
         loop {
             let mut state = self.lock();
-            while state.pending.is_empty() && !state.flush_requested {
+            while state.pending.is_empty() && !state.flush_requested && state.spent.is_empty() {
                 state = self
                     .arrived
                     .wait(state)
@@ -120,7 +128,9 @@ impl Service {
             state.flush_requested = false;
             state.started += 1;
             let round = state.started;
+            let spent = std::mem::take(&mut state.spent);
             drop(state);
+            drop(spent);
 
             let released = {
                 let _calls = DRIVER_CALLS.lock().unwrap_or_else(PoisonError::into_inner);
@@ -218,6 +228,7 @@ fn guard_exit_once() {
 /// [`Context::check_deferred_errors`].
 pub(crate) fn release_host(context: &Context, track: GpuTracker, release: Release, bytes: usize) {
     hand_over(Pending {
+        id: 0,
         context: context.clone(),
         track,
         held: Held::Other(release),
@@ -230,6 +241,7 @@ pub(crate) fn release_host(context: &Context, track: GpuTracker, release: Releas
 pub(crate) fn retire(context: &Context, track: GpuTracker, block: Block) {
     let bytes = block.bytes;
     hand_over(Pending {
+        id: 0,
         context: context.clone(),
         track,
         held: Held::Block(block),
@@ -237,10 +249,12 @@ pub(crate) fn retire(context: &Context, track: GpuTracker, block: Block) {
     });
 }
 
-fn hand_over(pending: Pending) {
+fn hand_over(mut pending: Pending) {
     match service() {
         Some(service) => {
             let mut state = service.lock();
+            pending.id = state.next_id;
+            state.next_id += 1;
             state.pending.push(pending);
             state.arrived = true;
             drop(state);
@@ -278,11 +292,7 @@ pub(crate) fn reuse(
     fits: impl Fn(&Block) -> bool,
 ) -> Option<Block> {
     let service = service()?;
-    let address = |p: &Pending| match &p.held {
-        Held::Block(b) => Some(b.ptr.as_ptr().addr()),
-        Held::Other(_) => None,
-    };
-    let mut candidates: Vec<(usize, usize)> = service
+    let mut candidates: Vec<(usize, u64)> = service
         .lock()
         .pending
         .iter()
@@ -293,24 +303,29 @@ pub(crate) fn reuse(
                     && p.context == *context
                     && fits(b) =>
             {
-                Some((b.bytes, b.ptr.as_ptr().addr()))
+                Some((b.bytes, p.id))
             }
             _ => None,
         })
         .collect();
     candidates.sort_unstable();
-    for (_, at) in candidates {
+    for (_, id) in candidates {
         let mut p = {
             let mut state = service.lock();
-            // Gone meanwhile (reused by another thread, or released): next.
-            let Some(i) = state.pending.iter().position(|p| address(p) == Some(at)) else {
+            // Gone meanwhile (lent to another thread, or released): next.
+            let Some(i) = state.pending.iter().position(|p| p.id == id) else {
                 continue;
             };
             state.pending.swap_remove(i)
         };
         // An entry whose query fails goes back for the release thread, which reports it.
         if matches!(p.track.is_idle(&Gpu), Ok(true)) {
-            match p.held {
+            let Pending { track, held, .. } = p;
+            let mut state = service.lock();
+            state.spent.push(track);
+            drop(state);
+            service.arrived.notify_one();
+            match held {
                 Held::Block(block) => return Some(block),
                 Held::Other(_) => unreachable!("only blocks are candidates"),
             }
@@ -411,6 +426,7 @@ fn forget_leaked(p: Pending, error: Error) {
         track,
         held,
         bytes,
+        ..
     } = p;
     // Forgetting the release leaks the memory, and with it any Vec the closure owns: dropping the closure
     // would free memory a copy may still write (a block has no destructor: dropping it leaks it). The tracker
