@@ -1916,11 +1916,20 @@ pub extern "C" fn cuLaunchHostFunc(
 // ---- modules and kernels: any image loads, and its kernels are the stand-ins registered by name (see
 // `kernel.rs`).
 
-fn module_load(state: &mut State, module: *mut CUmodule, image: *const c_void) -> Outcome {
-    let device = current(state)?;
+/// Loads a module. Loading waits for all work on the device, whoever queued it, and loads every function of the
+/// module (probed on an H100, driver 580: PTX, a cubin and a fatbin alike, with `CUDA_MODULE_LOADING` unset,
+/// `LAZY` or `EAGER`; each function was loaded before its first launch, which then waited for nothing).
+fn module_load(
+    state: MutexGuard<'static, State>,
+    module: *mut CUmodule,
+    image: *const c_void,
+    function: &str,
+) -> Outcome {
+    let device = current(&state)?;
     if module.is_null() || image.is_null() {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
+    let mut state = device_wait(state, Some(device as i32), |_| false, function);
     let handle = state.handle();
     state.modules.insert(
         handle,
@@ -1944,8 +1953,8 @@ fn live_function(state: &State, f: CUfunction) -> Outcome<usize> {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult {
-    entry("cuModuleLoadData", |mut state| {
-        module_load(&mut state, module, image)
+    entry("cuModuleLoadData", |state| {
+        module_load(state, module, image, "cuModuleLoadData")
     })
 }
 
@@ -1957,8 +1966,8 @@ pub extern "C" fn cuModuleLoadDataEx(
     _options: *mut CUjit_option,
     _optionValues: *mut *mut c_void,
 ) -> CUresult {
-    entry("cuModuleLoadDataEx", |mut state| {
-        module_load(&mut state, module, image)
+    entry("cuModuleLoadDataEx", |state| {
+        module_load(state, module, image, "cuModuleLoadDataEx")
     })
 }
 
@@ -2013,7 +2022,6 @@ pub extern "C" fn cuModuleGetFunction(
                 module: handle,
                 device,
                 kernel,
-                loaded: false,
             },
         );
         state
@@ -2026,35 +2034,26 @@ pub extern "C" fn cuModuleGetFunction(
     })
 }
 
-/// Loads a function's code now: it waits for all work on the device, as loading a module eagerly does.
+/// Loads a function's code: already loaded with its module (see `module_load`), so nothing to do.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuFuncLoad(function: CUfunction) -> CUresult {
     entry("cuFuncLoad", |state| {
-        let handle = live_function(&state, function)?;
-        let FunctionData { device, loaded, .. } = state.functions[&handle];
-        if !loaded {
-            let mut state = device_wait(state, Some(device), |_| false, "cuFuncLoad");
-            if let Some(f) = state.functions.get_mut(&handle) {
-                f.loaded = true;
-            }
-        }
-        Ok(())
+        live_function(&state, function).map(drop)
     })
 }
 
+/// Every function is loaded with its module (see `module_load`).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuFuncIsLoaded(
     state_out: *mut CUfunctionLoadingState,
     function: CUfunction,
 ) -> CUresult {
     entry("cuFuncIsLoaded", |state| {
-        let handle = live_function(&state, function)?;
-        let loaded = if state.functions[&handle].loaded {
-            CUfunctionLoadingState::CU_FUNCTION_LOADING_STATE_LOADED
-        } else {
-            CUfunctionLoadingState::CU_FUNCTION_LOADING_STATE_UNLOADED
-        };
-        put(state_out, loaded)
+        live_function(&state, function)?;
+        put(
+            state_out,
+            CUfunctionLoadingState::CU_FUNCTION_LOADING_STATE_LOADED,
+        )
     })
 }
 
@@ -2155,7 +2154,6 @@ pub extern "C" fn cuLaunchKernel(
             module,
             device,
             ref kernel,
-            ..
         } = state.functions[&function];
         let kernel = Arc::clone(kernel);
         let stream_device = if is_default_stream(hStream) {
@@ -2166,19 +2164,6 @@ pub extern "C" fn cuLaunchKernel(
         // The function and the stream must be of one context.
         if stream_device != device as usize {
             return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
-        }
-        // Under lazy loading a kernel's code is loaded at its first launch, unless `cuFuncLoad` loaded it, and
-        // loading waits for all work on the device.
-        if !state.functions[&function].loaded {
-            state = device_wait(
-                state,
-                Some(device),
-                |_| false,
-                "cuLaunchKernel (a kernel's first launch loads its code)",
-            );
-            if let Some(loaded) = state.functions.get_mut(&function) {
-                loaded.loaded = true;
-            }
         }
         let count = kernel.sizes.len();
         if count > 0 && kernelParams.is_null() {

@@ -37,9 +37,9 @@ use crate::stream;
 
 /// The crate functions documented to wait for all work on the device before they return, so that a
 /// device-wide wait inside them hides nothing: `Registered::into_vec` (the driver's unpinning synchronizes the
-/// device, and it says so) and `Module::kernel` (it loads the kernel's code, which may wait for the device, so
-/// that its launches do not).
-const DOCUMENTED_WAITS: &[&str] = &["Registered<T>::into_vec", "Module::kernel"];
+/// device, and it says so) and `Module::load` / `Module::load_binary` (loading a module waits for the device,
+/// as they say).
+const DOCUMENTED_WAITS: &[&str] = &["Registered<T>::into_vec", "Module::load"];
 
 /// The crate functions documented to make a stream wait for more than the memory its next operation uses:
 /// the prefetcher's refill of a slot (its worker threads' uploads) waits for everything its consumer enqueued

@@ -357,9 +357,6 @@ pub(crate) struct FunctionData {
     pub(crate) device: i32,
     /// The stand-in registered under its name when it was got.
     pub(crate) kernel: Arc<StandIn>,
-    /// Whether its code is loaded (`cuFuncLoad`, or a first launch): under lazy loading, the driver's default,
-    /// it is not when got.
-    pub(crate) loaded: bool,
 }
 
 /// A device's primary context.

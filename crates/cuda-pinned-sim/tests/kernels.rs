@@ -154,13 +154,7 @@ impl Test {
         let mut function = std::ptr::null_mut();
         // SAFETY: an out-pointer to a local, a module and a NUL-terminated name.
         match unsafe { raw!(cuModuleGetFunction(&mut function, module, name.as_ptr())) } {
-            // Loaded now, as the crate's `Module::kernel` does: under lazy loading its first launch would load it
-            // and wait for every stream, which the simulator reports as a hidden wait.
-            // SAFETY: the function just got.
-            CUresult::CUDA_SUCCESS => match unsafe { raw!(cuFuncLoad(function)) } {
-                CUresult::CUDA_SUCCESS => Ok(function),
-                code => Err(code),
-            },
+            CUresult::CUDA_SUCCESS => Ok(function),
             code => Err(code),
         }
     }

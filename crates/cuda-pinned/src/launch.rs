@@ -74,11 +74,12 @@ impl Module {
     /// Loads PTX text (as `nvcc --ptx` writes it, NUL-terminated or not) into `context`: the driver
     /// compiles it for the device. For a cubin or fatbin, see [`Module::load_binary`].
     ///
-    /// Blocks while the driver loads and compiles the code. Loading may also wait for device work already
-    /// running, whoever enqueued it (the driver can synchronize the device to load code, at this call or, with
-    /// lazy loading, at a kernel's first launch): load modules and launch each kernel once before the work that
-    /// must not be held up, not in a loop. This is the one place where the crate lets the driver wait for
-    /// unrelated work on the caller's thread, because the caller asked for the module and needs it loaded.
+    /// Blocks while the driver loads and compiles the code, and until all work already running on the device
+    /// has finished, whoever enqueued it: loading a module waits for the device (seen on an H100, driver 580,
+    /// for PTX, cubins and fatbins, `CUDA_MODULE_LOADING` lazy or eager), and loads every kernel in it, so that
+    /// no launch of them waits. Load modules before the work that must not be held up, not in a loop. This is
+    /// the one place where the crate lets the driver wait for unrelated work on the caller's thread, because the
+    /// caller asked for the module and needs it loaded.
     ///
     /// # Errors
     /// An invalid-argument error for an empty image or one that is not text (a binary image goes to
@@ -157,16 +158,10 @@ impl Module {
     /// reports as an API error (`--report-api-errors no` silences it). No other call of the crate fails in
     /// normal use.
     ///
-    /// Blocks while the driver loads the kernel's code (`cuFuncLoad`), which may wait for device work already
-    /// running, as loading the module may: under lazy loading, the driver's default, the kernel's first launch
-    /// would otherwise do it, and wait for work on every stream. Look kernels up before the work that must not
-    /// be held up, as modules are loaded.
-    ///
     /// # Errors
     /// `CUDA_ERROR_NOT_FOUND` naming the kernel if the module has none of that name; an invalid-argument
     /// error for a name with a NUL; the driver's.
     #[doc(alias = "cuModuleGetFunction")]
-    #[doc(alias = "cuFuncLoad")]
     pub fn kernel(&self, name: &str) -> Result<Kernel> {
         let c_name = CString::new(name).map_err(|_| {
             Error::invalid(format_args!(
@@ -179,20 +174,6 @@ impl Module {
                  declared extern \"C\")"
             ))
         })?;
-        // Under lazy loading (the driver's default since CUDA 12.2) a kernel's code is loaded at its first launch,
-        // and loading waits for all work on the device: that launch would wait for whatever runs on any stream.
-        // Loaded here instead, where the caller expects to wait (see `Module::load`). A driver before CUDA 12.4
-        // has no such call, and nothing is asked.
-        let loaded = self
-            .context()
-            .enter()
-            .and_then(|_current| calls::func_load(raw));
-        match loaded {
-            Err(e) if e.driver_code().is_some() => {
-                return Err(e.context(format_args!("loading the code of kernel `{name}`")));
-            }
-            _ => {}
-        }
         let limits = Limits::of(self.context(), raw)
             .map_err(|e| e.context(format_args!("reading the attributes of kernel `{name}`")))?;
         let count = self

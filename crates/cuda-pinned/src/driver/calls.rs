@@ -563,14 +563,6 @@ pub(crate) fn func_get_param_info(function: CUfunction, index: usize) -> Result<
     Ok((offset, size))
 }
 
-/// `cuFuncLoad`: loads the kernel's code onto its device now (CUDA 12.4+), which may wait for all work on the
-/// device. Under lazy loading, the driver's default, its first launch would do it. The function's context must be
-/// current.
-pub(crate) fn func_load(function: CUfunction) -> Result<()> {
-    // SAFETY: a live function.
-    unsafe { driver_call!(cuFuncLoad(function)) }
-}
-
 /// `cuFuncGetAttribute`: an integer attribute of the kernel.
 pub(crate) fn func_get_attribute(
     attribute: CUfunction_attribute,
