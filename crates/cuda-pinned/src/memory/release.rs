@@ -130,19 +130,22 @@ impl Service {
             let round = state.started;
             let spent = std::mem::take(&mut state.spent);
             drop(state);
-            drop(spent);
 
             let released = {
                 let _calls = DRIVER_CALLS.lock().unwrap_or_else(PoisonError::into_inner);
                 if EXITING.load(Ordering::Acquire) {
-                    // The process is ending: what is left stays pinned until the system reclaims it. Anyone
-                    // waiting for a round (an exit hook of the user's that synchronizes) is let go.
+                    // The process is ending: what is left stays pinned until the system reclaims it, and no
+                    // driver call is made (dropping a tracker may destroy a stream). Anyone waiting for a round
+                    // (an exit hook of the user's that synchronizes) is let go.
+                    std::mem::forget(spent);
                     let mut state = self.lock();
+                    std::mem::forget(std::mem::take(&mut state.spent));
                     std::mem::forget(std::mem::take(&mut state.pending));
                     state.finished = u64::MAX;
                     self.round_done.notify_all();
                     return;
                 }
+                drop(spent);
                 Context::sweep_drained();
                 release_idle(|| std::mem::take(&mut self.lock().pending))
                     .map(|(released, kept)| {
