@@ -224,18 +224,42 @@ fn at<T>(what: &str, i: usize, result: cuda_pinned::Result<T>) -> T {
     result.unwrap_or_else(|e| panic!("{what}, iteration {i}: {e}"))
 }
 
+/// Runs `step` for each iteration of `0..iterations` beside a stream of `context` kept busy at every moment,
+/// watching the page-locked memory against `bound` (see [`Watch`]); then checks that the stream was busy
+/// throughout, reports, and lets the device go idle.
+fn beside_busy_work(
+    context: &Context,
+    what: &'static str,
+    iterations: usize,
+    bound: usize,
+    mut step: impl FnMut(usize),
+) {
+    let mut busy = Busy::new(context);
+    let mut watch = Watch::new(what, iterations, bound);
+    for i in 0..iterations {
+        busy.keep();
+        step(i);
+        watch.check(i);
+    }
+    assert!(
+        busy.still_busy(),
+        "the other stream went idle during the loop"
+    );
+    watch.report();
+    drop(busy);
+    context.synchronize().unwrap();
+}
+
 #[test]
 fn a_pool_cycling_size_classes_stays_within_its_budget() {
     let _serial = setup();
     let ctx = context();
     let stream = Stream::new(&ctx).unwrap();
-    let mut busy = Busy::new(&ctx);
     let budget = 4 * MIB;
     let pool = PinnedPool::new(&ctx, budget);
     let mut device = DeviceBuffer::<u8>::zeroed(&stream, 4 * MIB).unwrap();
-    let mut watch = Watch::new("a 4 MiB pool", ITERATIONS, budget + rounded(4 * MIB));
-    for i in 0..ITERATIONS {
-        busy.keep();
+    let bound = budget + rounded(4 * MIB);
+    beside_busy_work(&ctx, "a 4 MiB pool", ITERATIONS, bound, |i| {
         // Requests of 4, 2 and 1 MiB in turn: each needs another size class, so the pool evicts.
         let len = [4, 2, 1][i % 3] * MIB;
         let mut host = at("allocating from the pool", i, pool.alloc::<u8>(len));
@@ -243,17 +267,8 @@ fn a_pool_cycling_size_classes_stays_within_its_budget() {
         let mut part = device.slice_mut(..len).unwrap();
         at("uploading", i, stream.upload(&host, &mut part));
         at("synchronizing", i, stream.synchronize());
-        drop(host);
-        watch.check(i);
-    }
-    assert!(
-        busy.still_busy(),
-        "the other stream went idle during the loop"
-    );
+    });
     assert!(pool.stats().evictions > 0, "the loop made the pool evict");
-    watch.report();
-    drop(busy);
-    ctx.synchronize().unwrap();
 }
 
 #[test]
@@ -261,11 +276,9 @@ fn plain_pinned_buffers_allocated_every_iteration_reuse_memory_whose_work_comple
     let _serial = setup();
     let ctx = context();
     let stream = Stream::new(&ctx).unwrap();
-    let mut busy = Busy::new(&ctx);
     let mut device = DeviceBuffer::<u8>::zeroed(&stream, 4 * MIB).unwrap();
-    let mut watch = Watch::new("Pinned per iteration", ITERATIONS, rounded(4 * MIB));
-    for i in 0..ITERATIONS {
-        busy.keep();
+    let bound = rounded(4 * MIB);
+    beside_busy_work(&ctx, "Pinned per iteration", ITERATIONS, bound, |i| {
         let len = [4, 2, 1][i % 3] * MIB - 100 * (i % 7);
         let mut host = at("allocating", i, Pinned::<u8>::zeroed(&ctx, len));
         let slice = at("writing", i, host.as_mut_slice());
@@ -277,16 +290,7 @@ fn plain_pinned_buffers_allocated_every_iteration_reuse_memory_whose_work_comple
         let mut part = device.slice_mut(..len).unwrap();
         at("uploading", i, stream.upload(&host, &mut part));
         at("synchronizing", i, stream.synchronize());
-        drop(host);
-        watch.check(i);
-    }
-    assert!(
-        busy.still_busy(),
-        "the other stream went idle during the loop"
-    );
-    watch.report();
-    drop(busy);
-    ctx.synchronize().unwrap();
+    });
 }
 
 #[test]
@@ -294,13 +298,11 @@ fn registered_vecs_of_every_iteration_stay_bounded() {
     let _serial = setup();
     let ctx = context();
     let stream = Stream::new(&ctx).unwrap();
-    let mut busy = Busy::new(&ctx);
     let len = 2 * MIB;
     let mut device = DeviceBuffer::<u8>::zeroed(&stream, len).unwrap();
     let mut back = Pinned::<u8>::zeroed(&ctx, 1).unwrap();
-    let mut watch = Watch::new("Registered per iteration", ITERATIONS, rounded(len));
-    for i in 0..ITERATIONS {
-        busy.keep();
+    let bound = rounded(len);
+    beside_busy_work(&ctx, "Registered per iteration", ITERATIONS, bound, |i| {
         let host = at("registering", i, Registered::new(&ctx, vec![i as u8; len]));
         at("uploading", i, stream.upload(&host, &mut device));
         // The last byte comes back: the upload read this iteration's contents.
@@ -315,16 +317,7 @@ fn registered_vecs_of_every_iteration_stay_bounded() {
             i as u8,
             "iteration {i}"
         );
-        drop(host);
-        watch.check(i);
-    }
-    assert!(
-        busy.still_busy(),
-        "the other stream went idle during the loop"
-    );
-    watch.report();
-    drop(busy);
-    ctx.synchronize().unwrap();
+    });
 }
 
 #[test]
@@ -336,28 +329,16 @@ fn a_gatherer_whose_staging_is_too_small_reuses_the_buffers_it_pins() {
     let table = Registered::new(&ctx, (0..rows as u32).collect::<Vec<u32>>()).unwrap();
     let staging = 256 << 10;
     let gatherer = Gatherer::with_staging(&ctx, staging).unwrap();
-    let mut busy = Busy::new(&ctx);
     // 512 KiB of indices per gather: more than the staging holds, so each gather pins a buffer of its own.
     let count = 128 << 10;
     let mut out = DeviceBuffer::<u32>::zeroed(&stream, count).unwrap();
     let mut back = Pinned::<u32>::zeroed(&ctx, count).unwrap();
-    let iterations = ITERATIONS / 4;
-    let mut watch = Watch::new(
-        "a gatherer with 256 KiB of staging",
-        iterations,
-        staging + rounded(count * 4),
-    );
-    for i in 0..iterations {
-        busy.keep();
+    let what = "a gatherer with 256 KiB of staging";
+    let bound = staging + rounded(count * 4);
+    beside_busy_work(&ctx, what, ITERATIONS / 4, bound, |i| {
         let indices: Vec<u32> = (0..count).map(|k| ((k * 7 + i) % rows) as u32).collect();
-        let gathered = gatherer.gather(
-            &stream,
-            &table,
-            1,
-            &indices,
-            &mut out,
-            GatherOptions::default(),
-        );
+        let options = GatherOptions::default();
+        let gathered = gatherer.gather(&stream, &table, 1, &indices, &mut out, options);
         at("gathering", i, gathered);
         if i % 64 == 0 {
             at("downloading", i, stream.download(&out, &mut back));
@@ -368,15 +349,7 @@ fn a_gatherer_whose_staging_is_too_small_reuses_the_buffers_it_pins() {
             );
         }
         at("synchronizing", i, stream.synchronize());
-        watch.check(i);
-    }
-    assert!(
-        busy.still_busy(),
-        "the other stream went idle during the loop"
-    );
-    watch.report();
-    drop(busy);
-    ctx.synchronize().unwrap();
+    });
 }
 
 #[test]
@@ -384,16 +357,13 @@ fn staged_transfers_stay_within_their_pool() {
     let _serial = setup();
     let ctx = context();
     let stream = Stream::new(&ctx).unwrap();
-    let mut busy = Busy::new(&ctx);
     let budget = 4 * MIB;
     let pool = PinnedPool::new(&ctx, budget);
     let len = 3 * MIB;
     let mut device = DeviceBuffer::<u8>::zeroed(&stream, len).unwrap();
     let mut back = vec![0u8; len];
-    let iterations = ITERATIONS / 4;
-    let mut watch = Watch::new("staged transfers through a 4 MiB pool", iterations, budget);
-    for i in 0..iterations {
-        busy.keep();
+    let what = "staged transfers through a 4 MiB pool";
+    beside_busy_work(&ctx, what, ITERATIONS / 4, budget, |i| {
         let src = vec![i as u8; len - i % 4096];
         let n = src.len();
         let mut part = device.slice_mut(..n).unwrap();
@@ -404,15 +374,7 @@ fn staged_transfers_stay_within_their_pool() {
             stream.download_staged(&pool, &device.slice(..n).unwrap(), &mut back[..n]),
         );
         assert!(back[..n] == src[..], "iteration {i}");
-        watch.check(i);
-    }
-    assert!(
-        busy.still_busy(),
-        "the other stream went idle during the loop"
-    );
-    watch.report();
-    drop(busy);
-    ctx.synchronize().unwrap();
+    });
 }
 
 #[test]
@@ -420,12 +382,10 @@ fn a_prefetcher_stays_within_its_pool() {
     let _serial = setup();
     let ctx = context();
     let compute = Stream::new(&ctx).unwrap();
-    let mut busy = Busy::new(&ctx);
     let budget = 4 * MIB;
     let pool = PinnedPool::new(&ctx, budget);
     let len = 64 << 10;
-    let mut watch = Watch::new("a prefetcher over a 4 MiB pool", ITERATIONS, budget);
-    let batches = Prefetcher::<Pinned<u32>>::builder(&pool, &compute, len)
+    let mut batches = Prefetcher::<Pinned<u32>>::builder(&pool, &compute, len)
         .batches(ITERATIONS)
         .workers(2)
         .build(|i, batch| {
@@ -434,18 +394,15 @@ fn a_prefetcher_stays_within_its_pool() {
         })
         .unwrap();
     let mut scratch = DeviceBuffer::<u32>::zeroed(&compute, len).unwrap();
-    for (i, batch) in batches.enumerate() {
-        busy.keep();
-        let batch = at("prefetching", i, batch);
+    let what = "a prefetcher over a 4 MiB pool";
+    beside_busy_work(&ctx, what, ITERATIONS, budget, |i| {
+        let batch = at(
+            "prefetching",
+            i,
+            batches.next().expect("a batch per iteration"),
+        );
+        assert_eq!(batch.index(), i, "batches in order");
         at("using a batch", i, compute.copy(&*batch, &mut scratch));
-        drop(batch);
-        watch.check(i);
-    }
-    assert!(
-        busy.still_busy(),
-        "the other stream went idle during the loop"
-    );
-    watch.report();
-    drop(busy);
-    ctx.synchronize().unwrap();
+    });
+    assert!(batches.next().is_none(), "every batch was used");
 }
