@@ -20,8 +20,10 @@ use cuda_pinned::{
     PinnedPool, Registered, Stream, driver_call,
 };
 
-use crate::results::{Api, Bandwidth, Bidirectional, Direction, Method, size_label};
-use crate::timing::{Plan, Stopwatch, Timed, fill_pattern, median, pattern_mismatch};
+use crate::results::{
+    Api, Bandwidth, Bidirectional, Direction, Extra, Method, StagedTurns, size_label,
+};
+use crate::timing::{Plan, Stopwatch, Timed, batching, fill_pattern, median, pattern_mismatch};
 use crate::{Bench, Outcome};
 
 /// What a download's destination holds before the copy: not the pattern, not zeros.
@@ -312,6 +314,116 @@ pub fn bandwidth(bench: &mut Bench) -> Outcome<Vec<Bandwidth>> {
     let place = |m: Method| Method::MEASURED.iter().position(|&x| x == m);
     rows.sort_by_key(|r| (place(r.method), r.bytes));
     Ok(rows)
+}
+
+/// Rounds of [`staged_turns`] per size and direction.
+pub fn turn_rounds(plan: &Plan) -> usize {
+    if plan.quick { 9 } else { 21 }
+}
+
+/// The estimated seconds of [`staged_turns`].
+pub fn estimate_turns(plan: &Plan) -> f64 {
+    let options = StagingOptions::default();
+    plan.sizes
+        .iter()
+        .map(|&bytes| {
+            let batch = plan.batch_seconds.max(bytes as f64 / 8e9);
+            estimate_warm(options, bytes) + 2.0 * (turn_rounds(plan) as f64 + 2.0) * 2.0 * batch
+        })
+        .sum()
+}
+
+/// The crate's staged path (default options) against the driver's pageable path, size by size and in each
+/// direction, in turns through one `Vec`: per round a batch of each, which goes first alternating round by
+/// round; a batch is as many copies as the plan's batch time holds, one pageable copy timed to set it (see
+/// [`StagedTurns`]). Both paths' data was checked by the bandwidth figures; these only time them.
+pub fn staged_turns(bench: &mut Bench) -> Outcome<Vec<StagedTurns>> {
+    let plan = bench.plan.clone();
+    let stream = bench.stream.clone();
+    let pool = bench.pool.clone();
+    let watch = Stopwatch::new(&stream)?;
+    let mut device = DeviceBuffer::<u8>::uninit(&stream, plan.max_size())?;
+    let rounds = turn_rounds(&plan);
+    let mut rows = Vec::new();
+    for &bytes in &plan.sizes {
+        bench.progress.show("warming the staging pool");
+        warm_pool(&pool, StagingOptions::default(), bytes)?;
+        bench.context.synchronize()?;
+        let mut data = vec![0u8; bytes];
+        fill_pattern(&mut data, bench.next_seed());
+        for direction in Direction::BOTH {
+            bench.progress.show(&format!(
+                "staged against pageable in turns, {} {}",
+                direction.key(),
+                size_label(bytes)
+            ));
+            let mut turn = Turn {
+                stream: &stream,
+                pool: &pool,
+                direction,
+                data: &mut data,
+                device: &mut device,
+            };
+            turn.copy(false)?;
+            turn.copy(true)?;
+            let once = watch.time(|| turn.copy(false))?;
+            let (batch, _) = batching(&plan, once);
+            let mut ratios = Vec::with_capacity(rounds);
+            for round in 0..rounds {
+                let mut batch_of =
+                    |staged: bool| watch.time(|| (0..batch).try_for_each(|_| turn.copy(staged)));
+                let (pageable, staged) = if round % 2 == 0 {
+                    let pageable = batch_of(false)?;
+                    (pageable, batch_of(true)?)
+                } else {
+                    let staged = batch_of(true)?;
+                    (batch_of(false)?, staged)
+                };
+                ratios.push(pageable / staged);
+            }
+            rows.push(StagedTurns {
+                direction,
+                bytes,
+                batch,
+                rounds,
+                ratio: Extra::spread(ratios),
+            });
+        }
+    }
+    bench.progress.advance(estimate_turns(&plan));
+    Ok(rows)
+}
+
+/// One size and direction of [`staged_turns`]: its copies, through the driver's pageable path or staged.
+struct Turn<'a> {
+    stream: &'a Stream,
+    pool: &'a PinnedPool,
+    direction: Direction,
+    data: &'a mut Vec<u8>,
+    device: &'a mut DeviceBuffer<u8>,
+}
+
+impl Turn<'_> {
+    /// One copy of the whole `Vec` (each returns once its data is where it goes, or staged on the device).
+    fn copy(&mut self, staged: bool) -> Outcome<()> {
+        let bytes = self.data.len();
+        let (stream, pool) = (self.stream, self.pool);
+        match (self.direction, staged) {
+            (Direction::Upload, false) => {
+                stream.upload_pageable(self.data, &mut self.device.slice_mut(..bytes)?)?;
+            }
+            (Direction::Upload, true) => {
+                stream.upload_staged(pool, self.data, &mut self.device.slice_mut(..bytes)?)?;
+            }
+            (Direction::Download, false) => {
+                stream.download_pageable(&self.device.slice(..bytes)?, self.data)?;
+            }
+            (Direction::Download, true) => {
+                stream.download_staged(pool, &self.device.slice(..bytes)?, self.data)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Pins the staging buffers that two staged transfers of `bytes` with `options` may hold at once (or as

@@ -25,6 +25,8 @@ pub struct Document<'a> {
     units: Units,
     header: HeaderJson<'a>,
     bandwidth: Vec<BandwidthJson>,
+    /// The crate's staged path against the driver's pageable path, batches of the two taken in turns.
+    staged_turns: Vec<StagedTurnsJson>,
     /// `null` where `--staging-sweep` was not asked for.
     staging_sweep: Option<SweepJson>,
     bidirectional: Vec<BidirectionalJson>,
@@ -143,6 +145,19 @@ struct SweepPointJson {
     #[serde(flatten)]
     figure: SweepFigureJson,
     ratio_to_pageable: Option<f64>,
+}
+
+/// One size and direction of the staged path against the driver's pageable path, in turns: per round, the
+/// pageable batch's device time over the staged batch's (above 1: staged is faster).
+#[derive(Debug, Serialize)]
+struct StagedTurnsJson {
+    direction: Direction,
+    bytes: usize,
+    batch: usize,
+    rounds: usize,
+    ratio_median: f64,
+    ratio_p10: f64,
+    ratio_p90: f64,
 }
 
 /// Both directions at once, beside each alone.
@@ -284,6 +299,19 @@ pub fn document<'a>(report: &'a Report, plot: Option<&'a str>) -> Document<'a> {
                 samples: b.samples,
                 batch: b.batch,
                 verified: b.verified,
+            })
+            .collect(),
+        staged_turns: report
+            .staged_turns
+            .iter()
+            .map(|t| StagedTurnsJson {
+                direction: t.direction,
+                bytes: t.bytes,
+                batch: t.batch,
+                rounds: t.rounds,
+                ratio_median: t.ratio.median,
+                ratio_p10: t.ratio.p10,
+                ratio_p90: t.ratio.p90,
             })
             .collect(),
         staging_sweep: report.staging_sweep.as_ref().map(sweep),

@@ -278,6 +278,12 @@ fn run(options: &Options) -> Outcome<Vec<String>> {
         "bandwidth",
         bench.context.synchronize().map_err(Into::into),
     );
+    let staged_turns = section(
+        &mut not_measured,
+        "staged against pageable in turns",
+        bandwidth::staged_turns(&mut bench),
+    )
+    .unwrap_or_default();
     let staging_sweep = if options.staging_sweep {
         section(&mut not_measured, "staging sweep", sweep::sweep(&mut bench))
     } else {
@@ -331,6 +337,7 @@ fn run(options: &Options) -> Outcome<Vec<String>> {
             simulated,
         },
         bandwidth,
+        staged_turns,
         staging_sweep,
         bidirectional,
         allocation,
@@ -392,6 +399,7 @@ fn estimate(plan: &Plan, options: &Options) -> f64 {
         0.0
     };
     bandwidth::estimate_all(plan)
+        + bandwidth::estimate_turns(plan)
         + sweep
         + bandwidth::estimate_bidirectional(plan)
         + costs::estimate_enqueue(plan)

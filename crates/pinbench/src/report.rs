@@ -14,6 +14,7 @@ pub fn table(report: &Report) -> String {
     for direction in Direction::BOTH {
         bandwidth(&mut out, report, direction);
     }
+    staged_turns(&mut out, report);
     if let Some(sweep) = &report.staging_sweep {
         staging_sweep(&mut out, sweep);
     }
@@ -133,6 +134,40 @@ fn bandwidth(out: &mut String, report: &Report, direction: Direction) {
                 }
             };
             let _ = write!(out, " {cell:>15}");
+        }
+        out.push('\n');
+    }
+}
+
+/// Staged against the driver's pageable path in turns: one row per size, the median ratio and its spread each
+/// way.
+fn staged_turns(out: &mut String, report: &Report) {
+    let Some(first) = report.staged_turns.first() else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "\nstaged / driver's pageable path, batches taken in turns through one Vec ({} rounds): median ratio \
+         (p10-p90)",
+        first.rounds
+    );
+    let _ = writeln!(out, "{:>8} {:>22} {:>22}", "size", "upload", "download");
+    let mut sizes: Vec<usize> = report.staged_turns.iter().map(|t| t.bytes).collect();
+    sizes.dedup();
+    for bytes in sizes {
+        let _ = write!(out, "{:>8}", size_label(bytes));
+        for direction in Direction::BOTH {
+            let cell = report
+                .staged_turns
+                .iter()
+                .find(|t| t.bytes == bytes && t.direction == direction)
+                .map_or("-".to_string(), |t| {
+                    format!(
+                        "{:.2}x ({:.2}-{:.2})",
+                        t.ratio.median, t.ratio.p10, t.ratio.p90
+                    )
+                });
+            let _ = write!(out, " {cell:>22}");
         }
         out.push('\n');
     }

@@ -423,11 +423,15 @@ pub struct Extra {
 impl Extra {
     /// From the per-round seconds per call of the crate's call and of its reference, taken in the same rounds.
     pub fn of(calls: &[f64], reference: &[f64]) -> Extra {
-        let mut differences: Vec<f64> = calls.iter().zip(reference).map(|(c, r)| c - r).collect();
-        differences.sort_by(f64::total_cmp);
+        Extra::spread(calls.iter().zip(reference).map(|(c, r)| c - r).collect())
+    }
+
+    /// The median of `values` and their 10th and 90th percentiles (NaN for none).
+    pub fn spread(mut values: Vec<f64>) -> Extra {
+        values.sort_by(f64::total_cmp);
         let at = |q: f64| {
-            differences
-                .get(((differences.len().saturating_sub(1)) as f64 * q).round() as usize)
+            values
+                .get(((values.len().saturating_sub(1)) as f64 * q).round() as usize)
                 .copied()
                 .unwrap_or(f64::NAN)
         };
@@ -437,6 +441,24 @@ impl Extra {
             p90: at(0.9),
         }
     }
+}
+
+/// The crate's staged path (`upload_staged` / `download_staged`, default options) against the driver's pageable
+/// path at one size and direction, from batches of the two taken in turns through one `Vec`: the driver's
+/// pageable copies vary from batch to batch by as much as the difference sought, so each round compares two
+/// batches taken back to back.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StagedTurns {
+    pub direction: Direction,
+    /// Bytes per copy.
+    pub bytes: usize,
+    /// Copies per batch.
+    pub batch: usize,
+    /// Rounds (one batch each way per round).
+    pub rounds: usize,
+    /// Per round, the pageable batch's device time over the staged one's (above 1: staged is faster): the
+    /// median and the 10th and 90th percentiles, in `Extra`'s fields.
+    pub ratio: Extra,
 }
 
 /// A pipeline of uploads and kernels, on two streams and on one (feature `gpu` only).
@@ -532,6 +554,8 @@ pub struct Report {
     pub bandwidth: Vec<Bandwidth>,
     /// `--staging-sweep`'s figures; `None` where it was not asked for.
     pub staging_sweep: Option<StagingSweep>,
+    /// Staged against the driver's pageable path, in turns, size by size.
+    pub staged_turns: Vec<StagedTurns>,
     /// Both directions at once.
     pub bidirectional: Vec<Bidirectional>,
     /// Allocation and registration costs.

@@ -3,7 +3,7 @@
 use crate::nvml::Link;
 use crate::results::{
     Alloc, Allocation, Api, Bandwidth, Bidirectional, DeviceInfo, Direction, Enqueue, Extra,
-    Header, LaunchCost, Method, Overlap, Report, StagingSweep, SweepPoint,
+    Header, LaunchCost, Method, Overlap, Report, StagedTurns, StagingSweep, SweepPoint,
 };
 
 /// A made-up figure of `gbps` GB/s.
@@ -141,6 +141,20 @@ pub fn sample_report() -> Report {
             simulated: false,
         },
         bandwidth,
+        staged_turns: Direction::BOTH
+            .into_iter()
+            .map(|direction| StagedTurns {
+                direction,
+                bytes: 64 << 20,
+                batch: 1,
+                rounds: 9,
+                ratio: Extra {
+                    median: 1.25,
+                    p10: 1.1,
+                    p90: 1.4,
+                },
+            })
+            .collect(),
         staging_sweep: Some(sample_sweep()),
         bidirectional: vec![Bidirectional {
             bytes: 256 << 20,
