@@ -355,17 +355,41 @@ fn device_alloc(
     if bytes == 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    if bytes
-        > SIM
-            .config
-            .device_memory
-            .saturating_sub(state.device_bytes(device as i32))
+    // A block the pool keeps reserved, the smallest that fits, is lent again; else new memory of the device.
+    let reused = state
+        .pools
+        .get_mut(&pool)
+        .filter(|_| kind == Kind::DeviceAsync)
+        .and_then(|data| {
+            let (index, &block) = data
+                .kept
+                .iter()
+                .enumerate()
+                .filter(|&(_, &block)| block >= bytes)
+                .min_by_key(|&(_, &block)| block)?;
+            data.kept.swap_remove(index);
+            Some(block)
+        });
+    if reused.is_none()
+        && bytes
+            > SIM
+                .config
+                .device_memory
+                .saturating_sub(state.device_bytes(device as i32))
     {
         return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
     }
-    let storage = Storage::zeroed(bytes, 256).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+    let Some(storage) = Storage::zeroed(bytes, 256) else {
+        if let (Some(block), Some(data)) = (reused, state.pools.get_mut(&pool)) {
+            data.kept.push(block);
+        }
+        return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    };
     let base = state.next_device_address;
     state.next_device_address += (bytes as u64).next_multiple_of(512) + DEVICE_GAP;
+    if let (Some(block), Some(data)) = (reused, state.pools.get_mut(&pool)) {
+        data.lent.insert(base, block);
+    }
     state.add_allocation(Allocation {
         kind,
         base,
@@ -684,15 +708,19 @@ pub extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
         if state.default_pools.contains(&(pool as usize)) {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        live_pool(&mut state, pool)?.destroyed = true;
+        let data = live_pool(&mut state, pool)?;
+        data.destroyed = true;
+        // What it keeps goes back to the device; its live allocations stay valid until freed.
+        data.kept.clear();
         Ok(())
     })
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, _minBytesToKeep: usize) -> CUresult {
+pub extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, minBytesToKeep: usize) -> CUresult {
     entry("cuMemPoolTrimTo", |mut state| {
-        live_pool(&mut state, pool).map(drop)
+        live_pool(&mut state, pool)?.trim_to(minBytesToKeep as u64);
+        Ok(())
     })
 }
 
@@ -729,15 +757,27 @@ pub extern "C" fn cuMemPoolGetAttribute(
     value: *mut c_void,
 ) -> CUresult {
     entry("cuMemPoolGetAttribute", |mut state| {
-        let pool = live_pool(&mut state, pool)?;
+        let handle = pool as usize;
+        let data = live_pool(&mut state, pool)?;
         match attr {
             CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD => {
-                put(value.cast::<u64>(), pool.threshold)
+                put(value.cast::<u64>(), data.threshold)
             }
             CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => put(
                 value.cast::<c_int>(),
-                c_int::from(pool.internal_dependencies),
+                c_int::from(data.internal_dependencies),
             ),
+            CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT => {
+                let state = &*state;
+                let allocated: usize = state
+                    .allocations
+                    .values()
+                    .filter(|a| a.kind == Kind::DeviceAsync && a.pool == handle)
+                    .map(|a| a.bytes)
+                    .sum();
+                let surplus = state.pools[&handle].surplus(&state.allocations, &state.device_map);
+                put(value.cast::<u64>(), (allocated + surplus) as u64)
+            }
             _ => Err(CUresult::CUDA_ERROR_NOT_SUPPORTED),
         }
     })
@@ -982,7 +1022,8 @@ pub extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
     entry("cuCtxSynchronize", |state| {
         let device = current(&state)? as i32;
-        drop(SIM.wait_until(state, |s| s.idle(device, false)));
+        SIM.wait_until(state, |s| s.idle(device, false))
+            .release_above_thresholds();
         Ok(())
     })
 }
@@ -1734,15 +1775,16 @@ pub extern "C" fn cuStreamQuery(hStream: CUstream) -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamSynchronize(hStream: CUstream) -> CUresult {
     entry("cuStreamSynchronize", |state| {
-        if is_default_stream(hStream) {
+        let mut state = if is_default_stream(hStream) {
             let device = current(&state)? as i32;
-            drop(SIM.wait_until(state, |s| s.idle(device, true)));
+            SIM.wait_until(state, |s| s.idle(device, true))
         } else {
             let (handle, _) = live_stream(&state, hStream)?;
-            drop(SIM.wait_until(state, |s| {
+            SIM.wait_until(state, |s| {
                 s.streams.get(&handle).is_none_or(|s| s.queue.is_empty())
-            }));
-        }
+            })
+        };
+        state.release_above_thresholds();
         Ok(())
     })
 }
@@ -1842,11 +1884,12 @@ pub extern "C" fn cuEventSynchronize(hEvent: CUevent) -> CUresult {
     entry("cuEventSynchronize", |state| {
         let event = live_event(&state, hEvent)?;
         let target = state.events[&event].recorded;
-        drop(SIM.wait_until(state, |s| {
+        SIM.wait_until(state, |s| {
             s.events
                 .get(&event)
                 .is_none_or(|e| !e.pending.contains(&target))
-        }));
+        })
+        .release_above_thresholds();
         Ok(())
     })
 }

@@ -418,6 +418,13 @@ pub(crate) struct PoolData {
     pub(crate) access: Vec<i32>,
     /// Whether `cuMemPoolDestroy` was called: no more allocations from it.
     pub(crate) destroyed: bool,
+    /// Device memory freed back to the pool and still reserved by it, as blocks of the sizes allocated: an
+    /// allocation of at most a block's size reuses the smallest that fits, the next synchronization returns
+    /// the blocks above the release threshold to the device (largest first), and `cuMemPoolTrimTo` those
+    /// above what it keeps.
+    pub(crate) kept: Vec<usize>,
+    /// The blocks lent again from `kept`, by the address of the allocation that took each: its size there.
+    pub(crate) lent: HashMap<u64, usize>,
 }
 
 impl PoolData {
@@ -428,6 +435,37 @@ impl PoolData {
             internal_dependencies: true,
             access: Vec::new(),
             destroyed: false,
+            kept: Vec::new(),
+            lent: HashMap::new(),
+        }
+    }
+
+    /// Bytes of device memory the pool holds beyond its live allocations' own sizes: freed blocks kept, and
+    /// what lent blocks hold beyond the allocations that took them.
+    pub(crate) fn surplus(
+        &self,
+        allocations: &HashMap<u64, Allocation>,
+        device_map: &BTreeMap<u64, u64>,
+    ) -> usize {
+        let lent: usize = self
+            .lent
+            .iter()
+            .map(|(base, block)| {
+                let used = device_map
+                    .get(base)
+                    .and_then(|id| allocations.get(id))
+                    .map_or(0, |a| a.bytes);
+                block - used
+            })
+            .sum();
+        self.kept.iter().sum::<usize>() + lent
+    }
+
+    /// Returns kept blocks to the device, largest first, until at most `keep` bytes are kept.
+    pub(crate) fn trim_to(&mut self, keep: u64) {
+        self.kept.sort_unstable();
+        while self.kept.iter().sum::<usize>() as u64 > keep {
+            self.kept.pop();
         }
     }
 }
@@ -496,14 +534,31 @@ impl State {
         id
     }
 
-    /// Bytes of device memory allocated on `device`.
+    /// Bytes of device memory allocated on `device`, with what its memory pools keep reserved.
     pub(crate) fn device_bytes(&self, device: i32) -> usize {
         let on_device = |a: &&Allocation| a.kind.is_device() && a.device == device;
-        self.allocations
+        let allocated: usize = self
+            .allocations
             .values()
             .filter(on_device)
             .map(|a| a.bytes)
-            .sum()
+            .sum();
+        let kept: usize = self
+            .pools
+            .values()
+            .filter(|p| p.device == device)
+            .map(|p| p.surplus(&self.allocations, &self.device_map))
+            .sum();
+        allocated + kept
+    }
+
+    /// What every memory pool does at a synchronization: returns to the device the freed memory it keeps above
+    /// its release threshold.
+    pub(crate) fn release_above_thresholds(&mut self) {
+        for pool in self.pools.values_mut() {
+            let threshold = pool.threshold;
+            pool.trim_to(threshold);
+        }
     }
 
     /// The live allocation containing `[address, address + bytes)`, in the device or the host map.
@@ -526,9 +581,25 @@ impl State {
         let Some(allocation) = self.allocations.get(&id) else {
             return;
         };
-        let (kind, base, bytes) = (allocation.kind, allocation.base, allocation.bytes);
+        let (kind, base, bytes, pool) = (
+            allocation.kind,
+            allocation.base,
+            allocation.bytes,
+            allocation.pool,
+        );
         if kind.is_device() {
             self.device_map.remove(&base);
+            // Freed into its pool, which keeps the block reserved (a destroyed pool's goes back at once).
+            if let Some(data) = self
+                .pools
+                .get_mut(&pool)
+                .filter(|_| kind == Kind::DeviceAsync)
+            {
+                let block = data.lent.remove(&base).unwrap_or(bytes);
+                if !data.destroyed {
+                    data.kept.push(block);
+                }
+            }
         } else {
             self.host_map.remove(&base);
             if matches!(kind, Kind::Pinned | Kind::Registered) {

@@ -256,7 +256,7 @@ impl Stream {
         let Some(bytes) = self.check_copy::<T>("uploading", src.elements(), dst)? else {
             return Ok(());
         };
-        self.tracked_as(
+        self.tracked_copy(
             Work::Timed(Category::Upload, "", bytes),
             Some(src.track()),
             Some(dst.track()),
@@ -286,7 +286,7 @@ impl Stream {
         let Some(bytes) = self.check_copy::<T>("downloading", dst.elements(), src)? else {
             return Ok(());
         };
-        self.tracked_as(
+        self.tracked_copy(
             Work::Timed(Category::Download, "", bytes),
             Some(src.track()),
             Some(dst.track()),
@@ -333,7 +333,7 @@ impl Stream {
         let Some(bytes) = copy_bytes::<T>("copying", sides.0, sides.1)? else {
             return Ok(());
         };
-        self.tracked_as(
+        self.tracked_copy(
             Work::Timed(Category::DeviceCopy, "", bytes),
             Some(src.track()),
             Some(dst.track()),
@@ -367,7 +367,7 @@ impl Stream {
         let Some(bytes) = self.check_copy::<T>("uploading", src.len(), dst)? else {
             return Ok(());
         };
-        let enqueued = self.tracked_as(
+        let enqueued = self.tracked_copy(
             Work::Timed(Category::Upload, "pageable", bytes),
             None,
             Some(dst.track()),
@@ -410,7 +410,7 @@ impl Stream {
             return Ok(());
         };
         let ptr = dst.as_mut_ptr().cast::<c_void>();
-        let enqueued = self.tracked_as(
+        let enqueued = self.tracked_copy(
             Work::Timed(Category::Download, "pageable", bytes),
             Some(src.track()),
             None,

@@ -92,41 +92,40 @@ struct Load {
 /// The loads started, by device ordinal.
 static LOADS: Mutex<BTreeMap<usize, Arc<Load>>> = Mutex::new(BTreeMap::new());
 
-/// Starts `load`, the loading of the kernels into the primary context of the device with this ordinal, on a
-/// thread of its own, once per device and process (a later call for the same device drops its `load`).
+/// Loads the kernels into the primary context of the device with this ordinal by running `load`, once per
+/// device and process, and returns when that loading has ended: a later call for the same device, from any
+/// thread, waits for it and drops its own `load`.
 ///
 /// The CUDA runtime loads a module into a context at its first launch there, and loading a module waits
 /// until all work on the device has finished (measured on an H100: the first launch took as long as a
-/// 300 ms kernel running on another stream). Loading ahead, where no caller waits, keeps launches from
-/// waiting for work they do not depend on. Should the primary context be destroyed and made again, the
-/// runtime loads the module again at the first launch.
+/// 300 ms kernel running on another stream), holding back other threads' driver calls meanwhile. Loaded
+/// while the device's first context is made, before any work of the crate can be queued on it, the loading
+/// waits for no work of the crate, and no work queued afterwards waits for it. (Loaded on a thread of its
+/// own instead, it waited for work queued right after `Context::new`, and work that other threads queued
+/// meanwhile waited with it.) Should the primary context be destroyed and made again, the runtime loads the
+/// module again at the first launch.
 #[cfg(feature = "gpu")]
-pub(crate) fn preload(ordinal: usize, load: impl FnOnce() -> Result<()> + Send + 'static) {
-    let entry = Arc::new(Load::default());
-    {
+pub(crate) fn preload(ordinal: usize, load: impl FnOnce() -> Result<()>) {
+    let entry = {
         let mut loads = LOADS.lock().unwrap_or_else(PoisonError::into_inner);
-        if loads.contains_key(&ordinal) {
+        if let Some(started) = loads.get(&ordinal).cloned() {
+            drop(loads);
+            // Its outcome is kept for the first launch ([`loaded`]).
+            let _ = wait(&started);
             return;
         }
+        let entry = Arc::new(Load::default());
         loads.insert(ordinal, entry.clone());
-    }
-    let loading = entry.clone();
+        entry
+    };
     static BEFORE_RUNTIME: std::sync::Once = std::sync::Once::new();
     BEFORE_RUNTIME.call_once(crate::memory::guard_exit);
-    let started = std::thread::Builder::new()
-        .name(format!("cuda-pinned-load-{ordinal}"))
-        .spawn(move || {
-            let outcome = load();
-            // The runtime has started and registered its exit hook: the release thread's goes after it, so
-            // that it runs first at exit (see `guard_exit`).
-            static AFTER_RUNTIME: std::sync::Once = std::sync::Once::new();
-            AFTER_RUNTIME.call_once(crate::memory::guard_exit);
-            finish(&loading, outcome);
-        });
-    if started.is_err() {
-        // No thread: the first launch loads the module, as the runtime does by itself.
-        finish(&entry, Ok(()));
-    }
+    let outcome = load();
+    // The runtime has started and registered its exit hook: the release thread's goes after it, so that it
+    // runs first at exit (see `guard_exit`).
+    static AFTER_RUNTIME: std::sync::Once = std::sync::Once::new();
+    AFTER_RUNTIME.call_once(crate::memory::guard_exit);
+    finish(&entry, outcome);
 }
 
 #[cfg(feature = "gpu")]
@@ -161,8 +160,8 @@ pub(crate) fn wait_for_loads(deadline: std::time::Instant) {
     }
 }
 
-/// Waits until the kernels are loaded into the primary context of the device with this ordinal (at once, but
-/// just after the context was made); the error of the loading, if it failed.
+/// Waits until the kernels are loaded into the primary context of the device with this ordinal (at once,
+/// unless another thread is making the device's first context); the error of the loading, if it failed.
 pub(crate) fn loaded(ordinal: usize) -> Result<()> {
     let Some(load) = LOADS
         .lock()
@@ -172,6 +171,11 @@ pub(crate) fn loaded(ordinal: usize) -> Result<()> {
     else {
         return Ok(());
     };
+    wait(&load)
+}
+
+/// Waits until `load` has ended; its outcome.
+fn wait(load: &Load) -> Result<()> {
     let mut outcome = load.outcome.lock().unwrap_or_else(PoisonError::into_inner);
     loop {
         if let Some(outcome) = outcome.as_ref() {

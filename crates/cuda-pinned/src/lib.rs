@@ -128,7 +128,7 @@ mod units;
 /// `bytemuck`, so generic code over buffers needs no dependency of its own).
 pub use bytemuck::{Pod, Zeroable};
 pub use copy::{DeviceDestination, DeviceSource, PinnedDestination, PinnedSource};
-pub use driver::{Context, Device, Event, Stream};
+pub use driver::{Context, DEVICE_MEMORY_KEPT, Device, Event, Stream};
 pub use error::{Error, Result};
 pub use gather::{GatherEngine, GatherOptions, Gatherer, ReadOrder, RowTable};
 pub use launch::{Arg, Kernel, LaunchConfig, Module, Use};

@@ -1541,7 +1541,7 @@ const FIRST_USE: &str = "CUDA_PINNED_TEST_FIRST_USE";
 fn first_uses() -> Vec<&'static str> {
     let mut uses = vec!["Pinning::Auto", "DeviceBuffer"];
     if cfg!(feature = "gpu") {
-        uses.extend(["spin", "fill", "device_checksum", "axpy"]);
+        uses.extend(["Context::new", "spin", "fill", "device_checksum", "axpy"]);
     }
     uses
 }
@@ -1584,6 +1584,11 @@ fn first_use_in_this_process(first_use: &str) {
         first_device_allocation();
         return;
     }
+    #[cfg(feature = "gpu")]
+    if first_use == "Context::new" {
+        first_context();
+        return;
+    }
     let case = Case::new("a first use in a fresh process");
     if first_use == "Pinning::Auto" {
         let pool = PinnedPool::new(&case.ctx, 64 * MIB);
@@ -1605,10 +1610,8 @@ fn first_use_in_this_process(first_use: &str) {
 
 /// The first device allocation in this process, which makes the crate's memory pool of the device, on a stream
 /// of its own while `x` sleeps (no kernel: the busy work launches none, so that nothing else is a first use).
-/// Made before any [`Case`], whose probes allocate device memory. The crate's kernels are loaded first (a
-/// launch of `spin` waits for their loading, which the context started on a thread of its own): loading
-/// waits for all work on the device, and work enqueued meanwhile by other threads was seen to wait with it
-/// on the H100, another first use than the one tested here.
+/// Made before any [`Case`], whose probes allocate device memory. (On a GPU the context loaded the crate's
+/// kernels when it was made, before `spin` is first launched: [`first_context`].)
 fn first_device_allocation() {
     let ctx = Context::on(0).unwrap();
     let (x, s) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
@@ -1631,6 +1634,35 @@ fn first_device_allocation() {
     assert!(
         !busy.query().unwrap(),
         "after the first device allocation in the process, later work on its stream waited for unrelated work"
+    );
+    ctx.synchronize().unwrap();
+    ctx.check_deferred_errors().unwrap();
+}
+
+/// The first context of device 0 in this process, which loads the crate's kernels (the loading waits for all
+/// work on the device, and holds back other threads' driver calls meanwhile). Work queued right after it must
+/// not wait for that: here a host function sleeping on `x`, then, once a loading started in the background
+/// would have reached its wait for the device, an upload on another stream, which must complete while `x`
+/// still sleeps. (Loaded on a thread of its own, as the crate once did, the loading waited for the sleep and
+/// held the upload's enqueue back with it.)
+#[cfg(feature = "gpu")]
+fn first_context() {
+    let ctx = Context::on(0).unwrap();
+    let x = Stream::new(&ctx).unwrap();
+    let busy = busy_after(&x, |x| sleep_on(x, BUSY));
+    let s = Stream::new(&ctx).unwrap();
+    let mut probe = Probe::with_host(
+        "a stream of the first context",
+        &s,
+        Pinned::zeroed(&ctx, 1).unwrap(),
+    );
+    thread::sleep(WAITER_START);
+    probe.enqueue();
+    probe.event.synchronize().unwrap();
+    assert!(
+        !busy.query().unwrap(),
+        "work queued right after the first Context::new of the device in the process waited for unrelated \
+         work on another stream (the loading of the crate's kernels)"
     );
     ctx.synchronize().unwrap();
     ctx.check_deferred_errors().unwrap();

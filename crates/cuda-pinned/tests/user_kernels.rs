@@ -739,10 +739,14 @@ fn a_declared_enqueue_may_call_the_crate_and_wait_for_threads_that_do() {
 }
 
 /// Device memory given to `from_raw` and dropped while another stream is busy: the bytes freed by the time
-/// the buffer's own stream has finished. Simulated driver only (a GPU's pool keeps freed memory for reuse).
+/// the buffer's own stream has finished (the crate's pool set to keep no freed memory, so that its stream's
+/// synchronization returns it). Simulated driver only (a GPU's pool may keep some for reuse all the same).
 #[cfg(not(feature = "gpu"))]
 fn freed_while_the_device_is_busy(from_a_pool: bool) -> usize {
     let ctx = context();
+    // What the pool kept from earlier tests goes back now, not during the measure.
+    ctx.set_device_memory_kept(0).unwrap();
+    ctx.synchronize().unwrap();
     let (a, busy) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
     let bytes = N * size_of::<u32>();
     let ptr = if from_a_pool {
@@ -770,6 +774,8 @@ fn freed_while_the_device_is_busy(from_a_pool: bool) -> usize {
     let (after, _) = ctx.memory_info().unwrap();
     drop(held);
     ctx.synchronize().unwrap();
+    ctx.set_device_memory_kept(cuda_pinned::DEVICE_MEMORY_KEPT)
+        .unwrap();
     after - before
 }
 

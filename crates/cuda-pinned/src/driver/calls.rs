@@ -146,6 +146,43 @@ pub(crate) fn mem_pool_set_internal_dependencies(pool: CUmemoryPool, allow: bool
     }
 }
 
+/// `cuMemPoolSetAttribute` of `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`: how many bytes of freed memory the pool
+/// keeps reserved at a synchronization instead of returning them to the device.
+pub(crate) fn mem_pool_set_release_threshold(pool: CUmemoryPool, bytes: u64) -> Result<()> {
+    let mut value = bytes;
+    // SAFETY: this attribute's value is a cuuint64_t, read during the call.
+    unsafe {
+        driver_call!(cuMemPoolSetAttribute(
+            pool,
+            CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&raw mut value).cast::<c_void>()
+        ))
+    }
+}
+
+/// `cuMemPoolGetAttribute` of an attribute whose value is a `cuuint64_t`.
+pub(crate) fn mem_pool_attribute_u64(
+    pool: CUmemoryPool,
+    attribute: CUmemPool_attribute,
+) -> Result<u64> {
+    let mut value = 0u64;
+    // SAFETY: an out-pointer to a local of the attribute's type.
+    unsafe {
+        driver_call!(cuMemPoolGetAttribute(
+            pool,
+            attribute,
+            (&raw mut value).cast::<c_void>()
+        ))
+    }?;
+    Ok(value)
+}
+
+/// `cuMemPoolTrimTo`: returns the freed memory the pool keeps beyond `keep` bytes to the device.
+pub(crate) fn mem_pool_trim_to(pool: CUmemoryPool, keep: usize) -> Result<()> {
+    // SAFETY: a pool handle; the driver checks it.
+    unsafe { driver_call!(cuMemPoolTrimTo(pool, keep)) }
+}
+
 /// `cuMemPoolGetAccess`: whether `device` may read and write the memory of `pool` directly.
 pub(crate) fn mem_pool_can_access(pool: CUmemoryPool, device: c_int) -> Result<bool> {
     let mut location = CUmemLocation {

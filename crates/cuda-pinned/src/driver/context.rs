@@ -27,6 +27,9 @@ struct Inner {
     raw: CUcontext,
     /// Whether the device supports stream-ordered allocation, read once: device memory is allocated with it.
     memory_pools: bool,
+    /// Whether the driver shows the process no device but this one, read once: then no other device's context
+    /// can be current on any thread (see [`Context::enqueue_copy`]).
+    sole_device: bool,
     /// The device's memory pool of the crate ([`Context::memory_pool`]), once this handle has asked for it.
     pool: OnceLock<CUmemoryPool>,
     /// Errors that a destructor met and could not return (a failed wait before a release, say): kept for
@@ -216,7 +219,7 @@ fn report_sweep(contexts: &[Context], errors: Vec<Error>) {
 /// Work being enqueued on a stream of a context: its device's gate held for reading, its context current (see
 /// [`Context::enqueue`]).
 pub(crate) struct Enqueue<'a> {
-    _current: Current<'a>,
+    _current: Option<Current<'a>>,
     _gate: Gate<'static>,
 }
 
@@ -236,13 +239,19 @@ impl Drop for ClosedGate {
 fn create_pool(device: Device) -> Result<CUmemoryPool> {
     let ordinal = c_int::try_from(device.ordinal()).unwrap_or(c_int::MAX);
     let pool = calls::mem_pool_create(ordinal)?;
-    if let Err(e) = calls::mem_pool_set_internal_dependencies(pool, false) {
+    let set = calls::mem_pool_set_internal_dependencies(pool, false)
+        .and_then(|()| calls::mem_pool_set_release_threshold(pool, DEVICE_MEMORY_KEPT));
+    if let Err(e) = set {
         // Nothing was allocated from it.
         let _ = calls::mem_pool_destroy(pool);
         return Err(e);
     }
     Ok(pool)
 }
+
+/// How many bytes of freed device memory the crate's memory pool of a device keeps reserved at a
+/// synchronization unless set otherwise ([`Context::set_device_memory_kept`]).
+pub const DEVICE_MEMORY_KEPT: u64 = u64::MAX;
 
 /// Every context made, by device: to find all the crate's streams on a device, and the device's gate.
 static DEVICES: Mutex<Vec<Known>> = Mutex::new(Vec::new());
@@ -290,11 +299,17 @@ impl Context {
     /// Retains `device`'s primary context, creating it if no one in the process has yet (a fraction of a
     /// second the first time).
     ///
+    /// Built with feature `gpu`, the first call for a device in the process also loads the crate's kernels
+    /// into the context, which waits until work already running on the device (other code's) has finished;
+    /// a concurrent first call for the same device waits for that loading too. Later calls, and all work
+    /// queued afterwards, wait for nothing of it.
+    ///
     /// # Errors
     /// The loader's error where no driver can be loaded; the driver's, such as `CUDA_ERROR_OUT_OF_MEMORY`.
     #[doc(alias = "cuDevicePrimaryCtxRetain")]
     pub fn new(device: Device) -> Result<Context> {
         let memory_pools = device.supports_memory_pools()?;
+        let sole_device = Device::count()? == 1;
         // Balanced by the release in Inner's Drop.
         let raw = calls::primary_ctx_retain(device.as_raw()).map_err(|e| {
             e.context(format_args!(
@@ -324,6 +339,7 @@ impl Context {
             device,
             raw,
             memory_pools,
+            sole_device,
             pool: OnceLock::new(),
             deferred: Mutex::new(Vec::new()),
             events: Mutex::new(Vec::new()),
@@ -335,16 +351,14 @@ impl Context {
         // Each entry is removed by its context's drop, once that has retired the context's own stream.
         known.contexts.push(Arc::downgrade(&context.0));
         drop(devices);
-        // Loading the crate's kernels waits for all work on the device: done ahead, on a thread of its own.
+        // Loading the crate's kernels waits for all work on the device: done now, before any work of the
+        // crate can be queued on it (see `kernels_ffi::preload`).
         #[cfg(feature = "gpu")]
-        {
-            let loading = context.clone();
-            crate::kernels_ffi::preload(device.ordinal(), move || {
-                loading
-                    .enter()
-                    .and_then(|_current| crate::kernels_ffi::load_into_current())
-            });
-        }
+        crate::kernels_ffi::preload(device.ordinal(), || {
+            context
+                .enter()
+                .and_then(|_current| crate::kernels_ffi::load_into_current())
+        });
         Ok(context)
     }
 
@@ -442,6 +456,78 @@ impl Context {
             }
         };
         Ok(*self.0.pool.get_or_init(|| pool))
+    }
+
+    /// Sets how many bytes of freed device memory the crate's memory pool of this device keeps reserved when a
+    /// stream, an event or the context is synchronized, for its next allocations; what it holds beyond that
+    /// goes back to the driver then (the pool's `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`). Kept memory lets a loop
+    /// that allocates and frees device memory each step, and synchronizes between steps, reuse the same memory
+    /// rather than have the driver map it afresh each step; other code on the device (another library's
+    /// allocations) cannot use it meanwhile. The default is [`DEVICE_MEMORY_KEPT`]. An allocation of the crate
+    /// that finds the device full returns the kept memory first and tries again; [`Context::trim_device_memory`]
+    /// returns it at any time. One setting per device, shared by every context handle of it.
+    ///
+    /// # Errors
+    /// An invalid-argument error where the device has no memory pools (its memory is then allocated with
+    /// `cuMemAlloc` and goes back to the driver when freed); the driver's.
+    #[doc(alias = "CU_MEMPOOL_ATTR_RELEASE_THRESHOLD")]
+    pub fn set_device_memory_kept(&self, bytes: u64) -> Result<()> {
+        let pool = self.pool_for("setting how much freed device memory is kept")?;
+        calls::mem_pool_set_release_threshold(pool, bytes)
+    }
+
+    /// How many bytes of freed device memory the crate's memory pool of this device keeps reserved at a
+    /// synchronization (see [`Context::set_device_memory_kept`]).
+    ///
+    /// # Errors
+    /// As [`Context::set_device_memory_kept`].
+    pub fn device_memory_kept(&self) -> Result<u64> {
+        let pool = self.pool_for("reading how much freed device memory is kept")?;
+        calls::mem_pool_attribute_u64(
+            pool,
+            crate::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+        )
+    }
+
+    /// Returns to the driver now the freed device memory that the crate's memory pool of this device keeps
+    /// beyond `keep` bytes (`cuMemPoolTrimTo`), for other code on the device to use. Memory whose free is still
+    /// queued behind work, or was not yet seen done by a synchronization, may stay.
+    ///
+    /// # Errors
+    /// As [`Context::set_device_memory_kept`].
+    #[doc(alias = "cuMemPoolTrimTo")]
+    pub fn trim_device_memory(&self, keep: usize) -> Result<()> {
+        let pool = self.pool_for("returning kept device memory")?;
+        calls::mem_pool_trim_to(pool, keep)
+    }
+
+    /// Bytes of device memory the crate's memory pool of this device holds from the driver: its live
+    /// allocations and the freed memory it keeps (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`). 0 where the device
+    /// has no memory pools.
+    ///
+    /// # Errors
+    /// The driver's.
+    #[doc(alias = "CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT")]
+    pub fn device_memory_reserved(&self) -> Result<u64> {
+        if !self.has_memory_pools() {
+            return Ok(0);
+        }
+        calls::mem_pool_attribute_u64(
+            self.memory_pool()?,
+            crate::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+        )
+    }
+
+    /// The crate's memory pool of this device, for `what`; an invalid-argument error where the device has none.
+    fn pool_for(&self, what: &str) -> Result<CUmemoryPool> {
+        if !self.has_memory_pools() {
+            return Err(Error::invalid(format_args!(
+                "{what}: device {} has no memory pools (its memory is allocated with cuMemAlloc and goes back \
+                 to the driver when freed)",
+                self.device().ordinal()
+            )));
+        }
+        self.memory_pool()
     }
 
     /// The driver's handle, for interop with other CUDA libraries. It stays valid while this context lives.
@@ -566,14 +652,34 @@ impl Context {
     /// memory pool on that device's stream while another device's context is current (unless the pool is open
     /// to that device), and a batched copy with none current (ARCHITECTURE.md, "The driver's rules about
     /// contexts"). Costs one driver call (a thread-local read) where the context is current already, a push
-    /// and a pop more where not.
+    /// and a pop more where not. Two kinds of work skip it where the rules allow: a plain copy on a machine
+    /// whose only device is this one ([`Context::enqueue_copy`]) and a kernel launch through `cuLaunchKernel`
+    /// (`Stream::tracked_uses_in_any_context`).
     ///
     /// # Errors
     /// The driver's, from making the context current.
     pub(crate) fn enqueue(&self) -> Result<Enqueue<'_>> {
         let current = self.enter()?;
         Ok(Enqueue {
-            _current: current,
+            _current: Some(current),
+            _gate: self.enqueue_gate(),
+        })
+    }
+
+    /// [`Context::enqueue`] for a plain copy (`cuMemcpyHtoDAsync`, `cuMemcpyDtoHAsync`, `cuMemcpyDtoDAsync`;
+    /// not a batched one) on a stream of this context. The driver refuses such a copy of pool memory only
+    /// while a context of another device is current (ARCHITECTURE.md, "The driver's rules about contexts",
+    /// rule 1). Where the process sees no other device, none can be: only the gate is taken, which saves
+    /// reading the thread's context; else as [`Context::enqueue`].
+    ///
+    /// # Errors
+    /// As [`Context::enqueue`].
+    pub(crate) fn enqueue_copy(&self) -> Result<Enqueue<'_>> {
+        if !self.0.sole_device {
+            return self.enqueue();
+        }
+        Ok(Enqueue {
+            _current: None,
             _gate: self.enqueue_gate(),
         })
     }

@@ -32,8 +32,8 @@
 //! [`Stream::wait`]: crate::Stream::wait
 //! [`Stream::profile`]: crate::Stream::profile
 
-use std::cell::{RefCell, RefMut};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::cell::{Cell, RefCell, RefMut};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 
 use super::calls;
@@ -102,47 +102,76 @@ impl Mark {
 /// holding it may take again: [`Stream::untracked`](super::stream::Stream::untracked) holds it while other code enqueues work the crate does not
 /// track, and that code may call the crate on the same stream. Operations of other threads wait meanwhile, so
 /// none of theirs can land between untracked work and the crate's bookkeeping of its own.
+///
+/// Every operation of the crate on a stream takes it, so the uncontended path is one compare-and-swap to take
+/// it and one swap to give it back; only a thread that finds it held sleeps, on a condition variable.
 #[derive(Default)]
 pub(crate) struct SegmentLock {
-    owner: Mutex<Owner>,
+    /// The holder's [`this_thread`] token; 0 while the lock is free.
+    owner: AtomicUsize,
+    /// How many guards the holder has; touched only by the holder.
+    depth: Cell<usize>,
+    /// Threads asleep (or about to sleep) in [`SegmentLock::lock`]: a release wakes one only if there is one
+    /// (a wake is a system call).
+    waiting: AtomicUsize,
+    /// What the waiting threads sleep on.
+    sleep: Mutex<()>,
     released: Condvar,
     /// Touched only by the thread that holds the lock, and never borrowed across a call that may take it again.
     current: RefCell<Mark>,
+    /// The segments this stream closed last, at most [`RETIRED`], oldest first; as `current`, only under the
+    /// lock. One that no entry holds any more is reused by the next close, with its event.
+    retired: RefCell<Vec<Mark>>,
 }
 
-#[derive(Default)]
-struct Owner {
-    thread: Option<usize>,
-    depth: usize,
-    /// Threads waiting for the lock: a release wakes one only if there is one (a wake is a system call).
-    waiting: usize,
-}
+/// How many closed segments a stream keeps for reuse ([`SegmentLock::retired`]). Work alternating between
+/// streams leaves a closed segment unheld after two or three operations.
+const RETIRED: usize = 4;
 
-// SAFETY: `current` is only reached through a `SegmentGuard`, which exists only on the thread that owns the
-// lock; other threads wait in `lock` until the owner has dropped all of its guards.
+// SAFETY: `depth`, `current` and `retired` are only reached by the thread that holds the lock (through a `SegmentGuard`,
+// which is not `Send`); the compare-and-swap that takes the lock (Acquire) and the swap that frees it (SeqCst,
+// which includes Release) order one holder's accesses before the next one's.
 unsafe impl Sync for SegmentLock {}
 
 impl SegmentLock {
     /// Takes the lock (again, if this thread holds it).
     pub(crate) fn lock(&self) -> SegmentGuard<'_> {
         let me = this_thread();
-        let mut owner = self.owner.lock().unwrap_or_else(PoisonError::into_inner);
-        while owner.thread.is_some_and(|thread| thread != me) {
-            owner.waiting += 1;
-            owner = self
-                .released
-                .wait(owner)
-                .unwrap_or_else(PoisonError::into_inner);
-            owner.waiting -= 1;
+        // Only this thread stores its own token, so it reads it back exactly.
+        if self.owner.load(Ordering::Relaxed) != me {
+            while self
+                .owner
+                .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {
+                self.sleep_while_held();
+            }
         }
-        owner.thread = Some(me);
-        owner.depth += 1;
+        self.depth.set(self.depth.get() + 1);
         SegmentGuard { lock: self }
+    }
+
+    /// Sleeps until the lock has been freed since this call began (or returns at once if it is free). Counting
+    /// itself in `waiting` before it reads `owner`, against [`SegmentGuard`]'s drop, which frees `owner` before
+    /// it reads `waiting` (all four sequentially consistent), makes sure that a release either is seen here or
+    /// sees this thread waiting and wakes it: it takes `sleep` to notify, which this thread holds until it
+    /// waits.
+    #[cold]
+    fn sleep_while_held(&self) {
+        let mut asleep = self.sleep.lock().unwrap_or_else(PoisonError::into_inner);
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        while self.owner.load(Ordering::SeqCst) != 0 {
+            asleep = self
+                .released
+                .wait(asleep)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
-/// A number that tells the calling thread from every other live thread: the address of a thread-local (cheaper
-/// than `std::thread::current().id()`, which clones the thread's handle).
+/// A number that tells the calling thread from every other live thread, never 0: the address of a
+/// thread-local (cheaper than `std::thread::current().id()`, which clones the thread's handle).
 fn this_thread() -> usize {
     thread_local! {
         static TOKEN: u8 = const { 0 };
@@ -161,6 +190,40 @@ impl SegmentGuard<'_> {
         self.lock.current.borrow_mut()
     }
 
+    /// Closes the current segment (`current`, borrowed from this guard) with an event that `record` records
+    /// at the stream's end now, and starts a new one. A segment this stream closed before and that nothing
+    /// holds any more is the new one, and its event, if it has one, is recorded again for the closing segment:
+    /// no allocation and no trip to the context's event pool. Otherwise `record` is given no event and takes
+    /// one from the pool.
+    ///
+    /// # Errors
+    /// `record`'s; the segment is then still open.
+    pub(crate) fn close(
+        &self,
+        current: &mut Mark,
+        record: impl FnOnce(Option<PooledEvent>) -> Result<PooledEvent>,
+    ) -> Result<()> {
+        let mut retired = self.lock.retired.borrow_mut();
+        let unheld = retired
+            .iter()
+            .position(|mark| Arc::strong_count(&mark.0) == 1 && Arc::weak_count(&mark.0) == 0);
+        let (next, event) = match unheld.map(|i| retired.remove(i)) {
+            Some(mut mark) => {
+                let segment = Arc::get_mut(&mut mark.0).expect("held by the list alone");
+                let event = segment.event.take();
+                *segment.complete.get_mut() = false;
+                (mark, event)
+            }
+            None => (Mark::default(), None),
+        };
+        current.set_event(record(event)?);
+        retired.push(std::mem::replace(current, next));
+        if retired.len() > RETIRED {
+            retired.remove(0);
+        }
+        Ok(())
+    }
+
     /// The current segment, for an operation's entries to join (`Tracker::record_use`), for a short use that
     /// calls nothing that could take the lock again.
     pub(crate) fn mark(&self) -> std::cell::Ref<'_, Mark> {
@@ -170,18 +233,14 @@ impl SegmentGuard<'_> {
 
 impl Drop for SegmentGuard<'_> {
     fn drop(&mut self) {
-        let mut owner = self
-            .lock
-            .owner
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        owner.depth -= 1;
-        if owner.depth == 0 {
-            owner.thread = None;
-            let waiting = owner.waiting > 0;
-            drop(owner);
-            if waiting {
-                self.lock.released.notify_one();
+        let lock = self.lock;
+        let depth = lock.depth.get() - 1;
+        lock.depth.set(depth);
+        if depth == 0 {
+            lock.owner.swap(0, Ordering::SeqCst);
+            if lock.waiting.load(Ordering::SeqCst) > 0 {
+                let _sleep = lock.sleep.lock().unwrap_or_else(PoisonError::into_inner);
+                lock.released.notify_one();
             }
         }
     }
@@ -210,6 +269,13 @@ impl PooledEvent {
         calls::event_record(event.raw, stream)
             .map_err(|e| e.context("recording an event to order work after"))?;
         Ok(event)
+    }
+
+    /// Records this event again at the end of `stream` (a stream of its context) now. Waits enqueued for its
+    /// earlier record keep waiting for that one, as the driver defines them.
+    pub(crate) fn record_again(&self, stream: CUstream) -> Result<()> {
+        calls::event_record(self.raw, stream)
+            .map_err(|e| e.context("recording an event to order work after"))
     }
 
     pub(crate) fn as_raw(&self) -> CUevent {

@@ -11,7 +11,7 @@ mod event;
 pub(crate) mod marks;
 pub(crate) mod stream;
 
-pub use context::Context;
+pub use context::{Context, DEVICE_MEMORY_KEPT};
 pub use device::Device;
 pub use event::Event;
 pub use stream::{Category, Stream};

@@ -336,7 +336,7 @@ impl Stream {
         let guard = self.segment();
         let mut current = guard.current();
         if current.holders() > 0 {
-            self.close(&mut current)?;
+            self.close(&guard, &mut current)?;
         }
         Ok(())
     }
@@ -369,19 +369,22 @@ impl Stream {
             let mut current = guard.current();
             let replaced = replaced(&current);
             if current.holders() > replaced {
-                self.close(&mut current)?;
+                self.close(&guard, &mut current)?;
             }
         }
         Ok(guard)
     }
 
-    /// Records the current segment's event now and starts a new segment.
-    fn close(&self, current: &mut Mark) -> Result<()> {
-        let event = PooledEvent::record(self.context(), self.as_raw())?;
+    /// Records the current segment's event now and starts a new segment (`current` borrowed from `guard`).
+    fn close(&self, guard: &SegmentGuard<'_>, current: &mut Mark) -> Result<()> {
         // Only a closed segment has an event, and only `close` sets one, under the segment lock.
-        current.set_event(event);
-        *current = Mark::default();
-        Ok(())
+        guard.close(current, |reused| match reused {
+            Some(event) => {
+                event.record_again(self.as_raw())?;
+                Ok(event)
+            }
+            None => PooledEvent::record(self.context(), self.as_raw()),
+        })
     }
 
     /// The event to wait for to see the work before `mark` (a mark of this stream) complete: its segment's,
@@ -426,7 +429,7 @@ impl Stream {
             *current = Mark::default();
             return Ok(None);
         }
-        self.close(&mut current)?;
+        self.close(&guard, &mut current)?;
         Ok(mark.event())
     }
 }

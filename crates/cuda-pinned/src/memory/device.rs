@@ -12,7 +12,7 @@ use crate::driver::Context;
 use crate::driver::Stream;
 use crate::driver::calls;
 use crate::error::Result;
-use crate::sys::CUdeviceptr;
+use crate::sys::{CUdeviceptr, CUresult};
 use crate::units::Bytes;
 
 /// The alignment the driver guarantees for device allocations (`cuMemAlloc`, memory pools).
@@ -93,7 +93,17 @@ impl<T: Pod> DeviceBuffer<T> {
             let mut ptr = 0;
             stream
                 .tracked(None, Some(&buffer.track), || {
-                    ptr = calls::mem_alloc_from_pool_async(bytes, pool, stream.as_raw())?;
+                    let allocate =
+                        || calls::mem_alloc_from_pool_async(bytes, pool, stream.as_raw());
+                    ptr = match allocate() {
+                        // The freed memory the pool keeps (`Context::set_device_memory_kept`) may be what is
+                        // missing, in blocks too small for this size: returned to the driver, then once more.
+                        Err(e) if e.driver_code() == Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY) => {
+                            calls::mem_pool_trim_to(pool, 0)?;
+                            allocate()?
+                        }
+                        allocated => allocated?,
+                    };
                     Ok(())
                 })
                 .map(|()| ptr)
@@ -102,7 +112,7 @@ impl<T: Pod> DeviceBuffer<T> {
         };
         buffer.ptr = allocated.map_err(|e| {
             let pending = if buffer.origin == Origin::CratePool
-                && e.driver_code() == Some(crate::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+                && e.driver_code() == Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
             {
                 " (memory freed on other streams is not taken while their work may still use it, as \
                  taking it would make this stream wait for theirs: `Context::synchronize` makes it \

@@ -210,7 +210,7 @@ pub(crate) fn guard_exit() {
                 }
             }
         }
-        // The loading of the crate's kernels into the runtime, on threads of their own, must not be cut off
+        // A loading of the crate's kernels into the runtime that another thread is doing must not be cut off
         // by the runtime's teardown either.
         #[cfg(feature = "gpu")]
         crate::kernels_ffi::wait_for_loads(deadline);

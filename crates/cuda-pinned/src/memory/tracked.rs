@@ -104,6 +104,34 @@ impl Stream {
         // and the stream's context is current: the driver takes some copies' context from the thread, not the
         // stream (see `Context::enqueue`).
         let _enqueue = self.context().enqueue()?;
+        self.locked_as(work, read, write, enqueue)
+    }
+
+    /// [`Stream::tracked_as`] for a plain copy (see [`Context::enqueue_copy`], which it holds instead of
+    /// [`Context::enqueue`]).
+    ///
+    /// [`Context::enqueue_copy`]: crate::driver::Context::enqueue_copy
+    /// [`Context::enqueue`]: crate::driver::Context::enqueue
+    pub(crate) fn tracked_copy(
+        &self,
+        work: Work,
+        read: Option<&Track>,
+        write: Option<&Track>,
+        enqueue: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let _enqueue = self.context().enqueue_copy()?;
+        self.locked_as(work, read, write, enqueue)
+    }
+
+    /// The body of [`Stream::tracked_as`], for a caller that holds the device's gate (and the context current
+    /// where the work needs it).
+    fn locked_as(
+        &self,
+        work: Work,
+        read: Option<&Track>,
+        write: Option<&Track>,
+        enqueue: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
         // One allocation read and written (two views of it) is a write: lock it once.
         let read = read.filter(|r| !write.is_some_and(|w| std::ptr::eq(*r, w)));
         // The written buffer is borrowed exclusively, so no other thread locks it: taking it first cannot
@@ -195,6 +223,30 @@ impl Stream {
         enqueue: impl FnOnce() -> Result<R>,
     ) -> Result<R> {
         let _enqueue = self.context().enqueue()?;
+        self.locked_uses(work, uses, enqueue)
+    }
+
+    /// [`Stream::tracked_uses`] for work that the driver enqueues whatever context the calling thread has
+    /// current (a launch through `cuLaunchKernel`: ARCHITECTURE.md, "The driver's rules about contexts"): only
+    /// the device's gate is held, which saves reading the thread's context. What the tracking itself may call
+    /// (recording and waiting for events) works in every state too, and making an event enters the context.
+    pub(crate) fn tracked_uses_in_any_context<R>(
+        &self,
+        work: Work,
+        uses: &mut [(&Track, Access)],
+        enqueue: impl FnOnce() -> Result<R>,
+    ) -> Result<R> {
+        let _gate = self.context().enqueue_gate();
+        self.locked_uses(work, uses, enqueue)
+    }
+
+    /// The body of [`Stream::tracked_uses`], for a caller that holds the device's gate.
+    fn locked_uses<R>(
+        &self,
+        work: Work,
+        uses: &mut [(&Track, Access)],
+        enqueue: impl FnOnce() -> Result<R>,
+    ) -> Result<R> {
         let mut locked = Locked(SmallVec::new());
         locked.lock(uses);
         for (tracker, access) in locked.iter_mut() {
