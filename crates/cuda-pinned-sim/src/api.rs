@@ -355,41 +355,25 @@ fn device_alloc(
     if bytes == 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    // A block the pool keeps reserved, the smallest that fits, is lent again; else new memory of the device.
-    let reused = state
-        .pools
-        .get_mut(&pool)
-        .filter(|_| kind == Kind::DeviceAsync)
-        .and_then(|data| {
-            let (index, &block) = data
-                .kept
-                .iter()
-                .enumerate()
-                .filter(|&(_, &block)| block >= bytes)
-                .min_by_key(|&(_, &block)| block)?;
-            data.kept.swap_remove(index);
-            Some(block)
-        });
-    if reused.is_none()
-        && bytes
-            > SIM
-                .config
-                .device_memory
-                .saturating_sub(state.device_bytes(device as i32))
+    // What the pool keeps reserved serves first; only the rest is new memory of the device.
+    let kept = match state.pools.get(&pool) {
+        Some(data) if kind == Kind::DeviceAsync => data.kept.min(bytes),
+        _ => 0,
+    };
+    if bytes - kept
+        > SIM
+            .config
+            .device_memory
+            .saturating_sub(state.device_bytes(device as i32))
     {
         return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
     }
-    let Some(storage) = Storage::zeroed(bytes, 256) else {
-        if let (Some(block), Some(data)) = (reused, state.pools.get_mut(&pool)) {
-            data.kept.push(block);
-        }
-        return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
-    };
+    let storage = Storage::zeroed(bytes, 256).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+    if let Some(data) = state.pools.get_mut(&pool).filter(|_| kept > 0) {
+        data.kept -= kept;
+    }
     let base = state.next_device_address;
     state.next_device_address += (bytes as u64).next_multiple_of(512) + DEVICE_GAP;
-    if let (Some(block), Some(data)) = (reused, state.pools.get_mut(&pool)) {
-        data.lent.insert(base, block);
-    }
     state.add_allocation(Allocation {
         kind,
         base,
@@ -711,7 +695,7 @@ pub extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
         let data = live_pool(&mut state, pool)?;
         data.destroyed = true;
         // What it keeps goes back to the device; its live allocations stay valid until freed.
-        data.kept.clear();
+        data.kept = 0;
         Ok(())
     })
 }
@@ -719,7 +703,9 @@ pub extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, minBytesToKeep: usize) -> CUresult {
     entry("cuMemPoolTrimTo", |mut state| {
-        live_pool(&mut state, pool)?.trim_to(minBytesToKeep as u64);
+        live_pool(&mut state, pool)?;
+        let live = state.pool_live(pool as usize);
+        live_pool(&mut state, pool)?.trim_to(minBytesToKeep as u64, live);
         Ok(())
     })
 }
@@ -768,15 +754,8 @@ pub extern "C" fn cuMemPoolGetAttribute(
                 c_int::from(data.internal_dependencies),
             ),
             CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT => {
-                let state = &*state;
-                let allocated: usize = state
-                    .allocations
-                    .values()
-                    .filter(|a| a.kind == Kind::DeviceAsync && a.pool == handle)
-                    .map(|a| a.bytes)
-                    .sum();
-                let surplus = state.pools[&handle].surplus(&state.allocations, &state.device_map);
-                put(value.cast::<u64>(), (allocated + surplus) as u64)
+                let kept = data.kept;
+                put(value.cast::<u64>(), (state.pool_live(handle) + kept) as u64)
             }
             _ => Err(CUresult::CUDA_ERROR_NOT_SUPPORTED),
         }

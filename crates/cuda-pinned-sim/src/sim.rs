@@ -418,13 +418,11 @@ pub(crate) struct PoolData {
     pub(crate) access: Vec<i32>,
     /// Whether `cuMemPoolDestroy` was called: no more allocations from it.
     pub(crate) destroyed: bool,
-    /// Device memory freed back to the pool and still reserved by it, as blocks of the sizes allocated: an
-    /// allocation of at most a block's size reuses the smallest that fits, the next synchronization returns
-    /// the blocks above the release threshold to the device (largest first), and `cuMemPoolTrimTo` those
-    /// above what it keeps.
-    pub(crate) kept: Vec<usize>,
-    /// The blocks lent again from `kept`, by the address of the allocation that took each: its size there.
-    pub(crate) lent: HashMap<u64, usize>,
+    /// Bytes of device memory freed back to the pool and still reserved by it. The driver maps it again for
+    /// any allocation from the pool, of any size (a probe on an H100: 192 MiB freed in blocks of 64 MiB served
+    /// an allocation of 128 MiB, and 72 GiB freed in blocks of 24 GiB one of 40 GiB, reserving nothing more),
+    /// and the next synchronization returns what the pool holds above its release threshold.
+    pub(crate) kept: usize,
 }
 
 impl PoolData {
@@ -435,38 +433,17 @@ impl PoolData {
             internal_dependencies: true,
             access: Vec::new(),
             destroyed: false,
-            kept: Vec::new(),
-            lent: HashMap::new(),
+            kept: 0,
         }
     }
 
-    /// Bytes of device memory the pool holds beyond its live allocations' own sizes: freed blocks kept, and
-    /// what lent blocks hold beyond the allocations that took them.
-    pub(crate) fn surplus(
-        &self,
-        allocations: &HashMap<u64, Allocation>,
-        device_map: &BTreeMap<u64, u64>,
-    ) -> usize {
-        let lent: usize = self
-            .lent
-            .iter()
-            .map(|(base, block)| {
-                let used = device_map
-                    .get(base)
-                    .and_then(|id| allocations.get(id))
-                    .map_or(0, |a| a.bytes);
-                block - used
-            })
-            .sum();
-        self.kept.iter().sum::<usize>() + lent
-    }
-
-    /// Returns kept blocks to the device, largest first, until at most `keep` bytes are kept.
-    pub(crate) fn trim_to(&mut self, keep: u64) {
-        self.kept.sort_unstable();
-        while self.kept.iter().sum::<usize>() as u64 > keep {
-            self.kept.pop();
-        }
+    /// Returns kept memory to the device until the pool holds at most `keep` bytes with its live allocations
+    /// (`live`), or keeps nothing.
+    pub(crate) fn trim_to(&mut self, keep: u64, live: usize) {
+        let room = usize::try_from(keep)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(live);
+        self.kept = self.kept.min(room);
     }
 }
 
@@ -547,17 +524,29 @@ impl State {
             .pools
             .values()
             .filter(|p| p.device == device)
-            .map(|p| p.surplus(&self.allocations, &self.device_map))
+            .map(|p| p.kept)
             .sum();
         allocated + kept
+    }
+
+    /// Bytes of the live allocations of the pool with this handle.
+    pub(crate) fn pool_live(&self, pool: usize) -> usize {
+        self.allocations
+            .values()
+            .filter(|a| a.kind == Kind::DeviceAsync && a.pool == pool)
+            .map(|a| a.bytes)
+            .sum()
     }
 
     /// What every memory pool does at a synchronization: returns to the device the freed memory it keeps above
     /// its release threshold.
     pub(crate) fn release_above_thresholds(&mut self) {
-        for pool in self.pools.values_mut() {
+        let handles: Vec<usize> = self.pools.keys().copied().collect();
+        for handle in handles {
+            let live = self.pool_live(handle);
+            let pool = self.pools.get_mut(&handle).expect("listed");
             let threshold = pool.threshold;
-            pool.trim_to(threshold);
+            pool.trim_to(threshold, live);
         }
     }
 
@@ -589,16 +578,13 @@ impl State {
         );
         if kind.is_device() {
             self.device_map.remove(&base);
-            // Freed into its pool, which keeps the block reserved (a destroyed pool's goes back at once).
+            // Freed into its pool, which keeps it reserved (a destroyed pool's goes back at once).
             if let Some(data) = self
                 .pools
                 .get_mut(&pool)
-                .filter(|_| kind == Kind::DeviceAsync)
+                .filter(|p| kind == Kind::DeviceAsync && !p.destroyed)
             {
-                let block = data.lent.remove(&base).unwrap_or(bytes);
-                if !data.destroyed {
-                    data.kept.push(block);
-                }
+                data.kept += bytes;
             }
         } else {
             self.host_map.remove(&base);

@@ -1,7 +1,7 @@
 //! Freed device memory that the crate's memory pool keeps for its next allocations
-//! (`Context::set_device_memory_kept`): kept across synchronizations as set, returned to the driver by
-//! `Context::trim_device_memory`, and returned first by an allocation that finds the device full. A test binary
-//! of its own: on the simulated driver the device has 64 MiB, and the pool's reserve is read whole.
+//! (`Context::set_device_memory_kept`): kept across synchronizations as set, reused by allocations of any size,
+//! and returned to the driver by `Context::trim_device_memory` for other code that needs it. A test binary of
+//! its own: on the simulated driver the device has 256 MiB, and the pool's reserve is read whole.
 
 mod common;
 
@@ -12,7 +12,7 @@ const MIB: usize = 1 << 20;
 
 /// Device memory of the simulated driver's device: small enough that a test fills it.
 #[cfg(not(feature = "gpu"))]
-const DEVICE_MEMORY: usize = 64 * MIB;
+const DEVICE_MEMORY: usize = 256 * MIB;
 
 /// The tests of this binary one at a time, the simulated driver's device memory chosen first.
 fn setup() -> Serial {
@@ -28,10 +28,11 @@ fn context() -> Context {
     common::device(0)
 }
 
-/// Allocates `count` buffers of `bytes` on `stream` and frees them (each free ordered on `stream`).
-fn allocate_and_free(stream: &Stream, count: usize, bytes: usize) {
-    let buffers: Vec<DeviceBuffer<u8>> = (0..count)
-        .map(|_| DeviceBuffer::uninit(stream, bytes).unwrap())
+/// Allocates buffers of `sizes` (in MiB) on `stream` and frees them (each free ordered on `stream`).
+fn allocate_and_free(stream: &Stream, sizes: &[usize]) {
+    let buffers: Vec<DeviceBuffer<u8>> = sizes
+        .iter()
+        .map(|&mib| DeviceBuffer::uninit(stream, mib * MIB).unwrap())
         .collect();
     drop(buffers);
 }
@@ -46,34 +47,24 @@ fn freed_device_memory_is_kept_as_set_and_returned_on_request() {
     let ctx = context();
     let s = Stream::new(&ctx).unwrap();
     // The pool is made by the first allocation, with the default.
-    allocate_and_free(&s, 1, MIB);
+    allocate_and_free(&s, &[32]);
     ctx.synchronize().unwrap();
     assert_eq!(ctx.device_memory_kept().unwrap(), DEVICE_MEMORY_KEPT);
     ctx.trim_device_memory(0).unwrap();
     assert_eq!(reserved_mib(&ctx), 0, "nothing is allocated");
 
-    // Kept: a synchronized step's freed memory stays with the pool (the control of the next part).
+    // Kept: a synchronized step's freed memory stays with the pool (the control of the last part).
     ctx.set_device_memory_kept(u64::MAX).unwrap();
-    allocate_and_free(&s, 3, 4 * MIB);
+    allocate_and_free(&s, &[32, 32, 32]);
+    ctx.synchronize().unwrap();
+    assert_eq!(reserved_mib(&ctx), 96, "the pool keeps what was freed");
+    // The next step's allocations, of other sizes, reuse it: nothing more is reserved.
+    allocate_and_free(&s, &[64, 32]);
     ctx.synchronize().unwrap();
     assert_eq!(
         reserved_mib(&ctx),
-        12,
-        "the pool keeps what was freed, as set"
-    );
-    // The next step's allocations reuse it: nothing more is reserved.
-    allocate_and_free(&s, 3, 4 * MIB);
-    ctx.synchronize().unwrap();
-    assert_eq!(
-        reserved_mib(&ctx),
-        12,
+        96,
         "the next step reused the kept memory"
-    );
-    ctx.trim_device_memory(4 * MIB).unwrap();
-    assert!(
-        reserved_mib(&ctx) <= 4,
-        "trimmed to 4 MiB: {} MiB reserved",
-        reserved_mib(&ctx)
     );
     ctx.trim_device_memory(0).unwrap();
     assert_eq!(reserved_mib(&ctx), 0, "trimmed to nothing");
@@ -81,7 +72,7 @@ fn freed_device_memory_is_kept_as_set_and_returned_on_request() {
     // Not kept: the synchronization returns it.
     ctx.set_device_memory_kept(0).unwrap();
     assert_eq!(ctx.device_memory_kept().unwrap(), 0);
-    allocate_and_free(&s, 3, 4 * MIB);
+    allocate_and_free(&s, &[32, 32, 32]);
     ctx.synchronize().unwrap();
     assert_eq!(reserved_mib(&ctx), 0, "a threshold of 0 keeps nothing");
 
@@ -89,21 +80,29 @@ fn freed_device_memory_is_kept_as_set_and_returned_on_request() {
     ctx.check_deferred_errors().unwrap();
 }
 
-/// Kept memory in blocks too small for a larger allocation, with the device otherwise full: the allocation
-/// returns the kept memory and succeeds. Beside it, the control: other code's allocation of the same size
-/// (`cuMemAlloc`, outside the pool) fails while the memory is kept, and succeeds once it is trimmed.
+/// Memory the pool keeps is the pool's: another library's allocation (`cuMemAlloc`, outside the pool) that
+/// needs it fails until `trim_device_memory` gives it back, while the pool's own allocations, larger than any
+/// it freed, are served from it.
 #[cfg(not(feature = "gpu"))]
 #[test]
-fn an_allocation_that_finds_the_device_full_returns_the_kept_memory_first() {
+fn kept_memory_serves_the_pool_and_is_given_back_to_other_code_on_request() {
     use cuda_pinned::driver_call;
 
     let _serial = setup();
     let ctx = context();
     let s = Stream::new(&ctx).unwrap();
     ctx.set_device_memory_kept(u64::MAX).unwrap();
-    allocate_and_free(&s, 6, 8 * MIB);
+    allocate_and_free(&s, &[32; 6]);
     ctx.synchronize().unwrap();
-    assert_eq!(reserved_mib(&ctx), 48);
+    assert_eq!(reserved_mib(&ctx), 192);
+    // 224 MiB of the device's 256: the kept 192 and 32 more.
+    allocate_and_free(&s, &[224]);
+    ctx.synchronize().unwrap();
+    assert_eq!(
+        reserved_mib(&ctx),
+        224,
+        "the pool's allocation was served from its kept memory"
+    );
 
     let other_code_allocates = |bytes: usize| {
         let mut ptr = 0;
@@ -118,21 +117,12 @@ fn an_allocation_that_finds_the_device_full_returns_the_kept_memory_first() {
     // SAFETY: a live context, current on this test's thread only.
     unsafe { driver_call!(cuCtxSetCurrent(ctx.as_raw())) }.unwrap();
     assert!(
-        !other_code_allocates(32 * MIB),
-        "the kept memory leaves the device too little for 32 MiB (the control)"
+        !other_code_allocates(128 * MIB),
+        "other code finds the kept memory taken"
     );
-    let large = DeviceBuffer::<u8>::uninit(&s, 32 * MIB)
-        .unwrap_or_else(|e| panic!("the pool did not give back what it kept: {e}"));
-    assert_eq!(
-        reserved_mib(&ctx),
-        32,
-        "the kept blocks went back to the device"
-    );
-    drop(large);
-    ctx.synchronize().unwrap();
     ctx.trim_device_memory(0).unwrap();
     assert!(
-        other_code_allocates(32 * MIB),
+        other_code_allocates(128 * MIB),
         "trimmed, the memory is the device's again"
     );
     // SAFETY: the thread's context is no longer needed.

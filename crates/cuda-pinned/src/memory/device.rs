@@ -93,17 +93,7 @@ impl<T: Pod> DeviceBuffer<T> {
             let mut ptr = 0;
             stream
                 .tracked(None, Some(&buffer.track), || {
-                    let allocate =
-                        || calls::mem_alloc_from_pool_async(bytes, pool, stream.as_raw());
-                    ptr = match allocate() {
-                        // The freed memory the pool keeps (`Context::set_device_memory_kept`) may be what is
-                        // missing, in blocks too small for this size: returned to the driver, then once more.
-                        Err(e) if e.driver_code() == Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY) => {
-                            calls::mem_pool_trim_to(pool, 0)?;
-                            allocate()?
-                        }
-                        allocated => allocated?,
-                    };
+                    ptr = calls::mem_alloc_from_pool_async(bytes, pool, stream.as_raw())?;
                     Ok(())
                 })
                 .map(|()| ptr)
