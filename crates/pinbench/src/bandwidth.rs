@@ -318,7 +318,9 @@ pub fn bandwidth(bench: &mut Bench) -> Outcome<Vec<Bandwidth>> {
 
 /// Rounds of [`staged_turns`] per size and direction.
 pub fn turn_rounds(plan: &Plan) -> usize {
-    if plan.quick { 9 } else { 21 }
+    // The driver's pageable path against itself (below the crossover the staged path is that path) read
+    // 0.90-1.04x over 9 rounds on 2 x H200: the median needs more rounds than that to be within a few percent.
+    if plan.quick { 21 } else { 31 }
 }
 
 /// The estimated seconds of [`staged_turns`].

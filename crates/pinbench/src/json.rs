@@ -508,9 +508,11 @@ mod tests {
 
     #[test]
     fn the_document_has_the_shape_of_the_latest_committed_run() {
-        // A full run on the lent H100, with the batch-by-batch figures of the enqueue section.
-        let h100: Value =
-            serde_json::from_str(include_str!("../../../docs/bench/h100-2026-11-27.json")).unwrap();
+        // A full run on the lent H100, with the staged path against the driver's pageable path in turns.
+        let h100: Value = serde_json::from_str(include_str!(
+            "../../../docs/bench/h100-2026-11-27-turns.json"
+        ))
+        .unwrap();
         let mut report = sample_report();
         report.overlap = Some(sample_overlap());
         let ours = round_trip(&report, Some("bench.svg"));

@@ -469,6 +469,8 @@ mod tests {
             "one stream over raw +0.02 us (p10 -0.01, p90 +0.05)",
             "two streams over the raw record + wait +0.50 us (p10 +0.40, p90 +0.70)",
             "the crate over raw, batch by batch: +0.25 us (p10 +0.20, p90 +0.30)",
+            "staged / driver's pageable path, batches taken in turns through one Vec (9 rounds)",
+            "  64 MiB      1.25x (1.10-1.40)      1.25x (1.10-1.40)",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in\n{text}");
         }
