@@ -323,13 +323,16 @@ pub fn turn_rounds(plan: &Plan) -> usize {
     if plan.quick { 21 } else { 31 }
 }
 
+/// How many times the plan's batch time a batch of [`staged_turns`] lasts.
+const TURN_BATCHES: f64 = 10.0;
+
 /// The estimated seconds of [`staged_turns`].
 pub fn estimate_turns(plan: &Plan) -> f64 {
     let options = StagingOptions::default();
     plan.sizes
         .iter()
         .map(|&bytes| {
-            let batch = plan.batch_seconds.max(bytes as f64 / 8e9);
+            let batch = (TURN_BATCHES * plan.batch_seconds).max(bytes as f64 / 8e9);
             estimate_warm(options, bytes) + 2.0 * (turn_rounds(plan) as f64 + 2.0) * 2.0 * batch
         })
         .sum()
@@ -346,6 +349,10 @@ pub fn staged_turns(bench: &mut Bench) -> Outcome<Vec<StagedTurns>> {
     let watch = Stopwatch::new(&stream)?;
     let mut device = DeviceBuffer::<u8>::uninit(&stream, plan.max_size())?;
     let rounds = turn_rounds(&plan);
+    let turn_plan = Plan {
+        batch_seconds: TURN_BATCHES * plan.batch_seconds,
+        ..plan.clone()
+    };
     let mut rows = Vec::new();
     for &bytes in &plan.sizes {
         bench.progress.show("warming the staging pool");
@@ -368,8 +375,9 @@ pub fn staged_turns(bench: &mut Bench) -> Outcome<Vec<StagedTurns>> {
             };
             turn.copy(false)?;
             turn.copy(true)?;
+            // Batches ten times the plan's: a round's ratio is then steadier than a figure's single batch.
             let once = watch.time(|| turn.copy(false))?;
-            let (batch, _) = batching(&plan, once);
+            let (batch, _) = batching(&turn_plan, once);
             let mut ratios = Vec::with_capacity(rounds);
             for round in 0..rounds {
                 let mut batch_of =
