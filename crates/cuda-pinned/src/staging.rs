@@ -14,7 +14,7 @@
 //!
 //! # Which path
 //! Starting threads and splitting a transfer costs more than it saves on small transfers, so a transfer below
-//! [`StagingOptions::chunked_from`] bytes runs on the calling thread. A small one (an upload of up to 1 MiB, a
+//! [`StagingOptions::chunked_from`] bytes runs on the calling thread. A small one (an upload below 1 MiB, a
 //! download below 256 KiB) goes through one staging buffer of its size: an upload is copied into it and returns
 //! at once, the copy across the link running on the stream (the driver's pageable path would return only once
 //! it has completed); a download crosses the link at its full speed into it, then is copied out. A larger one
@@ -171,8 +171,8 @@ impl StagingOptions {
     }
 
     /// The staging buffers a staged transfer of `bytes` with these options takes from its pool at most: how many,
-    /// and the bytes each one asks the pool for: below [`StagingOptions::chunked_from`], one buffer of `bytes` up
-    /// to 1 MiB (an upload; a download takes one below 256 KiB) and none from there (the driver's path); `(0, 0)`
+    /// and the bytes each one asks the pool for: below [`StagingOptions::chunked_from`], one buffer of `bytes` below
+    /// 1 MiB (an upload; a download takes one below 256 KiB) and none from there (the driver's path); `(0, 0)`
     /// for an empty transfer. For sizing a pool's budget, or pinning its buffers ahead of time.
     ///
     /// # Errors
@@ -183,7 +183,7 @@ impl StagingOptions {
             return Ok((0, 0));
         }
         if bytes < self.chunked_from {
-            return Ok(if bytes <= ONE_BUFFER_UPLOAD_UP_TO {
+            return Ok(if bytes < ONE_BUFFER_UPLOAD_BELOW {
                 (1, bytes)
             } else {
                 (0, 0)
@@ -314,7 +314,7 @@ fn upload<T: Pod>(
             },
         )
     };
-    if bytes.len() <= ONE_BUFFER_UPLOAD_UP_TO && bytes.len() < options.chunked_from {
+    if bytes.len() < ONE_BUFFER_UPLOAD_BELOW && bytes.len() < options.chunked_from {
         // One buffer of the transfer's size, if the pool has one (never waiting), copied into on this thread and
         // uploaded from; the call returns as soon as the bytes are copied, where the driver's path would return
         // only once the copy has completed. Else the driver's path.
@@ -578,12 +578,14 @@ fn join_all(workers: Vec<ScopedJoinHandle<'_, ()>>) {
     }
 }
 
-/// Uploads of up to this many bytes (and below [`StagingOptions::chunked_from`]) go through one staging buffer on
+/// Uploads below this many bytes (and below [`StagingOptions::chunked_from`]) go through one staging buffer on
 /// the calling thread, which returns once it is copied into; larger ones up to the crossover take the driver's
-/// pageable path. Measured on an H100 host (pinbench, two runs): one buffer ran at 1.18x-2.05x the driver's path
-/// from 4 KiB to 256 KiB, 0.99x-1.55x at 1 MiB and 0.77x-0.95x at 4 MiB, where the copy in on one thread is the
-/// bound.
-const ONE_BUFFER_UPLOAD_UP_TO: usize = 1 << 20;
+/// pageable path. Measured on an H100 host (pinbench): one buffer ran at 1.18x-2.05x the driver's path from 4 KiB
+/// to 256 KiB and 0.77x-0.95x at 4 MiB, where the copy in on one thread is the bound; at 1 MiB it ran at 0.99x-1.55x
+/// in two runs, and in batches taken in turns with the driver's path at 0.88x in one run of three on an H100 and at
+/// 0.97x-1.31x on 2 x H200 (pinbench's turns, docs/performance.md): too close to call, so 1 MiB takes the
+/// driver's path.
+const ONE_BUFFER_UPLOAD_BELOW: usize = 1 << 20;
 
 /// Downloads below this many bytes (and below [`StagingOptions::chunked_from`]) go through one staging buffer
 /// on the calling thread; from it up to the crossover, through the driver's pageable path, which stages through
@@ -910,8 +912,8 @@ impl Stream {
     /// transfer overlap. Returns once `src` is no longer read (every chunk staged); the device copies run on this
     /// stream, ordered like [`Stream::upload`]. Default [`StagingOptions`].
     ///
-    /// A transfer below [`StagingOptions::chunked_from`] bytes (16 MiB by default) runs on the calling thread: up
-    /// to 1 MiB through one staging buffer of its size, copied into and returning at once; from there through the
+    /// A transfer below [`StagingOptions::chunked_from`] bytes (16 MiB by default) runs on the calling thread:
+    /// below 1 MiB through one staging buffer of its size, copied into and returning at once; from there through the
     /// driver's path, [`Stream::upload_pageable`]. So does a transfer for which `pool` has no room for even one
     /// staging buffer (its budget held by buffers in use, or smaller than one buffer), rather than waiting for
     /// buffers others hold. That path returns once the copy has completed, after the work queued on this stream
@@ -1071,8 +1073,11 @@ mod tests {
             ..StagingOptions::default()
         };
         assert_eq!(eight.staging_buffers((16 << 20) - 1).unwrap(), (0, 0));
-        assert_eq!(eight.staging_buffers(1 << 20).unwrap(), (1, 1 << 20));
-        assert_eq!(eight.staging_buffers((1 << 20) + 1).unwrap(), (0, 0));
+        assert_eq!(
+            eight.staging_buffers((1 << 20) - 1).unwrap(),
+            (1, (1 << 20) - 1)
+        );
+        assert_eq!(eight.staging_buffers(1 << 20).unwrap(), (0, 0));
         assert_eq!(eight.staging_buffers(16 << 20).unwrap(), (16, 1 << 20));
         assert_eq!(eight.staging_buffers(1 << 30).unwrap(), (16, 4 << 20));
         assert_eq!(eight.staging_buffers(4 << 10).unwrap(), (1, 4 << 10));

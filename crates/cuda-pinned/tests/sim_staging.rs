@@ -308,14 +308,14 @@ fn a_small_transfer_takes_a_small_buffer() {
     settle(&rig);
 }
 
-/// With the default options an upload of up to 1 MiB goes through one staging buffer of its size, a download
+/// With the default options an upload below 1 MiB goes through one staging buffer of its size, a download
 /// below 256 KiB too (larger ones below 16 MiB: the driver's path), and either takes the driver's pageable path
 /// where the pool has no room for the buffer.
 #[test]
 fn small_transfers_take_one_buffer_or_the_drivers_path() {
     let _serial = serial();
     let rig = rig(8 * MIB);
-    for (len, buffers) in [(4 << 10, 2), (MIB, 1), (2 * MIB + 1, 0), (12 * MIB, 0)] {
+    for (len, buffers) in [(4 << 10, 2), (MIB - 1, 1), (MIB, 0), (12 * MIB, 0)] {
         let want = data_bytes(len, 7);
         let before = rig.pool.stats();
         let mut device = DeviceBuffer::<u8>::zeroed(&rig.stream, want.len()).unwrap();
@@ -382,7 +382,8 @@ fn the_crossover_picks_the_path() {
     let default = StagingOptions::default();
     assert_eq!(default.chunked_from, 16 * MIB);
     assert_eq!(footprint(&rig, default, 16 * MIB - 1), [(0, 1); 2]);
-    assert_eq!(footprint(&rig, default, MIB), [(1, 1), (0, 1)]);
+    assert_eq!(footprint(&rig, default, MIB - 1), [(1, 1), (0, 1)]);
+    assert_eq!(footprint(&rig, default, MIB), [(0, 1); 2]);
     for (served, copies) in footprint(&rig, default, 16 * MIB) {
         assert!(
             served >= 1 && copies > 1,
