@@ -1002,7 +1002,7 @@ pub extern "C" fn cuCtxSynchronize() -> CUresult {
     entry("cuCtxSynchronize", |state| {
         let device = current(&state)? as i32;
         SIM.wait_until(state, |s| s.idle(device, false))
-            .release_above_thresholds();
+            .release_above_thresholds(device);
         Ok(())
     })
 }
@@ -1754,16 +1754,17 @@ pub extern "C" fn cuStreamQuery(hStream: CUstream) -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamSynchronize(hStream: CUstream) -> CUresult {
     entry("cuStreamSynchronize", |state| {
-        let mut state = if is_default_stream(hStream) {
+        let (mut state, device) = if is_default_stream(hStream) {
             let device = current(&state)? as i32;
-            SIM.wait_until(state, |s| s.idle(device, true))
+            (SIM.wait_until(state, |s| s.idle(device, true)), device)
         } else {
-            let (handle, _) = live_stream(&state, hStream)?;
-            SIM.wait_until(state, |s| {
+            let (handle, device) = live_stream(&state, hStream)?;
+            let state = SIM.wait_until(state, |s| {
                 s.streams.get(&handle).is_none_or(|s| s.queue.is_empty())
-            })
+            });
+            (state, device as i32)
         };
-        state.release_above_thresholds();
+        state.release_above_thresholds(device);
         Ok(())
     })
 }
@@ -1862,13 +1863,13 @@ pub extern "C" fn cuEventQuery(hEvent: CUevent) -> CUresult {
 pub extern "C" fn cuEventSynchronize(hEvent: CUevent) -> CUresult {
     entry("cuEventSynchronize", |state| {
         let event = live_event(&state, hEvent)?;
-        let target = state.events[&event].recorded;
+        let (target, device) = (state.events[&event].recorded, state.events[&event].device);
         SIM.wait_until(state, |s| {
             s.events
                 .get(&event)
                 .is_none_or(|e| !e.pending.contains(&target))
         })
-        .release_above_thresholds();
+        .release_above_thresholds(device);
         Ok(())
     })
 }

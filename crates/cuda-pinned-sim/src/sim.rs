@@ -538,10 +538,15 @@ impl State {
             .sum()
     }
 
-    /// What every memory pool does at a synchronization: returns to the device the freed memory it keeps above
-    /// its release threshold.
-    pub(crate) fn release_above_thresholds(&mut self) {
-        let handles: Vec<usize> = self.pools.keys().copied().collect();
+    /// What the memory pools of `device` do at a synchronization there: return to the device the freed memory
+    /// they keep above their release thresholds.
+    pub(crate) fn release_above_thresholds(&mut self, device: i32) {
+        let handles: Vec<usize> = self
+            .pools
+            .iter()
+            .filter(|(_, pool)| pool.device == device)
+            .map(|(&handle, _)| handle)
+            .collect();
         for handle in handles {
             let live = self.pool_live(handle);
             let pool = self.pools.get_mut(&handle).expect("listed");

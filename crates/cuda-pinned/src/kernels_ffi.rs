@@ -118,6 +118,8 @@ pub(crate) fn preload(ordinal: usize, load: impl FnOnce() -> Result<()>) {
         loads.insert(ordinal, entry.clone());
         entry
     };
+    // Should `load` unwind, the loading still ends, with an error, so that no later call waits for it for ever.
+    let unwound = Unwound(&entry);
     static BEFORE_RUNTIME: std::sync::Once = std::sync::Once::new();
     BEFORE_RUNTIME.call_once(crate::memory::guard_exit);
     let outcome = load();
@@ -125,7 +127,24 @@ pub(crate) fn preload(ordinal: usize, load: impl FnOnce() -> Result<()>) {
     // runs first at exit (see `guard_exit`).
     static AFTER_RUNTIME: std::sync::Once = std::sync::Once::new();
     AFTER_RUNTIME.call_once(crate::memory::guard_exit);
+    std::mem::forget(unwound);
     finish(&entry, outcome);
+}
+
+/// Ends a loading with an error when dropped: dropped only if the loading unwound.
+#[cfg(feature = "gpu")]
+struct Unwound<'a>(&'a Load);
+
+#[cfg(feature = "gpu")]
+impl Drop for Unwound<'_> {
+    fn drop(&mut self) {
+        finish(
+            self.0,
+            Err(crate::error::Error::invalid(
+                "loading the crate's kernels panicked",
+            )),
+        );
+    }
 }
 
 #[cfg(feature = "gpu")]

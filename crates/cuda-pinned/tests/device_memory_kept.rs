@@ -80,6 +80,36 @@ fn freed_device_memory_is_kept_as_set_and_returned_on_request() {
     ctx.check_deferred_errors().unwrap();
 }
 
+/// The setting is the device's: a context made after the last handle went (which destroys the crate's pool)
+/// has it, and the pool made anew keeps what it says.
+#[test]
+fn the_setting_outlives_the_devices_last_context_handle() {
+    let _serial = setup();
+    let ctx = context();
+    let s = Stream::new(&ctx).unwrap();
+    allocate_and_free(&s, &[32]);
+    ctx.set_device_memory_kept(0).unwrap();
+    ctx.synchronize().unwrap();
+    drop((s, ctx));
+    let ctx = context();
+    assert_eq!(
+        ctx.device_memory_reserved().unwrap(),
+        0,
+        "no pool yet, or an empty one"
+    );
+    assert_eq!(ctx.device_memory_kept().unwrap(), 0);
+    let s = Stream::new(&ctx).unwrap();
+    allocate_and_free(&s, &[32, 32]);
+    ctx.synchronize().unwrap();
+    assert_eq!(
+        reserved_mib(&ctx),
+        0,
+        "the pool made anew keeps nothing, as set"
+    );
+    ctx.set_device_memory_kept(DEVICE_MEMORY_KEPT).unwrap();
+    ctx.check_deferred_errors().unwrap();
+}
+
 /// Memory the pool keeps is the pool's: another library's allocation (`cuMemAlloc`, outside the pool) that
 /// needs it fails until `trim_device_memory` gives it back, while the pool's own allocations, larger than any
 /// it freed, are served from it.

@@ -236,11 +236,11 @@ impl Drop for ClosedGate {
 
 /// A memory pool of `device`'s memory whose allocations never wait for other streams' pending frees (see
 /// [`Context::memory_pool`]).
-fn create_pool(device: Device) -> Result<CUmemoryPool> {
+fn create_pool(device: Device, kept: u64) -> Result<CUmemoryPool> {
     let ordinal = c_int::try_from(device.ordinal()).unwrap_or(c_int::MAX);
     let pool = calls::mem_pool_create(ordinal)?;
     let set = calls::mem_pool_set_internal_dependencies(pool, false)
-        .and_then(|()| calls::mem_pool_set_release_threshold(pool, DEVICE_MEMORY_KEPT));
+        .and_then(|()| calls::mem_pool_set_release_threshold(pool, kept));
     if let Err(e) = set {
         // Nothing was allocated from it.
         let _ = calls::mem_pool_destroy(pool);
@@ -276,9 +276,11 @@ struct Known {
     contexts: Vec<Weak<Inner>>,
     /// The crate's memory pool of the device, made on first use and destroyed with the device's last context
     /// handle (the driver releases it once its last allocation is freed), so that no handle of it outlives the
-    /// crate's hold on the device. Its memory goes back to the device at every synchronization, as the
-    /// default pool's does.
+    /// crate's hold on the device. It keeps `kept` bytes of freed memory at a synchronization.
     pool: Option<DevicePool>,
+    /// The pool's release threshold ([`Context::set_device_memory_kept`]): kept here, so that a pool made again
+    /// after the device's last handle went has it too.
+    kept: u64,
 }
 
 /// A memory pool of [`Known::pool`].
@@ -311,7 +313,12 @@ impl Context {
     #[doc(alias = "cuDevicePrimaryCtxRetain")]
     pub fn new(device: Device) -> Result<Context> {
         let memory_pools = device.supports_memory_pools()?;
-        let sole_device = Device::count()? == 1;
+        // The devices the process sees do not change while it runs: counted once.
+        static SOLE_DEVICE: OnceLock<bool> = OnceLock::new();
+        let sole_device = match SOLE_DEVICE.get() {
+            Some(&sole) => sole,
+            None => *SOLE_DEVICE.get_or_init(|| Device::count().is_ok_and(|count| count == 1)),
+        };
         // Balanced by the release in Inner's Drop.
         let raw = calls::primary_ctx_retain(device.as_raw()).map_err(|e| {
             e.context(format_args!(
@@ -332,6 +339,7 @@ impl Context {
                     gate: Box::leak(Box::default()),
                     contexts: Vec::new(),
                     pool: None,
+                    kept: DEVICE_MEMORY_KEPT,
                 });
                 devices.len() - 1
             }
@@ -427,9 +435,13 @@ impl Context {
             None => {
                 // Made outside the list's lock (two driver calls), in this context; should another thread have
                 // made one meanwhile, that one is kept and this one destroyed, unused.
+                let kept = lock(&DEVICES)
+                    .iter()
+                    .find(|d| d.device == device)
+                    .map_or(DEVICE_MEMORY_KEPT, |d| d.kept);
                 let made = {
                     let _current = self.enter()?;
-                    create_pool(device).map_err(|e| {
+                    create_pool(device, kept).map_err(|e| {
                         e.context(format_args!(
                             "creating the memory pool of device {}",
                             device.ordinal()
@@ -438,12 +450,20 @@ impl Context {
                 };
                 let mut devices = lock(&DEVICES);
                 let known = devices.iter_mut().find(|d| d.device == device);
-                match known.map(|d| d.pool.get_or_insert(DevicePool(made)).0) {
-                    Some(pool) => {
+                match known.map(|d| (d.pool.get_or_insert(DevicePool(made)).0, d.kept)) {
+                    Some((pool, now)) => {
+                        // A setting changed while the pool was made: applied under the list's lock, as
+                        // `set_device_memory_kept` applies it, so that the last one set wins.
+                        let applied = if pool == made && now != kept {
+                            calls::mem_pool_set_release_threshold(pool, now)
+                        } else {
+                            Ok(())
+                        };
                         drop(devices);
                         if pool != made {
                             let _ = calls::mem_pool_destroy(made);
                         }
+                        applied?;
                         pool
                     }
                     None => {
@@ -475,62 +495,92 @@ impl Context {
     /// `cuMemAlloc` and goes back to the driver when freed); the driver's.
     #[doc(alias = "CU_MEMPOOL_ATTR_RELEASE_THRESHOLD")]
     pub fn set_device_memory_kept(&self, bytes: u64) -> Result<()> {
-        let pool = self.pool_for("setting how much freed device memory is kept")?;
-        calls::mem_pool_set_release_threshold(pool, bytes)
+        self.check_memory_pools("setting how much freed device memory is kept")?;
+        let device = self.device();
+        let mut devices = lock(&DEVICES);
+        let known = devices
+            .iter_mut()
+            .find(|d| d.device == device)
+            .expect("a context's device is known");
+        // The pool's attribute set under the list's lock: concurrent settings reach the pool in the order they
+        // are recorded.
+        if let Some(pool) = &known.pool {
+            calls::mem_pool_set_release_threshold(pool.0, bytes)?;
+        }
+        known.kept = bytes;
+        Ok(())
     }
 
     /// How many bytes of freed device memory the crate's memory pool of this device keeps reserved at a
     /// synchronization (see [`Context::set_device_memory_kept`]).
     ///
     /// # Errors
-    /// As [`Context::set_device_memory_kept`].
+    /// An invalid-argument error where the device has no memory pools.
     pub fn device_memory_kept(&self) -> Result<u64> {
-        let pool = self.pool_for("reading how much freed device memory is kept")?;
-        calls::mem_pool_attribute_u64(
-            pool,
-            crate::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-        )
+        self.check_memory_pools("reading how much freed device memory is kept")?;
+        let device = self.device();
+        Ok(lock(&DEVICES)
+            .iter()
+            .find(|d| d.device == device)
+            .map_or(DEVICE_MEMORY_KEPT, |d| d.kept))
     }
 
     /// Returns to the driver now the freed device memory that the crate's memory pool of this device keeps
     /// beyond `keep` bytes (`cuMemPoolTrimTo`), for other code on the device to use. Memory whose free is still
-    /// queued behind work, or was not yet seen done by a synchronization, may stay.
+    /// queued behind work, or was not yet seen done by a synchronization, may stay. Nothing to do before the
+    /// pool's first allocation.
     ///
     /// # Errors
     /// As [`Context::set_device_memory_kept`].
     #[doc(alias = "cuMemPoolTrimTo")]
     pub fn trim_device_memory(&self, keep: usize) -> Result<()> {
-        let pool = self.pool_for("returning kept device memory")?;
-        calls::mem_pool_trim_to(pool, keep)
+        self.check_memory_pools("returning kept device memory")?;
+        match self.made_pool() {
+            Some(pool) => calls::mem_pool_trim_to(pool, keep),
+            None => Ok(()),
+        }
     }
 
     /// Bytes of device memory the crate's memory pool of this device holds from the driver: its live
     /// allocations and the freed memory it keeps (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`). 0 where the device
-    /// has no memory pools.
+    /// has no memory pools, or before the pool's first allocation.
     ///
     /// # Errors
     /// The driver's.
     #[doc(alias = "CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT")]
     pub fn device_memory_reserved(&self) -> Result<u64> {
-        if !self.has_memory_pools() {
-            return Ok(0);
+        match self.made_pool() {
+            Some(pool) => calls::mem_pool_attribute_u64(
+                pool,
+                crate::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+            ),
+            None => Ok(0),
         }
-        calls::mem_pool_attribute_u64(
-            self.memory_pool()?,
-            crate::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
-        )
     }
 
-    /// The crate's memory pool of this device, for `what`; an invalid-argument error where the device has none.
-    fn pool_for(&self, what: &str) -> Result<CUmemoryPool> {
-        if !self.has_memory_pools() {
-            return Err(Error::invalid(format_args!(
-                "{what}: device {} has no memory pools (its memory is allocated with cuMemAlloc and goes back \
-                 to the driver when freed)",
-                self.device().ordinal()
-            )));
+    /// The crate's memory pool of this device if it has been made (by this handle or another), without making
+    /// it.
+    fn made_pool(&self) -> Option<CUmemoryPool> {
+        if let Some(&pool) = self.0.pool.get() {
+            return Some(pool);
         }
-        self.memory_pool()
+        let device = self.device();
+        lock(&DEVICES)
+            .iter()
+            .find(|d| d.device == device)
+            .and_then(|d| d.pool.as_ref().map(|p| p.0))
+    }
+
+    /// An invalid-argument error for `what` where the device has no memory pools.
+    fn check_memory_pools(&self, what: &str) -> Result<()> {
+        if self.has_memory_pools() {
+            return Ok(());
+        }
+        Err(Error::invalid(format_args!(
+            "{what}: device {} has no memory pools (its memory is allocated with cuMemAlloc and goes back to \
+             the driver when freed)",
+            self.device().ordinal()
+        )))
     }
 
     /// The driver's handle, for interop with other CUDA libraries. It stays valid while this context lives.

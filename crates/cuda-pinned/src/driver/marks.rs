@@ -128,6 +128,9 @@ pub(crate) struct SegmentLock {
 /// streams leaves a closed segment unheld after two or three operations.
 const RETIRED: usize = 4;
 
+// The guard stays on the thread that took the lock (the `unsafe impl Sync` below relies on it).
+static_assertions::assert_not_impl_any!(SegmentGuard<'static>: Send, Sync);
+
 // SAFETY: `depth`, `current` and `retired` are only reached by the thread that holds the lock (through a `SegmentGuard`,
 // which is not `Send`); the compare-and-swap that takes the lock (Acquire) and the swap that frees it (SeqCst,
 // which includes Release) order one holder's accesses before the next one's.
@@ -148,7 +151,10 @@ impl SegmentLock {
             }
         }
         self.depth.set(self.depth.get() + 1);
-        SegmentGuard { lock: self }
+        SegmentGuard {
+            lock: self,
+            _not_send: std::marker::PhantomData,
+        }
     }
 
     /// Sleeps until the lock has been freed since this call began (or returns at once if it is free). Counting
@@ -179,9 +185,11 @@ fn this_thread() -> usize {
     TOKEN.with(|token| std::ptr::from_ref(token) as usize)
 }
 
-/// A stream's segment lock held by this thread (see [`SegmentLock`]); not `Send`.
+/// A stream's segment lock held by this thread (see [`SegmentLock`]); neither `Send` nor `Sync`: the lock knows
+/// its holder by the thread, and only that thread may reach what it guards.
 pub(crate) struct SegmentGuard<'a> {
     lock: &'a SegmentLock,
+    _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl SegmentGuard<'_> {
