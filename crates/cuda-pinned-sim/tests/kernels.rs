@@ -6,6 +6,9 @@
 //! The simulator runs two devices here; every test holds it for itself (`exclusive`), since violations and
 //! the error they leave for the next driver call are the whole process's.
 
+#[macro_use]
+mod common;
+
 use std::ffi::{CStr, c_void};
 use std::sync::Once;
 use std::time::Duration;
@@ -15,25 +18,6 @@ use cuda_pinned_sys::{
     CUcontext, CUdevice_attribute, CUdeviceptr, CUfunction, CUfunction_attribute, CUmodule,
     CUresult, CUstream,
 };
-
-/// The raw code of a driver call: `raw!(cuMemAlloc_v2(&mut p, 16))`. It stands in an `unsafe` block whose
-/// `SAFETY` comment covers the arguments.
-macro_rules! raw {
-    ($function:ident($($arg:expr),* $(,)?)) => {{
-        let driver = cuda_pinned_sys::driver().expect("the simulated driver loads");
-        let f = driver
-            .function(&driver.api().$function, stringify!($function))
-            .expect("the simulated driver exports it");
-        f($($arg),*)
-    }};
-}
-
-/// Asserts that a driver call succeeded.
-macro_rules! ok {
-    ($function:ident($($arg:expr),* $(,)?)) => {
-        assert_eq!(raw!($function($($arg),*)), CUresult::CUDA_SUCCESS, stringify!($function))
-    };
-}
 
 /// Any image: the simulator loads whatever it is given.
 const IMAGE: &CStr = c".version 8.0\n.target sm_90\n.address_size 64\n";

@@ -6,30 +6,14 @@
 //!
 //! The simulator runs two devices here; every test holds it for itself (`exclusive`).
 
+#[macro_use]
+mod common;
+
 use std::ffi::c_void;
 use std::time::Duration;
 
 use cuda_pinned_sim::{Control, Exclusive, Settings};
 use cuda_pinned_sys::{CUcontext, CUdeviceptr, CUresult, CUstream};
-
-/// The raw code of a driver call: `raw!(cuMemAlloc_v2(&mut p, 16))`. It stands in an `unsafe` block whose
-/// `SAFETY` comment covers the arguments.
-macro_rules! raw {
-    ($function:ident($($arg:expr),* $(,)?)) => {{
-        let driver = cuda_pinned_sys::driver().expect("the simulated driver loads");
-        let f = driver
-            .function(&driver.api().$function, stringify!($function))
-            .expect("the simulated driver exports it");
-        f($($arg),*)
-    }};
-}
-
-/// Asserts that a driver call succeeded.
-macro_rules! ok {
-    ($function:ident($($arg:expr),* $(,)?)) => {
-        assert_eq!(raw!($function($($arg),*)), CUresult::CUDA_SUCCESS, stringify!($function))
-    };
-}
 
 /// How long a host function keeps a stream busy before a write.
 const BUSY: Duration = Duration::from_millis(200);
