@@ -256,7 +256,8 @@ impl Stream {
         let Some(bytes) = self.check_copy::<T>("uploading", src.elements(), dst)? else {
             return Ok(());
         };
-        self.tracked_copy(
+        self.tracked_holding(
+            self.context().enqueue_copy()?,
             Work::Timed(Category::Upload, "", bytes),
             Some(src.track()),
             Some(dst.track()),
@@ -286,7 +287,8 @@ impl Stream {
         let Some(bytes) = self.check_copy::<T>("downloading", dst.elements(), src)? else {
             return Ok(());
         };
-        self.tracked_copy(
+        self.tracked_holding(
+            self.context().enqueue_copy()?,
             Work::Timed(Category::Download, "", bytes),
             Some(src.track()),
             Some(dst.track()),
@@ -333,7 +335,8 @@ impl Stream {
         let Some(bytes) = copy_bytes::<T>("copying", sides.0, sides.1)? else {
             return Ok(());
         };
-        self.tracked_copy(
+        self.tracked_holding(
+            self.context().enqueue_copy()?,
             Work::Timed(Category::DeviceCopy, "", bytes),
             Some(src.track()),
             Some(dst.track()),
@@ -367,7 +370,8 @@ impl Stream {
         let Some(bytes) = self.check_copy::<T>("uploading", src.len(), dst)? else {
             return Ok(());
         };
-        let enqueued = self.tracked_copy(
+        let enqueued = self.tracked_holding(
+            self.context().enqueue_copy()?,
             Work::Timed(Category::Upload, "pageable", bytes),
             None,
             Some(dst.track()),
@@ -410,7 +414,8 @@ impl Stream {
             return Ok(());
         };
         let ptr = dst.as_mut_ptr().cast::<c_void>();
-        let enqueued = self.tracked_copy(
+        let enqueued = self.tracked_holding(
+            self.context().enqueue_copy()?,
             Work::Timed(Category::Download, "pageable", bytes),
             Some(src.track()),
             None,

@@ -815,7 +815,7 @@ impl Stream {
             }
         }
         let work = Work::Timed(Category::Kernel, "kernel", 0);
-        self.tracked_uses_in_any_context(work, &mut uses, || {
+        self.tracked_uses_holding(context.enqueue_launch(), work, &mut uses, || {
             // SAFETY: one pointer per parameter, each to a value of its size (checked against the driver's
             // parameter info where it has it) that outlives the call; the kernel's types and footprint are the
             // caller's promise; the trackers ordered the launch after conflicting work and keep its buffers

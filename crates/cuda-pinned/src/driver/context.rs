@@ -707,7 +707,7 @@ impl Context {
     /// contexts"). Costs one driver call (a thread-local read) where the context is current already, a push
     /// and a pop more where not. Two kinds of work skip it where the rules allow: a plain copy on a machine
     /// whose only device is this one ([`Context::enqueue_copy`]) and a kernel launch through `cuLaunchKernel`
-    /// (`Stream::tracked_uses_in_any_context`).
+    /// ([`Context::enqueue_launch`]).
     ///
     /// # Errors
     /// The driver's, from making the context current.
@@ -717,6 +717,17 @@ impl Context {
             _current: Some(current),
             _gate: self.enqueue_gate(),
         })
+    }
+
+    /// [`Context::enqueue`] for a kernel launch through `cuLaunchKernel`, which the driver enqueues whatever
+    /// context the calling thread has current (ARCHITECTURE.md, "The driver's rules about contexts"): only the
+    /// gate. What the tracking itself may call meanwhile (recording and waiting for events) works in every state
+    /// too, and making an event enters the context.
+    pub(crate) fn enqueue_launch(&self) -> Enqueue<'_> {
+        Enqueue {
+            _current: None,
+            _gate: self.enqueue_gate(),
+        }
     }
 
     /// [`Context::enqueue`] for a plain copy (`cuMemcpyHtoDAsync`, `cuMemcpyDtoHAsync`, `cuMemcpyDtoDAsync`;

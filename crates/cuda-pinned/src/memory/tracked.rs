@@ -7,6 +7,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use smallvec::SmallVec;
 
 use crate::driver::calls;
+use crate::driver::context::Enqueue;
 use crate::driver::marks::Mark;
 use crate::driver::{Category, Stream};
 use crate::error::Result;
@@ -103,30 +104,18 @@ impl Stream {
         // While this work is being queued, the release thread cannot find the device idle (memory/release.rs),
         // and the stream's context is current: the driver takes some copies' context from the thread, not the
         // stream (see `Context::enqueue`).
-        let _enqueue = self.context().enqueue()?;
-        self.locked_as(work, read, write, enqueue)
+        self.tracked_holding(self.context().enqueue()?, work, read, write, enqueue)
     }
 
-    /// [`Stream::tracked_as`] for a plain copy (see [`Context::enqueue_copy`], which it holds instead of
-    /// [`Context::enqueue`]).
+    /// [`Stream::tracked_as`] for a caller that chose what the work holds while it is queued: the device's gate
+    /// always, the stream's context current where the work needs it ([`Context::enqueue`],
+    /// [`Context::enqueue_copy`]), held until the uses are recorded.
     ///
-    /// [`Context::enqueue_copy`]: crate::driver::Context::enqueue_copy
     /// [`Context::enqueue`]: crate::driver::Context::enqueue
-    pub(crate) fn tracked_copy(
+    /// [`Context::enqueue_copy`]: crate::driver::Context::enqueue_copy
+    pub(crate) fn tracked_holding(
         &self,
-        work: Work,
-        read: Option<&Track>,
-        write: Option<&Track>,
-        enqueue: impl FnOnce() -> Result<()>,
-    ) -> Result<()> {
-        let _enqueue = self.context().enqueue_copy()?;
-        self.locked_as(work, read, write, enqueue)
-    }
-
-    /// The body of [`Stream::tracked_as`], for a caller that holds the device's gate (and the context current
-    /// where the work needs it).
-    fn locked_as(
-        &self,
+        _held: Enqueue<'_>,
         work: Work,
         read: Option<&Track>,
         write: Option<&Track>,
@@ -222,27 +211,17 @@ impl Stream {
         uses: &mut [(&Track, Access)],
         enqueue: impl FnOnce() -> Result<R>,
     ) -> Result<R> {
-        let _enqueue = self.context().enqueue()?;
-        self.locked_uses(work, uses, enqueue)
+        self.tracked_uses_holding(self.context().enqueue()?, work, uses, enqueue)
     }
 
-    /// [`Stream::tracked_uses`] for work that the driver enqueues whatever context the calling thread has
-    /// current (a launch through `cuLaunchKernel`: ARCHITECTURE.md, "The driver's rules about contexts"): only
-    /// the device's gate is held, which saves reading the thread's context. What the tracking itself may call
-    /// (recording and waiting for events) works in every state too, and making an event enters the context.
-    pub(crate) fn tracked_uses_in_any_context<R>(
+    /// [`Stream::tracked_uses`] for a caller that chose what the work holds while it is queued (as
+    /// [`Stream::tracked_holding`]; a launch through `cuLaunchKernel` needs only the gate:
+    /// [`Context::enqueue_launch`]).
+    ///
+    /// [`Context::enqueue_launch`]: crate::driver::Context::enqueue_launch
+    pub(crate) fn tracked_uses_holding<R>(
         &self,
-        work: Work,
-        uses: &mut [(&Track, Access)],
-        enqueue: impl FnOnce() -> Result<R>,
-    ) -> Result<R> {
-        let _gate = self.context().enqueue_gate();
-        self.locked_uses(work, uses, enqueue)
-    }
-
-    /// The body of [`Stream::tracked_uses`], for a caller that holds the device's gate.
-    fn locked_uses<R>(
-        &self,
+        _held: Enqueue<'_>,
         work: Work,
         uses: &mut [(&Track, Access)],
         enqueue: impl FnOnce() -> Result<R>,
