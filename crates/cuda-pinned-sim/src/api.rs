@@ -107,7 +107,9 @@ fn current(state: &State) -> Outcome<usize> {
     let ctx = CURRENT
         .with_borrow(|stack| stack.last().copied())
         .ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
-    live_context(state, ctx as CUcontext)
+    let device = live_context(state, ctx as CUcontext)?;
+    state.sticky(device as i32)?;
+    Ok(device)
 }
 
 /// The device of the calling thread's current context, `None` where it has none.
@@ -140,8 +142,15 @@ fn is_default_stream(stream: CUstream) -> bool {
     (stream as usize) <= 2
 }
 
-/// A live stream's handle and device.
+/// A live stream's handle and device; its context's sticky error, if it has one.
 fn live_stream(state: &State, stream: CUstream) -> Outcome<(usize, usize)> {
+    let (handle, device) = stream_handle(state, stream)?;
+    state.sticky(device as i32)?;
+    Ok((handle, device))
+}
+
+/// A live stream's handle and device, whatever state its context is in (to destroy it).
+fn stream_handle(state: &State, stream: CUstream) -> Outcome<(usize, usize)> {
     let handle = stream as usize;
     match state.streams.get(&handle) {
         Some(s) if !s.destroyed => Ok((handle, s.device as usize)),
@@ -149,7 +158,15 @@ fn live_stream(state: &State, stream: CUstream) -> Outcome<(usize, usize)> {
     }
 }
 
+/// A live event's handle; its context's sticky error, if it has one.
 fn live_event(state: &State, event: CUevent) -> Outcome<usize> {
+    let handle = event_handle(state, event)?;
+    state.sticky(state.events[&handle].device)?;
+    Ok(handle)
+}
+
+/// A live event's handle, whatever state its context is in (to destroy it).
+fn event_handle(state: &State, event: CUevent) -> Outcome<usize> {
     let handle = event as usize;
     match state.events.get(&handle) {
         Some(e) if !e.destroyed => Ok(handle),
@@ -165,8 +182,10 @@ fn submit(state: MutexGuard<'static, State>, stream: CUstream, op: Op, sync: boo
         let state = SIM.wait_until(state, |s| s.idle(device, true));
         drop(stream::run_now(state, op, 0));
     } else {
-        let (handle, _) = live_stream(&state, stream)?;
-        drop(stream::submit(state, handle, op, sync));
+        let (handle, device) = live_stream(&state, stream)?;
+        let state = stream::submit(state, handle, op, sync);
+        // A fault while it waited dropped the work.
+        state.sticky(device as i32)?;
     }
     Ok(())
 }
@@ -1001,8 +1020,9 @@ pub extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
     entry("cuCtxSynchronize", |state| {
         let device = current(&state)? as i32;
-        SIM.wait_until(state, |s| s.idle(device, false))
-            .release_above_thresholds(device);
+        let mut state = SIM.wait_until(state, |s| s.idle(device, false));
+        state.sticky(device)?;
+        state.release_above_thresholds(device);
         Ok(())
     })
 }
@@ -1785,6 +1805,7 @@ pub extern "C" fn cuStreamSynchronize(hStream: CUstream) -> CUresult {
             });
             (state, device as i32)
         };
+        state.sticky(device)?;
         state.release_above_thresholds(device);
         Ok(())
     })
@@ -1793,7 +1814,7 @@ pub extern "C" fn cuStreamSynchronize(hStream: CUstream) -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamDestroy_v2(hStream: CUstream) -> CUresult {
     entry("cuStreamDestroy_v2", |mut state| {
-        let (handle, _) = live_stream(&state, hStream)?;
+        let (handle, _) = stream_handle(&state, hStream)?;
         state
             .streams
             .get_mut(&handle)
@@ -1885,12 +1906,14 @@ pub extern "C" fn cuEventSynchronize(hEvent: CUevent) -> CUresult {
     entry("cuEventSynchronize", |state| {
         let event = live_event(&state, hEvent)?;
         let (target, device) = (state.events[&event].recorded, state.events[&event].device);
-        SIM.wait_until(state, |s| {
-            s.events
-                .get(&event)
-                .is_none_or(|e| !e.pending.contains(&target))
-        })
-        .release_above_thresholds(device);
+        let mut state = SIM.wait_until(state, |s| {
+            s.faulted.contains_key(&device)
+                || s.events
+                    .get(&event)
+                    .is_none_or(|e| !e.pending.contains(&target))
+        });
+        state.sticky(device)?;
+        state.release_above_thresholds(device);
         Ok(())
     })
 }
@@ -1898,7 +1921,7 @@ pub extern "C" fn cuEventSynchronize(hEvent: CUevent) -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventDestroy_v2(hEvent: CUevent) -> CUresult {
     entry("cuEventDestroy_v2", |mut state| {
-        let event = live_event(&state, hEvent)?;
+        let event = event_handle(&state, hEvent)?;
         let e = state.events.get_mut(&event).expect("checked live");
         e.destroyed = true;
         if e.refs == 0 {

@@ -86,6 +86,21 @@ pub extern "C" fn cuda_sim_clear_faults() {
     SIM.lock().faults.clear();
 }
 
+/// Gives device `device`'s context a sticky `CUDA_ERROR_LAUNCH_FAILED`, as a kernel that traps does (see
+/// [`Control::fault_device`]).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuda_sim_fault_device(device: c_int) {
+    SIM.lock().fault(device, CUresult::CUDA_ERROR_LAUNCH_FAILED);
+    SIM.changed.notify_all();
+}
+
+/// Ends device `device`'s sticky error (see [`Control::recover_device`]).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuda_sim_recover_device(device: c_int) {
+    SIM.lock().recover(device);
+    SIM.changed.notify_all();
+}
+
 /// Whether violations are printed on stderr as they are found (0: not; else: printed, the default).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuda_sim_print_violations(on: c_int) {
@@ -425,6 +440,24 @@ impl Control {
     pub fn clear_faults(&self) {
         let f: extern "C" fn() = self.function("cuda_sim_clear_faults");
         f();
+    }
+
+    /// Gives device `device`'s context the sticky error a kernel that traps leaves (`CUDA_ERROR_LAUNCH_FAILED`,
+    /// as a probe on 2 x H200 saw it): the work queued on its streams is dropped without running (a
+    /// `cuStreamWriteValue32_v2` among it never lands, its event records never fire), and from now on every
+    /// call on its streams or events, every wait for them (those in progress too) and every call that needs
+    /// its context current fails with that error. Destroying its streams and events still works.
+    pub fn fault_device(&self, device: i32) {
+        let f: extern "C" fn(c_int) = self.function("cuda_sim_fault_device");
+        f(device);
+    }
+
+    /// Ends device `device`'s sticky error, as resetting its primary context lets a program go on, so that a
+    /// test process can go on after [`Control::fault_device`]: the dropped event records count as fired. What
+    /// the crate leaked because of the error stays leaked.
+    pub fn recover_device(&self, device: i32) {
+        let f: extern "C" fn(c_int) = self.function("cuda_sim_recover_device");
+        f(device);
     }
 
     /// The driver calls made so far (all but those that describe errors).

@@ -404,6 +404,8 @@ pub(crate) struct State {
     pub(crate) default_pools: Vec<usize>,
     /// Contexts made with `cuCtxCreate_v4` and not destroyed, by handle: their devices.
     pub(crate) made_contexts: HashMap<usize, i32>,
+    /// Devices whose context took a sticky error ([`State::fault`]), with it.
+    pub(crate) faulted: HashMap<i32, CUresult>,
 }
 
 /// A memory pool: a device's default pool or one made with `cuMemPoolCreate`.
@@ -471,6 +473,7 @@ impl State {
             pools: HashMap::new(),
             default_pools: Vec::new(),
             made_contexts: HashMap::new(),
+            faulted: HashMap::new(),
             next_handle: 0x5100,
         }
     }
@@ -637,6 +640,32 @@ impl State {
             } else {
                 self.primaries[device as usize].peers.contains(&owner)
             }
+    }
+
+    /// Gives `device`'s context the sticky error `code`, as a kernel that traps does on the driver (a probe on
+    /// 2 x H200, driver 580: after a trap, work queued behind it never runs, a `cuStreamWriteValue32_v2`
+    /// queued behind it never lands, and every query of the context's streams and events returns
+    /// `CUDA_ERROR_LAUNCH_FAILED` at once). From now on every call on its streams or events, and every call that
+    /// needs it current, fails with `code`; the work queued on its streams is dropped without running (each
+    /// stream's worker drains its queue), and the event records in it never fire. Waits already in progress for
+    /// that work end, and fail.
+    pub(crate) fn fault(&mut self, device: i32, code: CUresult) {
+        self.faulted.insert(device, code);
+    }
+
+    /// Ends `device`'s sticky error, as resetting its primary context (`cuDevicePrimaryCtxReset`) lets a
+    /// program go on: for tests that go on in the same process. The event records that were dropped count as
+    /// fired, so that waits for them end.
+    pub(crate) fn recover(&mut self, device: i32) {
+        self.faulted.remove(&device);
+        for event in self.events.values_mut().filter(|e| e.device == device) {
+            event.pending.clear();
+        }
+    }
+
+    /// `device`'s sticky error, if its context has one.
+    pub(crate) fn sticky(&self, device: i32) -> Result<(), CUresult> {
+        self.faulted.get(&device).map_or(Ok(()), |&code| Err(code))
     }
 
     /// The error a driver call returns for a violation not yet reported, once.

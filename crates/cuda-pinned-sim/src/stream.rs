@@ -148,6 +148,10 @@ fn worker(handle: usize, seed: u64) {
             let stream = &s.streams[&handle];
             !stream.queue.is_empty() || stream.destroyed
         });
+        if faulted(&state, handle) {
+            abandon(&mut state, handle);
+            continue;
+        }
         let Some(op) = state.streams[&handle].queue.front().cloned() else {
             // Destroyed and drained.
             state.streams.remove(&handle);
@@ -160,7 +164,12 @@ fn worker(handle: usize, seed: u64) {
         if !delay.is_zero() {
             std::thread::sleep(delay);
         }
-        state = execute(SIM.lock(), &op, handle);
+        state = SIM.lock();
+        if faulted(&state, handle) {
+            abandon(&mut state, handle);
+            continue;
+        }
+        state = execute(state, &op, handle);
         state
             .streams
             .get_mut(&handle)
@@ -171,6 +180,30 @@ fn worker(handle: usize, seed: u64) {
         release(&mut state, &op);
         SIM.changed.notify_all();
     }
+}
+
+/// Whether stream `handle` has work queued that its context's sticky error drops.
+fn faulted(state: &State, handle: usize) -> bool {
+    let stream = &state.streams[&handle];
+    !stream.queue.is_empty() && state.faulted.contains_key(&stream.device)
+}
+
+/// Drops the work queued on stream `handle` without running it, its context having a sticky error
+/// ([`State::fault`]): counted as finished, so that waits for the queue end (and then fail), but nothing of it
+/// happens, and the event records among it never fire.
+fn abandon(state: &mut State, handle: usize) {
+    let dropped: Vec<Op> = state
+        .streams
+        .get_mut(&handle)
+        .expect("a stream lives while its worker runs")
+        .queue
+        .drain(..)
+        .collect();
+    *state.finished.entry(handle).or_insert(0) += dropped.len() as u64;
+    for op in &dropped {
+        release(state, op);
+    }
+    SIM.changed.notify_all();
 }
 
 /// A resolved place: where to copy, and the allocation marked as executing, if any.
@@ -282,10 +315,11 @@ fn execute<'a>(mut state: MutexGuard<'a, State>, op: &Op, stream: usize) -> Mute
             }
         }
         Op::Wait { event, generation } => {
+            // A record dropped by its context's sticky error never fires: the wait ends then.
             state = SIM.wait_until(state, |s| {
-                s.events
-                    .get(&event)
-                    .is_none_or(|e| !e.pending.contains(&generation))
+                s.events.get(&event).is_none_or(|e| {
+                    !e.pending.contains(&generation) || s.faulted.contains_key(&e.device)
+                })
             });
         }
         Op::Host(call) => {

@@ -2,7 +2,8 @@
 //! 580) found the driver: the value lands in stream order, after the work queued before it and not sooner, in
 //! page-locked host memory (allocated or registered) or device memory, whatever context the calling thread has
 //! current; an unaligned or unknown address, and flags other than 0, are refused at the call with nothing
-//! queued. Each rule beside its control.
+//! queued; after a sticky fault of the context (a kernel that traps) it never lands, and every query of the
+//! context's streams and events fails at once. Each rule beside its control.
 //!
 //! The simulator runs two devices here; every test holds it for itself (`exclusive`).
 
@@ -214,4 +215,82 @@ fn a_bad_address_or_flag_is_refused_at_the_call_with_nothing_queued() {
     );
     t.synchronize();
     assert_eq!(t.word(4), 6);
+}
+
+#[test]
+fn after_a_sticky_fault_the_value_never_lands_and_every_call_on_the_context_fails() {
+    let t = Test::on(0);
+    let failed = CUresult::CUDA_ERROR_LAUNCH_FAILED;
+    let mut event = std::ptr::null_mut();
+    // SAFETY: an out-pointer to a local; destroyed at the end.
+    unsafe { ok!(cuEventCreate(&mut event, 2)) };
+    let record = |event| {
+        // SAFETY: a live event and stream of one context.
+        unsafe { raw!(cuEventRecord(event, t.stream)) }
+    };
+    // The control: behind busy work, without a fault, the value lands and the event fires.
+    t.busy();
+    assert_eq!(
+        t.write(t.stream, t.address(5), 5, 0),
+        CUresult::CUDA_SUCCESS
+    );
+    assert_eq!(record(event), CUresult::CUDA_SUCCESS);
+    t.synchronize();
+    assert_eq!(t.word(5), 5);
+    // SAFETY: a live event.
+    assert_eq!(unsafe { raw!(cuEventQuery(event)) }, CUresult::CUDA_SUCCESS);
+
+    // The same behind a fault: a wait in progress ends with the error, and nothing queued runs.
+    t.busy();
+    assert_eq!(
+        t.write(t.stream, t.address(6), 6, 0),
+        CUresult::CUDA_SUCCESS
+    );
+    assert_eq!(record(event), CUresult::CUDA_SUCCESS);
+    let stream = t.stream as usize;
+    // SAFETY: a live stream (its handle passed as a number, to cross threads).
+    let waiter =
+        std::thread::spawn(move || unsafe { raw!(cuStreamSynchronize(stream as CUstream)) });
+    std::thread::sleep(BUSY / 4);
+    sim().fault_device(0);
+    assert_eq!(waiter.join().unwrap(), failed);
+    std::thread::sleep(BUSY);
+    assert_eq!(t.word(6), 0, "a write queued before the fault landed");
+    // SAFETY: live handles; device 0's context is current.
+    unsafe {
+        assert_eq!(raw!(cuStreamQuery(t.stream)), failed);
+        assert_eq!(raw!(cuEventQuery(event)), failed);
+        assert_eq!(raw!(cuEventSynchronize(event)), failed);
+        assert_eq!(raw!(cuCtxSynchronize()), failed);
+    }
+    assert_eq!(t.write(t.stream, t.address(7), 7, 0), failed);
+
+    // Another device's context is untouched.
+    let (mut other, mut stream) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: out-pointers to locals; device 1's context current for the stream's creation only; all released.
+    unsafe {
+        ok!(cuDevicePrimaryCtxRetain(&mut other, 1));
+        ok!(cuCtxSetCurrent(other));
+        ok!(cuStreamCreate(&mut stream, 1));
+        ok!(cuCtxSetCurrent(t.context));
+    }
+    assert_eq!(t.write(stream, t.address(8), 8, 0), CUresult::CUDA_SUCCESS);
+    // SAFETY: the stream made above, then its context's retain.
+    unsafe {
+        ok!(cuStreamSynchronize(stream));
+        ok!(cuStreamDestroy_v2(stream));
+        ok!(cuDevicePrimaryCtxRelease_v2(1));
+    }
+    assert_eq!(t.word(8), 8);
+
+    // Recovered (as a reset of the context), the stream takes work again; what was dropped stays undone.
+    sim().recover_device(0);
+    assert_eq!(
+        t.write(t.stream, t.address(9), 9, 0),
+        CUresult::CUDA_SUCCESS
+    );
+    t.synchronize();
+    assert_eq!((t.word(6), t.word(9)), (0, 9));
+    // SAFETY: made above.
+    unsafe { ok!(cuEventDestroy_v2(event)) };
 }
