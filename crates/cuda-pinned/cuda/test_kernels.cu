@@ -39,3 +39,9 @@ extern "C" __global__ void sum17_u32(const unsigned* a0, const unsigned* a1, con
                  a11[i] + a12[i] + a13[i] + a14[i] + a15[i] + a16[i];
     }
 }
+
+// Traps: the context takes a sticky error (every later call in it fails with CUDA_ERROR_LAUNCH_FAILED), as a
+// failed device-side assertion leaves it. For the tests of what fails with the context (tests/futures_fault.rs).
+extern "C" __global__ void trap_now() {
+    __trap();
+}

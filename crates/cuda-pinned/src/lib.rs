@@ -128,13 +128,14 @@ mod units;
 /// `bytemuck`, so generic code over buffers needs no dependency of its own).
 pub use bytemuck::{Pod, Zeroable};
 pub use copy::{DeviceDestination, DeviceSource, PinnedDestination, PinnedSource};
-pub use driver::{Context, DEVICE_MEMORY_KEPT, Device, Event, Stream};
+pub use driver::{Context, DEVICE_MEMORY_KEPT, Device, Done, Event, Stream};
 pub use error::{Error, Result};
 pub use gather::{GatherEngine, GatherOptions, Gatherer, ReadOrder, RowTable};
 pub use launch::{Arg, Kernel, LaunchConfig, Module, Use};
 pub use memory::{
     DeviceBuffer, DeviceView, DeviceViewMut, Pinned, PinnedBuilder, PinnedPool, PinnedView,
-    PinnedViewMut, Pinning, Placement, PoolBuilder, PoolStats, Registered, WhenFull,
+    PinnedViewMut, Pinning, Placement, PoolBuilder, PoolStats, Readable, Registered, WhenFull,
+    Writable,
 };
 pub use prefetch::{Batch, Prefetched, Prefetcher};
 pub use profile::{Ledger, LedgerReport};

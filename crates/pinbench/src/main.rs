@@ -17,7 +17,8 @@
 //! `pinbench train-loop` (feature `gpu`) instead times a training-loop-shaped program fed five ways
 //! (`train_loop.rs`); `pinbench gather` gathers rows by random index into device memory (`gather.rs`);
 //! `pinbench devices` measures every device of the machine, alone, all at once, copying between each other, and
-//! fed by the sharded prefetcher of rows gathered on each device (`devices/`).
+//! fed by the sharded prefetcher of rows gathered on each device (`devices/`); `pinbench futures` times how soon
+//! an awaiting task learns that device work is done (`futures.rs`).
 //!
 //! Device times come from CUDA events after warm-up, repeated until stable, as medians (`timing.rs`). Every copy's
 //! data is checked once; a figure is never a failure, however low, but data that did not arrive intact is.
@@ -30,6 +31,7 @@ mod bandwidth;
 mod cli;
 mod costs;
 mod devices;
+mod futures;
 mod gather;
 mod json;
 mod nvml;
@@ -97,6 +99,7 @@ fn main() -> ExitCode {
         Some(Mode::TrainLoop(options)) => train_loop(options),
         Some(Mode::Gather(options)) => gather_mode(options),
         Some(Mode::Devices(options)) => devices_mode(options),
+        Some(Mode::Futures(options)) => futures_mode(options),
     };
     match outcome {
         Ok(failures) if failures.is_empty() => ExitCode::SUCCESS,
@@ -187,6 +190,18 @@ fn gather_mode(options: &cli::GatherOptions) -> Outcome<Vec<String>> {
         .filter(|r| !r.verified)
         .map(|r| format!("data check of the gather of rows of {} bytes", r.row_bytes))
         .collect())
+}
+
+/// `pinbench futures`: figures only, nothing to check afterwards.
+fn futures_mode(options: &cli::FuturesOptions) -> Outcome<Vec<String>> {
+    let simulated = simulated()?;
+    let figures = futures::measure(options.quick)?;
+    if options.json {
+        print(&json::pretty(&figures)?);
+    } else {
+        print(&with_banner(simulated, futures::table(&figures)));
+    }
+    Ok(Vec::new())
 }
 
 /// `pinbench devices`: the failures are figures whose data arrived wrong; a copy between devices that failed

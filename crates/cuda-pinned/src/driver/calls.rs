@@ -306,6 +306,22 @@ pub(crate) fn stream_query(stream: CUstream) -> Result<bool> {
     ready(unsafe { driver_call!(cuStreamQuery(stream)) })
 }
 
+/// `cuStreamWriteValue32_v2` (flags 0): queues on `stream` a write of `value` to the 4 bytes at `address`,
+/// which lands once the work queued before it has completed, with that work's writes visible before it. No
+/// context needs to be current (ARCHITECTURE.md, "A stream can write a word of memory, in order").
+///
+/// # Safety
+/// `address` must be 4-byte aligned in memory the device can write (page-locked host memory by its host address,
+/// or device memory) that stays allocated, and that nothing else relies on, until the write has landed.
+pub(crate) unsafe fn stream_write_value32(
+    stream: CUstream,
+    address: CUdeviceptr,
+    value: u32,
+) -> Result<()> {
+    // SAFETY: a live stream (see the module docs) and an address the caller vouches for.
+    unsafe { driver_call!(cuStreamWriteValue32_v2(stream, address, value, 0)) }
+}
+
 /// `cuStreamSynchronize`: blocks until all work queued on the stream has completed.
 pub(crate) fn stream_synchronize(stream: CUstream) -> Result<()> {
     // SAFETY: a live stream (see the module docs).

@@ -1,6 +1,7 @@
 //! CUDA events: points in a stream's work that the host or other streams can wait for, and that time it.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::calls;
@@ -11,15 +12,28 @@ use crate::sys::{CUevent, CUevent_flags};
 /// A CUDA event of a context. Record it on a stream; it completes once the work enqueued on the stream before
 /// it has run.
 pub struct Event {
-    raw: CUevent,
+    shared: Arc<Shared>,
     timing: bool,
+}
+
+/// The driver's event, destroyed when the last holder goes: the [`Event`], and the reactor while a future of it
+/// is pending (`done.rs`).
+pub(crate) struct Shared {
+    raw: CUevent,
     context: Context,
 }
 
 // SAFETY: a CUevent is a driver handle usable from any thread; the driver synchronises its use.
-unsafe impl Send for Event {}
-// SAFETY: every method takes `&self` and only passes the handle to thread-safe driver calls.
-unsafe impl Sync for Event {}
+unsafe impl Send for Shared {}
+// SAFETY: every use takes `&self` and only passes the handle to thread-safe driver calls.
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    /// The driver's handle, valid while this lives.
+    pub(crate) fn raw(&self) -> CUevent {
+        self.raw
+    }
+}
 
 impl Event {
     /// An event that can time work ([`Event::elapsed_since`]).
@@ -44,9 +58,11 @@ impl Event {
         // The context is current; destroyed in Drop.
         let raw = calls::event_create(flags.0).map_err(|e| e.context("creating an event"))?;
         Ok(Event {
-            raw,
+            shared: Arc::new(Shared {
+                raw,
+                context: context.clone(),
+            }),
             timing,
-            context: context.clone(),
         })
     }
 
@@ -56,7 +72,7 @@ impl Event {
     /// The driver's, including errors of the work before the event.
     #[doc(alias = "cuEventSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
-        calls::event_synchronize(self.raw).map_err(|e| e.context("waiting for an event"))
+        calls::event_synchronize(self.as_raw()).map_err(|e| e.context("waiting for an event"))
     }
 
     /// Whether the event has completed, without blocking.
@@ -65,7 +81,7 @@ impl Event {
     /// The driver's, other than `CUDA_ERROR_NOT_READY` (which is `Ok(false)`).
     #[doc(alias = "cuEventQuery")]
     pub fn query(&self) -> Result<bool> {
-        calls::event_query(self.raw).map_err(|e| e.context("querying an event"))
+        calls::event_query(self.as_raw()).map_err(|e| e.context("querying an event"))
     }
 
     /// The device time from `start` to this event, both recorded and complete (resolution about 0.5 us).
@@ -75,7 +91,7 @@ impl Event {
     /// [`Event::without_timing`].
     #[doc(alias = "cuEventElapsedTime")]
     pub fn elapsed_since(&self, start: &Event) -> Result<Duration> {
-        let ms = calls::event_elapsed_time(start.raw, self.raw)
+        let ms = calls::event_elapsed_time(start.as_raw(), self.as_raw())
             .map_err(|e| e.context("timing between two events"))?;
         Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
     }
@@ -83,29 +99,35 @@ impl Event {
     /// The context the event belongs to.
     #[must_use]
     pub fn context(&self) -> &Context {
-        &self.context
+        &self.shared.context
     }
 
     /// The driver's handle, valid while this event lives.
     #[must_use]
     pub fn as_raw(&self) -> CUevent {
-        self.raw
+        self.shared.raw
+    }
+
+    /// The driver's event, for a holder that may outlive this value.
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
     }
 }
 
 impl fmt::Debug for Event {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Event")
-            .field("raw", &self.raw)
+            .field("raw", &self.as_raw())
             .field("timing", &self.timing)
             .finish()
     }
 }
 
-impl Drop for Event {
+impl Drop for Shared {
     fn drop(&mut self) {
-        // SAFETY: created in `create`; its handle is valid only while this value lives (`as_raw`), which ends
-        // here. The driver defers releasing an event whose recorded work is pending.
+        // SAFETY: created in `Event::create`; its handle is valid only while the Event lives (`as_raw`), and
+        // the Event and every holder of this are gone. The driver defers releasing an event whose recorded work
+        // is pending.
         if let Err(e) = unsafe { calls::event_destroy(self.raw) } {
             self.context.defer_error(e.context("destroying an event"));
         }

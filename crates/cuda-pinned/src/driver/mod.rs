@@ -1,17 +1,21 @@
 //! The driver's objects as the safe layer holds them: [`Device`], [`Context`], [`Stream`] and [`Event`].
 //!
 //! In layers: `calls.rs` (the typed driver calls, on the error type only), then `device.rs`, `context.rs`,
-//! `event.rs`, `marks.rs` (the segments of streams' work and their pooled events) and `stream.rs`, each using
-//! only the files before it.
+//! `event.rs`, `marks.rs` (the segments of streams' work and their pooled events), `stream.rs`, then
+//! `reactor.rs` (the thread that watches device work for futures) and `done.rs` (the futures), each using only
+//! the files before it.
 
 pub(crate) mod calls;
 pub(crate) mod context;
 mod device;
+mod done;
 mod event;
 pub(crate) mod marks;
+mod reactor;
 pub(crate) mod stream;
 
 pub use context::{Context, DEVICE_MEMORY_KEPT};
 pub use device::Device;
+pub use done::Done;
 pub use event::Event;
 pub use stream::{Category, Stream};

@@ -2,9 +2,13 @@
 //! [`super::Pinned`] and [`super::Registered`], which own the memory and differ only in how they got and
 //! release it.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::ptr::NonNull;
+use std::task::{Context as TaskContext, Poll};
 
 use super::tracked::{Gpu, GpuTracker, Track, lock};
+use crate::driver::Done;
 use crate::error::Result;
 use crate::track::Access;
 
@@ -84,5 +88,117 @@ impl<T> HostRegion<T> {
         let ready = lock(&self.track).try_host(&Gpu, Access::Write)?;
         // SAFETY: as in `write`, once the query says all uses are done.
         Ok(ready.then(|| unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }))
+    }
+}
+
+/// A future of [`HostRegion::read`]: [`Pinned::readable`](crate::Pinned::readable) and
+/// [`Registered::readable`](crate::Registered::readable).
+///
+/// It borrows the buffer as the accessor does, so no device work that writes it can be queued meanwhile. It
+/// owns nothing else: dropping it leaves the buffer's tracking as it was (the work it saw complete forgotten,
+/// the rest recorded), and forgetting it only leaks it.
+#[must_use = "a future does nothing unless awaited"]
+pub struct Readable<'a, T> {
+    region: &'a HostRegion<T>,
+    waiting: Option<Done>,
+}
+
+/// A future of [`HostRegion::write`]: [`Pinned::writable`](crate::Pinned::writable) and
+/// [`Registered::writable`](crate::Registered::writable). As [`Readable`], for writing.
+#[must_use = "a future does nothing unless awaited"]
+pub struct Writable<'a, T> {
+    region: Option<&'a mut HostRegion<T>>,
+    waiting: Option<Done>,
+}
+
+impl<T> HostRegion<T> {
+    /// [`HostRegion::read`] as a future.
+    pub(crate) fn readable(&self) -> Readable<'_, T> {
+        Readable {
+            region: self,
+            waiting: None,
+        }
+    }
+
+    /// [`HostRegion::write`] as a future.
+    pub(crate) fn writable(&mut self) -> Writable<'_, T> {
+        Writable {
+            region: Some(self),
+            waiting: None,
+        }
+    }
+}
+
+/// Polls until no device work conflicts with a host `access` to the buffer of `track`: each time some does, a
+/// future of one conflicting entry (`waiting`), then the tracker asked again.
+fn poll_host(
+    track: &Track,
+    access: Access,
+    waiting: &mut Option<Done>,
+    cx: &mut TaskContext<'_>,
+) -> Poll<Result<()>> {
+    loop {
+        if let Some(done) = waiting {
+            let outcome = std::task::ready!(Pin::new(done).poll(cx));
+            *waiting = None;
+            outcome?;
+        }
+        let conflict = {
+            let mut tracker = lock(track);
+            if tracker.try_host(&Gpu, access)? {
+                return Poll::Ready(Ok(()));
+            }
+            tracker.first_conflict(access)
+        };
+        let Some((stream, mark)) = conflict else {
+            // Seen complete by another thread since: ask again.
+            continue;
+        };
+        *waiting = Some(Done::mark(&stream, mark));
+    }
+}
+
+impl<'a, T> Future for Readable<'a, T> {
+    type Output = Result<&'a [T]>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<&'a [T]>> {
+        let this = &mut *self;
+        let region = this.region;
+        std::task::ready!(poll_host(
+            &region.track,
+            Access::Read,
+            &mut this.waiting,
+            cx
+        ))?;
+        // SAFETY: as in `HostRegion::read`: no device work writes the elements now, and none can be queued
+        // while the borrow of the region, which the returned slice keeps, lives.
+        Poll::Ready(Ok(unsafe {
+            std::slice::from_raw_parts(region.ptr.as_ptr(), region.len)
+        }))
+    }
+}
+
+impl<'a, T> Future for Writable<'a, T> {
+    type Output = Result<&'a mut [T]>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<&'a mut [T]>> {
+        let this = &mut *self;
+        let Some(region) = this.region.as_ref() else {
+            return Poll::Ready(Err(crate::Error::invalid(
+                "a Writable future polled after it completed",
+            )));
+        };
+        std::task::ready!(poll_host(
+            &region.track,
+            Access::Write,
+            &mut this.waiting,
+            cx
+        ))?;
+        let region = this.region.take().expect("checked above");
+        // SAFETY: as in `HostRegion::write`: no device work uses the elements now; the exclusive borrow moves
+        // into the returned slice, and the future gives it out once.
+        Poll::Ready(Ok(unsafe {
+            std::slice::from_raw_parts_mut(region.ptr.as_ptr(), region.len)
+        }))
     }
 }

@@ -18,6 +18,7 @@ mod view;
 
 pub use device::DeviceBuffer;
 pub(crate) use device::Origin;
+pub use host::{Readable, Writable};
 pub(crate) use layout::byte_len;
 pub use numa::Placement;
 pub use pinned::{Pinned, PinnedBuilder};

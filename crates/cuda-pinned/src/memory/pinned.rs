@@ -7,7 +7,7 @@ use std::ptr::NonNull;
 use bytemuck::Pod;
 
 use super::block::{Block, How, PAGE, class_of, node_of};
-use super::host::HostRegion;
+use super::host::{HostRegion, Readable, Writable};
 use super::layout::{byte_len, check_alignment};
 use super::numa::{self, Placement};
 use super::pool::{Loan, POOL_FLAGS};
@@ -318,6 +318,27 @@ impl<T> Pinned<T> {
     /// The driver's, from the query.
     pub fn try_as_mut_slice(&mut self) -> Result<Option<&mut [T]>> {
         self.host.try_write()
+    }
+
+    /// [`Pinned::as_slice`] as a future, for async code: resolves to the same slice once no device work writes
+    /// the memory, without blocking the executor's thread (the process's reactor thread watches the work and
+    /// wakes the task). Dropping it before then leaves the buffer as it was.
+    ///
+    /// # Errors
+    /// The driver's, from the queries, and the work's (a sticky error of its context).
+    #[doc(alias = "as_slice")]
+    pub fn readable(&self) -> Readable<'_, T> {
+        self.host.readable()
+    }
+
+    /// [`Pinned::as_mut_slice`] as a future: resolves to the same slice once no device work reads or writes the
+    /// memory. As [`Pinned::readable`].
+    ///
+    /// # Errors
+    /// As [`Pinned::readable`].
+    #[doc(alias = "as_mut_slice")]
+    pub fn writable(&mut self) -> Writable<'_, T> {
+        self.host.writable()
     }
 
     /// The host address, for interop. Work enqueued through it outside the crate is not tracked.

@@ -7,7 +7,7 @@ use std::ptr::NonNull;
 use bytemuck::Pod;
 
 use super::block::{Block, How};
-use super::host::HostRegion;
+use super::host::{HostRegion, Readable, Writable};
 use super::release::{retire, reuse};
 use super::tracked::{Gpu, Track, lock};
 use crate::driver::Context;
@@ -153,6 +153,27 @@ impl<T: Pod> Registered<T> {
     /// The driver's, from the query.
     pub fn try_as_mut_slice(&mut self) -> Result<Option<&mut [T]>> {
         self.host.try_write()
+    }
+
+    /// [`Registered::as_slice`] as a future, for async code: resolves to the same slice once no device work writes
+    /// the memory, without blocking the executor's thread (the process's reactor thread watches the work and
+    /// wakes the task). Dropping it before then leaves the buffer as it was.
+    ///
+    /// # Errors
+    /// The driver's, from the queries, and the work's (a sticky error of its context).
+    #[doc(alias = "as_slice")]
+    pub fn readable(&self) -> Readable<'_, T> {
+        self.host.readable()
+    }
+
+    /// [`Registered::as_mut_slice`] as a future: resolves to the same slice once no device work reads or writes the
+    /// memory. As [`Registered::readable`].
+    ///
+    /// # Errors
+    /// As [`Registered::readable`].
+    #[doc(alias = "as_mut_slice")]
+    pub fn writable(&mut self) -> Writable<'_, T> {
+        self.host.writable()
     }
 
     /// Unpins the memory and returns the `Vec`.

@@ -154,6 +154,20 @@ impl<S: Clone + Eq, M: Clone + Eq> Tracker<S, M> {
             .collect()
     }
 
+    /// The stream and mark of one entry that conflicts with a host `access` (as in [`Tracker::host_wait`]), if
+    /// any: the write first. For a caller that waits for it without holding the lock the tracker is behind, then
+    /// asks again.
+    pub(crate) fn first_conflict(&self, access: Access) -> Option<(S, M)> {
+        let reads = match access {
+            Access::Read => None,
+            Access::Write => self.reads.first(),
+        };
+        self.write
+            .as_ref()
+            .or(reads)
+            .map(|entry| (entry.stream.clone(), entry.mark.clone()))
+    }
+
     /// How many entries [`Tracker::record_use`] of `access` on `stream` would replace that are at `mark`: the
     /// caller's way to know whether anything else still needs the work before `mark` (see `driver/marks.rs`).
     pub(crate) fn replaced_at(&self, stream: &S, mark: &M, access: Access) -> usize {

@@ -350,6 +350,11 @@ fn register_stand_ins() {
         call.write(y, &sums);
     })
     .unwrap();
+    // The stand-in of a trap faults device 0, where the tests launch it: its context takes the sticky error.
+    sim.register_kernel("trap_now", &[], |_| {
+        self::sim().expect("the simulated driver").fault_device(0)
+    })
+    .unwrap();
     let mut sizes = [8; 19];
     sizes[18] = 4;
     sim.register_kernel("sum17_u32", &sizes, |call| {

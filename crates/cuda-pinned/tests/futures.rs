@@ -1,0 +1,290 @@
+//! Futures of device work (`Stream::done`, `Event::done`, `Pinned::readable` / `writable`): a future never
+//! completes before its work (checked by the driver's queries and by data), a point is taken when the future is
+//! made, dropped and forgotten futures leak at most themselves, and many pending futures are served by the one
+//! reactor, on a minimal executor of this file (one thread, parked between wakes) and on tokio.
+
+mod common;
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use common::{LIMIT, SplitMix64, device, hold, on_a_thread, serial};
+use cuda_pinned::{DeviceBuffer, Event, Pinned, Stream};
+
+/// Runs `future` to completion on the calling thread, which sleeps (parked) until the future's waker wakes it.
+fn block_on<F: Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = TaskContext::from_waker(&waker);
+    let mut future = pin!(future);
+    let start = Instant::now();
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+        // A future that is never woken fails the test rather than hangs it (parking may also end spuriously,
+        // which only polls again).
+        std::thread::park_timeout(Duration::from_millis(100));
+        assert!(start.elapsed() < LIMIT, "a future was never woken");
+    }
+}
+
+/// Polls `future` once, with a waker that does nothing.
+fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
+    std::pin::Pin::new(future).poll(&mut TaskContext::from_waker(Waker::noop()))
+}
+
+#[test]
+fn a_stream_point_completes_once_the_work_before_it_has_and_not_before() {
+    let _serial = serial();
+    let ctx = device(0);
+    let stream = Stream::new(&ctx).unwrap();
+    // The control: a point taken before the stream is held completes while it is held.
+    let before = stream.done();
+    let held = hold(&stream, Duration::from_secs(2));
+    let event = Event::without_timing(&ctx).unwrap();
+    let mut after = stream.done();
+    event.record(&stream).unwrap();
+    let mut event_done = event.done();
+    block_on(before).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        poll_once(&mut after).is_pending(),
+        "completed before the work queued before it"
+    );
+    assert!(poll_once(&mut event_done).is_pending());
+    assert!(!stream.query().unwrap() && !event.query().unwrap());
+    drop(held);
+    block_on(after).unwrap();
+    assert!(
+        stream.query().unwrap(),
+        "the stream's work had not completed"
+    );
+    block_on(event_done).unwrap();
+    assert!(event.query().unwrap());
+}
+
+#[test]
+fn a_completed_future_gives_its_outcome_again_and_spinning_answers_too() {
+    let _serial = serial();
+    let ctx = device(0);
+    let stream = Stream::new(&ctx).unwrap();
+    let mut done = stream.done().spin_for(Duration::from_millis(5));
+    let outcome = block_on(&mut done);
+    assert!(outcome.is_ok());
+    assert!(matches!(poll_once(&mut done), Poll::Ready(Ok(()))));
+    // An event never recorded is complete, as the driver's query says.
+    block_on(Event::without_timing(&ctx).unwrap().done()).unwrap();
+}
+
+/// Random rounds of upload and download on two streams, awaited: `readable` gives the downloaded data, and a
+/// stream's `done` is never answered before the driver's query says its work is complete.
+#[test]
+fn awaited_accessors_see_the_work_complete_and_the_data_right() {
+    let _serial = serial();
+    let ctx = device(0);
+    let (up, down) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let mut rng = SplitMix64(0xF0_7E5);
+    for round in 0..60 {
+        let len = 1 + rng.below(1 << 14);
+        let data = rng.values(len);
+        let mut src = Pinned::from_slice(&ctx, &data).unwrap();
+        let mut dev = DeviceBuffer::<u32>::uninit(&up, len).unwrap();
+        let mut dst = Pinned::<u32>::zeroed(&ctx, len).unwrap();
+        let held = (round % 3 == 0).then(|| hold(&up, Duration::from_millis(300)));
+        up.upload(&src, &mut dev).unwrap();
+        down.download(&dev, &mut dst).unwrap();
+        let down_done = down.done();
+        // Writing the source waits for the upload that reads it.
+        let mut writable = src.writable();
+        if held.is_some() {
+            assert!(poll_once(&mut writable).is_pending(), "round {round}");
+        }
+        drop(held);
+        block_on(writable).unwrap().fill(7);
+        block_on(down_done).unwrap();
+        assert!(
+            down.query().unwrap() && dst.try_as_slice().unwrap().is_some(),
+            "round {round}: a stream's future completed before its work"
+        );
+        let got = block_on(dst.readable()).unwrap();
+        common::compare(got, &data, &format!("round {round}")).unwrap();
+    }
+}
+
+#[test]
+fn many_tasks_on_tokio_each_awaiting_its_own_work() {
+    let _serial = serial();
+    let ctx = device(0);
+    let streams: Vec<Stream> = (0..8).map(|_| Stream::new(&ctx).unwrap()).collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let tasks: Vec<_> = (0..200u64)
+        .map(|i| {
+            let stream = streams[i as usize % streams.len()].clone();
+            let ctx = ctx.clone();
+            runtime.spawn(async move {
+                let data = SplitMix64(i).values(1000 + i as usize);
+                let src = Pinned::from_slice(&ctx, &data)?;
+                let mut dev = DeviceBuffer::<u32>::uninit(&stream, data.len())?;
+                let mut dst = Pinned::<u32>::zeroed(&ctx, data.len())?;
+                stream.upload(&src, &mut dev)?;
+                stream.download(&dev, &mut dst)?;
+                stream.done().await?;
+                let got = dst.readable().await?;
+                Ok::<bool, cuda_pinned::Error>(got == data.as_slice())
+            })
+        })
+        .collect();
+    for (i, task) in tasks.into_iter().enumerate() {
+        let right = runtime.block_on(task).unwrap().unwrap();
+        assert!(right, "task {i} read wrong data");
+    }
+}
+
+#[test]
+fn ten_thousand_points_pending_on_one_stream_all_complete() {
+    let _serial = serial();
+    let ctx = device(0);
+    let stream = Stream::new(&ctx).unwrap();
+    let held = hold(&stream, Duration::from_secs(5));
+    let mut pending: Vec<_> = (0..10_000).map(|_| stream.done()).collect();
+    assert!(pending.iter_mut().all(|d| poll_once(d).is_pending()));
+    drop(held);
+    for done in pending {
+        block_on(done).unwrap();
+    }
+}
+
+/// What the simulated driver has alive that a future could keep: streams, events, context retains, pinned
+/// allocations.
+#[cfg(not(feature = "gpu"))]
+fn alive() -> [u64; 4] {
+    let live = common::sim().unwrap().live();
+    [
+        live.streams,
+        live.events,
+        live.context_retains,
+        live.pinned_allocations,
+    ]
+}
+
+/// Waits up to `limit` for [`alive`] to read `want`; what it read last.
+#[cfg(not(feature = "gpu"))]
+fn settle(want: [u64; 4], limit: Duration) -> [u64; 4] {
+    let start = Instant::now();
+    loop {
+        let now = alive();
+        if now == want || start.elapsed() > limit {
+            return now;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// [`alive`] once it has not changed for 200 ms (what earlier work let go of, gone).
+#[cfg(not(feature = "gpu"))]
+fn quiet() -> [u64; 4] {
+    let mut last = (alive(), Instant::now());
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = alive();
+        if now != last.0 {
+            last = (now, Instant::now());
+        } else if last.1.elapsed() > Duration::from_millis(200) {
+            return now;
+        }
+    }
+}
+
+/// Every kind of future, dropped or forgotten while its work is pending, with everything it was made from
+/// dropped too: once the work completes, nothing of it is left alive (the forgotten futures themselves leak).
+/// The control: a forgotten stream stays.
+#[cfg(not(feature = "gpu"))]
+#[test]
+fn dropped_and_forgotten_futures_leak_at_most_themselves() {
+    let _serial = serial();
+    // The reactor's flags exist from the first future on: made before the count.
+    block_on(Stream::new(&device(0)).unwrap().done()).unwrap();
+    let before = quiet();
+    let run = |forget_stream: bool| {
+        let ctx = device(0);
+        let stream = Stream::new(&ctx).unwrap();
+        let held = hold(&stream, Duration::from_secs(2));
+        let dev = DeviceBuffer::<u32>::zeroed(&stream, 4096).unwrap();
+        let mut dst = Pinned::<u32>::zeroed(&ctx, 4096).unwrap();
+        stream.download(&dev, &mut dst).unwrap();
+        let event = Event::without_timing(&ctx).unwrap();
+        event.record(&stream).unwrap();
+        for i in 0..100 {
+            let mut done = if i % 3 == 0 {
+                event.done()
+            } else {
+                stream.done()
+            };
+            assert!(poll_once(&mut done).is_pending());
+            if i % 2 == 0 {
+                drop(done);
+            } else {
+                std::mem::forget(done);
+            }
+        }
+        let mut readable = dst.readable();
+        assert!(poll_once(&mut readable).is_pending());
+        std::mem::forget(readable);
+        let mut writable = dst.writable();
+        assert!(poll_once(&mut writable).is_pending());
+        drop(writable);
+        if forget_stream {
+            std::mem::forget(stream.clone());
+        }
+        drop((event, dst, dev, stream, ctx));
+        drop(held);
+    };
+    run(false);
+    device(0).synchronize().unwrap();
+    assert_eq!(
+        settle(before, LIMIT),
+        before,
+        "left alive: streams, events, context retains, pinned"
+    );
+    run(true);
+    device(0).synchronize().unwrap();
+    let after = settle(before, Duration::from_millis(500));
+    assert_eq!(
+        after[0],
+        before[0] + 1,
+        "the control: a forgotten stream stays alive"
+    );
+}
+
+/// A future is a notification: waiting for one on a thread of its own does not stop other threads' work.
+#[test]
+fn a_pending_future_blocks_nobody() {
+    let _serial = serial();
+    let ctx = device(0);
+    let (busy, free) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let held = hold(&busy, Duration::from_secs(2));
+    let waiting = busy.done();
+    let ((), took) = on_a_thread("another stream's work", Duration::from_secs(1), move || {
+        let ctx = device(0);
+        let data = vec![5u32; 1 << 12];
+        let src = Pinned::from_slice(&ctx, &data).unwrap();
+        let mut dev = DeviceBuffer::<u32>::uninit(&free, data.len()).unwrap();
+        free.upload(&src, &mut dev).unwrap();
+        block_on(free.done()).unwrap();
+    });
+    assert!(took < Duration::from_secs(1));
+    drop(held);
+    block_on(waiting).unwrap();
+}
