@@ -86,6 +86,13 @@ pub extern "C" fn cuda_sim_clear_faults() {
     SIM.lock().faults.clear();
 }
 
+/// Marks the calling thread as an async executor's (`on` non-zero) or not (see
+/// [`Control::executor_thread`]).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuda_sim_executor_thread(on: c_int) {
+    crate::detect::set_executor_thread(on != 0);
+}
+
 /// Gives device `device`'s context a sticky `CUDA_ERROR_LAUNCH_FAILED`, as a kernel that traps does (see
 /// [`Control::fault_device`]).
 #[unsafe(no_mangle)]
@@ -440,6 +447,16 @@ impl Control {
     pub fn clear_faults(&self) {
         let f: extern "C" fn() = self.function("cuda_sim_clear_faults");
         f();
+    }
+
+    /// Marks the calling thread as a thread of an async executor (`on`), or not any more: from then on, a
+    /// driver call made on it that waits for queued device work (a synchronization, a blocking copy, a
+    /// device-wide wait) and finds it not done is a violation, `BLOCKED EXECUTOR`, with the crate functions on
+    /// the stack. For tests of code that must never block the thread that polls its futures (a runtime's
+    /// thread-start hook marks its workers).
+    pub fn executor_thread(&self, on: bool) {
+        let f: extern "C" fn(c_int) = self.function("cuda_sim_executor_thread");
+        f(c_int::from(on));
     }
 
     /// Gives device `device`'s context the sticky error a kernel that traps leaves (`CUDA_ERROR_LAUNCH_FAILED`,

@@ -29,8 +29,14 @@
 //! operation is judged there. A host function *awaited* counts as touching no memory: it is how the tests
 //! stand in for kernels, and those that stand in for kernels using memory end
 //! with work on that memory (tests/common).
+//!
+//! Blocked executors. A thread that a test marks as an async executor's (`Control::executor_thread`) must never
+//! wait in a driver call for queued device work: every call that would (a synchronization, a blocking copy, a
+//! device-wide wait) and finds the work not done is reported there, with the crate functions on the stack, as
+//! the crate's futures promise that awaiting device work never blocks the thread that polls them.
 
 use std::backtrace::Backtrace;
+use std::cell::Cell;
 
 use crate::sim::{Dependency, Op, State};
 use crate::stream;
@@ -651,4 +657,30 @@ mod tests {
             ]
         );
     }
+}
+
+// ---- blocked executors
+
+thread_local! {
+    /// Whether the calling thread is marked as an async executor's.
+    static EXECUTOR: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the calling thread as an async executor's (or not).
+pub(crate) fn set_executor_thread(on: bool) {
+    EXECUTOR.set(on);
+}
+
+/// Whether the calling thread is marked as an async executor's.
+pub(crate) fn on_executor_thread() -> bool {
+    EXECUTOR.get()
+}
+
+/// The report of a driver call that is about to wait for queued work on an executor's thread, `callers` its
+/// stack.
+pub(crate) fn blocked_executor(callers: &[Frame]) -> String {
+    format!(
+        "BLOCKED EXECUTOR: a driver call waited for queued device work on a thread of an async executor; {}",
+        describe_callers(callers)
+    )
 }

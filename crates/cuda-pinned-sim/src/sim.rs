@@ -67,12 +67,21 @@ impl Sim {
         }
     }
 
-    /// Waits on `changed` until `done(state)` holds.
+    /// Waits on `changed` until `done(state)` holds; on a thread marked as an async executor's, reports the
+    /// wait if there is one (see `detect.rs`).
     pub(crate) fn wait_until<'a>(
         &self,
         mut state: MutexGuard<'a, State>,
         mut done: impl FnMut(&mut State) -> bool,
     ) -> MutexGuard<'a, State> {
+        if crate::detect::on_executor_thread() && !done(&mut state) {
+            // The call waits (it is reported even if the work completes while its caller is named). Naming the
+            // caller reads debug information: not under the lock, which every stream needs.
+            drop(state);
+            let callers = crate::detect::caller_frames();
+            state = SIM.lock();
+            state.finding(crate::detect::blocked_executor(&callers));
+        }
         while !done(&mut state) {
             state = self
                 .changed

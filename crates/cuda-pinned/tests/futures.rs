@@ -27,7 +27,8 @@ fn block_on<F: Future>(future: F) -> F::Output {
     let mut future = pin!(future);
     let start = Instant::now();
     loop {
-        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+        let polled = as_executor(|| future.as_mut().poll(&mut cx));
+        if let Poll::Ready(output) = polled {
             return output;
         }
         // A future that is never woken fails the test rather than hangs it (parking may also end spuriously,
@@ -37,9 +38,20 @@ fn block_on<F: Future>(future: F) -> F::Output {
     }
 }
 
+/// Runs `f` with the calling thread marked, on the simulated driver, as an async executor's: a driver call
+/// in it that waits for device work is a violation (`BLOCKED EXECUTOR`), which fails the test.
+fn as_executor<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(not(feature = "gpu"))]
+    common::sim().unwrap().executor_thread(true);
+    let result = f();
+    #[cfg(not(feature = "gpu"))]
+    common::sim().unwrap().executor_thread(false);
+    result
+}
+
 /// Polls `future` once, with a waker that does nothing.
 fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
-    std::pin::Pin::new(future).poll(&mut TaskContext::from_waker(Waker::noop()))
+    as_executor(|| std::pin::Pin::new(future).poll(&mut TaskContext::from_waker(Waker::noop())))
 }
 
 #[test]
@@ -51,8 +63,8 @@ fn a_stream_point_completes_once_the_work_before_it_has_and_not_before() {
     let before = stream.done();
     let held = hold(&stream, Duration::from_secs(2));
     let event = Event::without_timing(&ctx).unwrap();
-    let mut after = stream.done();
     event.record(&stream).unwrap();
+    let mut after = stream.done();
     let mut event_done = event.done();
     block_on(before).unwrap();
     std::thread::sleep(Duration::from_millis(50));
@@ -65,11 +77,10 @@ fn a_stream_point_completes_once_the_work_before_it_has_and_not_before() {
     drop(held);
     block_on(after).unwrap();
     assert!(
-        stream.query().unwrap(),
-        "the stream's work had not completed"
+        event.query().unwrap(),
+        "the work queued before the point had not completed"
     );
     block_on(event_done).unwrap();
-    assert!(event.query().unwrap());
 }
 
 #[test]
@@ -127,6 +138,10 @@ fn many_tasks_on_tokio_each_awaiting_its_own_work() {
     let streams: Vec<Stream> = (0..8).map(|_| Stream::new(&ctx).unwrap()).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .on_thread_start(|| {
+            #[cfg(not(feature = "gpu"))]
+            common::sim().unwrap().executor_thread(true);
+        })
         .build()
         .unwrap();
     let tasks: Vec<_> = (0..200u64)
@@ -287,4 +302,37 @@ fn a_pending_future_blocks_nobody() {
     assert!(took < Duration::from_secs(1));
     drop(held);
     block_on(waiting).unwrap();
+}
+
+/// The control of the executor check: a task that synchronizes a busy stream blocks its thread, and the
+/// simulated driver says so.
+#[cfg(not(feature = "gpu"))]
+#[test]
+fn a_blocking_call_in_a_task_is_reported() {
+    let mut serial = serial();
+    serial.expect_violations();
+    let ctx = device(0);
+    let stream = Stream::new(&ctx).unwrap();
+    let held = hold(&stream, Duration::from_secs(2));
+    let waiting = stream.clone();
+    let task = std::thread::spawn(move || {
+        block_on(async move { waiting.synchronize() }).unwrap();
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    drop(held);
+    task.join().unwrap();
+    let found = serial.take_violations();
+    assert!(
+        found.len() == 1
+            && found[0].contains("BLOCKED EXECUTOR")
+            && found[0].contains("synchronize"),
+        "{found:?}"
+    );
+    // Awaiting the same is not reported.
+    let held = hold(&stream, Duration::from_secs(2));
+    let waiting = stream.clone();
+    let task = std::thread::spawn(move || block_on(waiting.done()).unwrap());
+    std::thread::sleep(Duration::from_millis(50));
+    drop(held);
+    task.join().unwrap();
 }
