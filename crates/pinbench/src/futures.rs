@@ -27,8 +27,11 @@ const WORK: Duration = Duration::from_micros(50);
 const CROWD: usize = 10_000;
 /// Futures pending at once in the capacity measurement.
 const MANY: usize = 100_000;
-/// Streams the crowd and the capacity measurement spread their futures over.
-const CROWD_STREAMS: usize = 16;
+/// Streams the crowd spreads its futures over, and the capacity measurement: a stream takes only about a
+/// thousand operations queued behind a running kernel before the driver makes the next enqueue wait, and a
+/// device runs at most 128 kernels at once (the crowd's leave room for the trials' own).
+const CROWD_STREAMS: usize = 64;
+const MANY_STREAMS: usize = 128;
 
 /// What `pinbench futures` measured.
 #[derive(Debug, Serialize)]
@@ -42,8 +45,10 @@ pub struct Figures {
     pub crowded: Latency,
     /// The future spinning first (`Done::spin_for`), nothing else pending.
     pub spinning: Latency,
-    /// Futures pending at once, and how long after their streams' work the last of them completed.
+    /// Futures registered at once, how many of them were still pending once all were registered, and how long
+    /// after their streams' work the last of them completed.
     pub many: usize,
+    pub many_pending: usize,
     pub many_last_after_ms: f64,
     /// The process's CPU time over a second with nothing pending, in milliseconds.
     pub idle_cpu_ms: f64,
@@ -74,13 +79,14 @@ pub fn measure(quick: bool) -> Outcome<Figures> {
     // The crowd's streams stay busy for longer than the trials take.
     let crowd_busy = Duration::from_millis(500) + Duration::from_micros(300) * trials as u32;
     let crowded = {
-        let crowd = Crowd::new(&ctx, CROWD, crowd_busy)?;
+        let crowd = Crowd::new(&ctx, CROWD, CROWD_STREAMS, crowd_busy)?;
         let figure = latency(&stream, &work, trials, CROWD, None)?;
         crowd.finish()?;
         figure
     };
     let started = Instant::now();
-    let crowd = Crowd::new(&ctx, MANY, Duration::from_secs(2))?;
+    let mut crowd = Crowd::new(&ctx, MANY, MANY_STREAMS, Duration::from_secs(2))?;
+    let many_pending = crowd.still_pending()?;
     let work_end = crowd.finish()?;
     let many_last_after_ms = (Instant::now() - work_end.max(started)).as_secs_f64() * 1e3;
     let idle_cpu_ms = idle_cpu(Duration::from_secs(1))?;
@@ -92,6 +98,7 @@ pub fn measure(quick: bool) -> Outcome<Figures> {
         crowded,
         spinning,
         many: MANY,
+        many_pending,
         many_last_after_ms,
         idle_cpu_ms,
     })
@@ -134,9 +141,9 @@ struct Crowd {
 }
 
 impl Crowd {
-    /// `count` futures over [`CROWD_STREAMS`] streams, each stream busy for about `busy`.
-    fn new(ctx: &Context, count: usize, busy: Duration) -> Outcome<Crowd> {
-        let streams: Vec<Stream> = (0..CROWD_STREAMS)
+    /// `count` futures over `streams` streams, each stream busy for about `busy`.
+    fn new(ctx: &Context, count: usize, streams: usize, busy: Duration) -> Outcome<Crowd> {
+        let streams: Vec<Stream> = (0..streams)
             .map(|_| Stream::new(ctx))
             .collect::<cuda_pinned::Result<_>>()?;
         let mut pending = Vec::with_capacity(count);
@@ -151,6 +158,18 @@ impl Crowd {
             pending.push(done);
         }
         Ok(Crowd { streams, pending })
+    }
+
+    /// How many of the futures are still pending.
+    fn still_pending(&mut self) -> Outcome<usize> {
+        let mut pending = 0;
+        for done in &mut self.pending {
+            match poll_once(done) {
+                Poll::Pending => pending += 1,
+                Poll::Ready(outcome) => outcome?,
+            }
+        }
+        Ok(pending)
     }
 
     /// Waits for every future; when the streams' work ended (the latest a spinning query saw).
@@ -326,8 +345,9 @@ pub fn table(f: &Figures) -> String {
         ));
     }
     out.push_str(&format!(
-        "{} futures pending at once: the last completed {:.2} ms after their streams' work\n",
-        f.many, f.many_last_after_ms
+        "{} futures registered ({} of them pending at once): the last completed {:.2} ms after their streams' \
+         work\n",
+        f.many, f.many_pending, f.many_last_after_ms
     ));
     out.push_str(&format!(
         "CPU time of the process over 1 s with nothing pending: {:.0} ms\n",
