@@ -115,9 +115,18 @@ pub enum Mode {
     /// time over a second with nothing pending.
     /// 2000 trials (300 with --quick).
     Futures(FuturesOptions),
+    /// A server's requests served as tasks that await the device, against blocking threads
+    ///
+    /// 1000 requests in flight at once on device 0, each writing 64 KiB of input, uploading it, running a
+    /// kernel (a fill and an axpy with --features gpu, else a device copy), downloading the result and reading
+    /// it, 50 rounds each (10 with --quick): as tasks on tokio (one worker thread per core) awaiting the input's
+    /// and the result's buffers (Pinned::writable / readable), and on 1000 threads whose accessors wait in the
+    /// driver (as_mut_slice / as_slice). Requests per second each way (the better of two runs, alternating) and
+    /// their ratio; every result is checked.
+    Requests(FuturesOptions),
 }
 
-/// `futures`' flags.
+/// `futures`' and `requests`' flags.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Args)]
 pub struct FuturesOptions {
     /// 300 trials instead of 2000

@@ -18,7 +18,8 @@
 //! (`train_loop.rs`); `pinbench gather` gathers rows by random index into device memory (`gather.rs`);
 //! `pinbench devices` measures every device of the machine, alone, all at once, copying between each other, and
 //! fed by the sharded prefetcher of rows gathered on each device (`devices/`); `pinbench futures` times how soon
-//! an awaiting task learns that device work is done (`futures.rs`).
+//! an awaiting task learns that device work is done (`futures.rs`); `pinbench requests` serves a server's requests
+//! as awaiting tasks and on blocking threads (`requests.rs`).
 //!
 //! Device times come from CUDA events after warm-up, repeated until stable, as medians (`timing.rs`). Every copy's
 //! data is checked once; a figure is never a failure, however low, but data that did not arrive intact is.
@@ -40,6 +41,7 @@ mod overlap;
 mod plot;
 mod progress;
 mod report;
+mod requests;
 mod results;
 mod sweep;
 #[cfg(test)]
@@ -100,6 +102,7 @@ fn main() -> ExitCode {
         Some(Mode::Gather(options)) => gather_mode(options),
         Some(Mode::Devices(options)) => devices_mode(options),
         Some(Mode::Futures(options)) => futures_mode(options),
+        Some(Mode::Requests(options)) => requests_mode(options),
     };
     match outcome {
         Ok(failures) if failures.is_empty() => ExitCode::SUCCESS,
@@ -202,6 +205,22 @@ fn futures_mode(options: &cli::FuturesOptions) -> Outcome<Vec<String>> {
         print(&with_banner(simulated, futures::table(&figures)));
     }
     Ok(Vec::new())
+}
+
+/// `pinbench requests`: a failure is a request that read a wrong result.
+fn requests_mode(options: &cli::FuturesOptions) -> Outcome<Vec<String>> {
+    let simulated = simulated()?;
+    let figures = requests::measure(options.quick)?;
+    if options.json {
+        print(&json::pretty(&figures)?);
+    } else {
+        print(&with_banner(simulated, requests::table(&figures)));
+    }
+    Ok(if figures.verified {
+        Vec::new()
+    } else {
+        vec!["a request read a wrong result".into()]
+    })
 }
 
 /// `pinbench devices`: the failures are figures whose data arrived wrong; a copy between devices that failed
