@@ -1,7 +1,8 @@
 //! Futures of device work (`Stream::done`, `Event::done`, `Pinned::readable` / `writable`): a future never
 //! completes before its work (checked by the driver's queries and by data), a point is taken when the future is
 //! made, dropped and forgotten futures leak at most themselves, and many pending futures are served by the one
-//! reactor, on a minimal executor of this file (one thread, parked between wakes) and on tokio.
+//! reactor, on a minimal executor of this file (one thread, parked between wakes) and on tokio. The simulated
+//! driver runs two devices here (one test awaits both); on a GPU, that test needs two.
 
 mod common;
 
@@ -11,7 +12,7 @@ use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use common::{LIMIT, SplitMix64, device, hold, on_a_thread, serial};
+use common::{LIMIT, SplitMix64, device, device_count, hold, on_a_thread, serial_on_two_devices};
 use cuda_pinned::{DeviceBuffer, Event, Pinned, Stream};
 
 /// Runs `future` to completion on the calling thread, which sleeps (parked) until the future's waker wakes it.
@@ -56,7 +57,7 @@ fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
 
 #[test]
 fn a_stream_point_completes_once_the_work_before_it_has_and_not_before() {
-    let _serial = serial();
+    let _serial = serial_on_two_devices();
     let ctx = device(0);
     let stream = Stream::new(&ctx).unwrap();
     // The control: a point taken before the stream is held completes while it is held.
@@ -85,7 +86,7 @@ fn a_stream_point_completes_once_the_work_before_it_has_and_not_before() {
 
 #[test]
 fn a_completed_future_gives_its_outcome_again_and_spinning_answers_too() {
-    let _serial = serial();
+    let _serial = serial_on_two_devices();
     let ctx = device(0);
     let stream = Stream::new(&ctx).unwrap();
     let mut done = stream.done().spin_for(Duration::from_millis(5));
@@ -100,7 +101,7 @@ fn a_completed_future_gives_its_outcome_again_and_spinning_answers_too() {
 /// stream's `done` is never answered before the driver's query says its work is complete.
 #[test]
 fn awaited_accessors_see_the_work_complete_and_the_data_right() {
-    let _serial = serial();
+    let _serial = serial_on_two_devices();
     let ctx = device(0);
     let (up, down) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
     let mut rng = SplitMix64(0xF0_7E5);
@@ -133,7 +134,7 @@ fn awaited_accessors_see_the_work_complete_and_the_data_right() {
 
 #[test]
 fn many_tasks_on_tokio_each_awaiting_its_own_work() {
-    let _serial = serial();
+    let _serial = serial_on_two_devices();
     let ctx = device(0);
     let streams: Vec<Stream> = (0..8).map(|_| Stream::new(&ctx).unwrap()).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -172,7 +173,7 @@ fn many_tasks_on_tokio_each_awaiting_its_own_work() {
 /// all served by the one reactor.
 #[test]
 fn ten_thousand_points_pending_on_many_streams_all_complete() {
-    let _serial = serial();
+    let _serial = serial_on_two_devices();
     let ctx = device(0);
     let streams: Vec<Stream> = (0..64).map(|_| Stream::new(&ctx).unwrap()).collect();
     let held: Vec<_> = streams
@@ -236,7 +237,7 @@ fn quiet() -> [u64; 4] {
 #[cfg(not(feature = "gpu"))]
 #[test]
 fn dropped_and_forgotten_futures_leak_at_most_themselves() {
-    let _serial = serial();
+    let _serial = serial_on_two_devices();
     // The reactor's flags exist from the first future on: made before the count.
     block_on(Stream::new(&device(0)).unwrap().done()).unwrap();
     let before = quiet();
@@ -294,7 +295,7 @@ fn dropped_and_forgotten_futures_leak_at_most_themselves() {
 /// A future is a notification: waiting for one on a thread of its own does not stop other threads' work.
 #[test]
 fn a_pending_future_blocks_nobody() {
-    let _serial = serial();
+    let _serial = serial_on_two_devices();
     let ctx = device(0);
     let (busy, free) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
     let held = hold(&busy, Duration::from_secs(2));
@@ -317,7 +318,7 @@ fn a_pending_future_blocks_nobody() {
 #[cfg(not(feature = "gpu"))]
 #[test]
 fn a_blocking_call_in_a_task_is_reported() {
-    let mut serial = serial();
+    let mut serial = serial_on_two_devices();
     serial.expect_violations();
     let ctx = device(0);
     let stream = Stream::new(&ctx).unwrap();
@@ -343,4 +344,47 @@ fn a_blocking_call_in_a_task_is_reported() {
     std::thread::sleep(Duration::from_millis(50));
     drop(held);
     task.join().unwrap();
+}
+
+/// One host thread, whose current context is another device's, awaits work on every device: each device's
+/// stream writes the reactor's flags (page-locked for every context), and each awaited read sees its data.
+#[test]
+fn one_thread_awaits_work_on_every_device() {
+    let _serial = serial_on_two_devices();
+    let contexts: Vec<_> = (0..device_count()).map(device).collect();
+    assert!(contexts.len() >= 2, "this test needs two devices");
+    let streams: Vec<Stream> = contexts.iter().map(|c| Stream::new(c).unwrap()).collect();
+    let held: Vec<_> = streams
+        .iter()
+        .map(|s| hold(s, Duration::from_millis(500)))
+        .collect();
+    let mut rounds = Vec::new();
+    for (n, (ctx, stream)) in contexts.iter().zip(&streams).enumerate() {
+        let data = SplitMix64(n as u64).values(1 << 12);
+        let src = Pinned::from_slice(ctx, &data).unwrap();
+        let mut dev = DeviceBuffer::<u32>::uninit(stream, data.len()).unwrap();
+        let mut dst = Pinned::<u32>::zeroed(ctx, data.len()).unwrap();
+        stream.upload(&src, &mut dev).unwrap();
+        stream.download(&dev, &mut dst).unwrap();
+        rounds.push((data, src, dev, dst));
+    }
+    // Device 1's context current on this thread while it awaits every device (put back at the end).
+    let set_current = |context| {
+        // SAFETY: a context of the crate's, retained by `contexts` until the end; this thread only.
+        unsafe { cuda_pinned::driver_call!(cuCtxSetCurrent(context)) }.unwrap();
+    };
+    set_current(contexts[1].as_raw());
+    let mut points: Vec<_> = streams.iter().map(Stream::done).collect();
+    assert!(points.iter_mut().all(|p| poll_once(p).is_pending()));
+    drop(held);
+    block_on(async {
+        for point in points {
+            point.await.unwrap();
+        }
+        for (n, (data, _, _, dst)) in rounds.iter().enumerate() {
+            let got = dst.readable().await.unwrap();
+            common::compare(got, data, &format!("device {n}")).unwrap();
+        }
+    });
+    set_current(std::ptr::null_mut());
 }
