@@ -1,6 +1,7 @@
 //! A context with a sticky error ends every pending future of it with an `Err`, never a hang: a kernel traps
 //! on one stream while futures wait on another stream's flags, an event and a buffer's download. A test binary
-//! of its own: on a GPU, the trap leaves the context unusable for the rest of the process.
+//! of its own: on a GPU, the trap leaves the context unusable for the rest of the process. On the simulated
+//! driver, also the fallback of a device whose streams cannot write the reactor's flags.
 
 mod common;
 
@@ -13,8 +14,15 @@ use common::{device, hold, serial};
 use cuda_pinned::sys::CUresult;
 use cuda_pinned::{DeviceBuffer, Event, LaunchConfig, Pinned, Stream};
 
+/// Polls `future` once, with a waker that does nothing, the thread marked on the simulated driver as an async
+/// executor's (a driver call in it that waits for device work is a violation, which fails the test).
 fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
-    Pin::new(future).poll(&mut TaskContext::from_waker(Waker::noop()))
+    #[cfg(not(feature = "gpu"))]
+    common::sim().unwrap().executor_thread(true);
+    let polled = Pin::new(future).poll(&mut TaskContext::from_waker(Waker::noop()));
+    #[cfg(not(feature = "gpu"))]
+    common::sim().unwrap().executor_thread(false);
+    polled
 }
 
 /// Polls `future` until it is ready, for up to `limit` (once at least).
@@ -90,4 +98,37 @@ fn a_sticky_error_ends_every_pending_future_with_it() {
     drop((dst, dev, event, busy, other, ctx));
     #[cfg(not(feature = "gpu"))]
     common::sim().unwrap().recover_device(0);
+}
+
+/// Where the driver refuses the flag's write (a driver without stream memory operations), a point is an event
+/// the reactor queries: still pending while its work is, complete after; and the refusal is remembered, so that
+/// later points try no write.
+#[cfg(not(feature = "gpu"))]
+#[test]
+fn refused_writes_fall_back_to_events() {
+    let _serial = serial();
+    let sim = common::sim().unwrap();
+    let _held_sim = sim.exclusive();
+    let ctx = device(0);
+    let stream = Stream::new(&ctx).unwrap();
+    sim.fail("cuStreamWriteValue32_v2:1+:CUDA_ERROR_INVALID_VALUE")
+        .unwrap();
+    for round in 0..3 {
+        sim.trace_start();
+        let held = hold(&stream, Duration::from_millis(200));
+        let mut done = stream.done();
+        assert!(poll_once(&mut done).is_pending(), "round {round}");
+        let writes = sim
+            .trace_stop()
+            .iter()
+            .filter(|call| call.contains("cuStreamWriteValue32_v2"))
+            .count();
+        // The first point tries the write, registers the flags again and tries once more; later ones do not.
+        assert_eq!(writes, if round == 0 { 2 } else { 0 }, "round {round}");
+        drop(held);
+        let outcome = ready_within(&mut done, Duration::from_secs(5)).expect("never completed");
+        outcome.unwrap();
+        assert!(stream.query().unwrap());
+    }
+    sim.clear_faults();
 }

@@ -109,10 +109,11 @@ pub enum Mode {
     ///
     /// Trials of 50 us of device work on device 0 followed by the stream's future (Stream::done), awaited by
     /// a thread that sleeps until woken, against a thread spinning on cuStreamQuery for the same work: the
-    /// extra latency (median, p90, p99) with one future pending, with 10,000 more pending on 64 other streams,
-    /// and with the future spinning first (Done::spin_for). Then 100,000 futures registered on 128 busy streams
-    /// (how many were pending at once, how long after their work the last completed), and the process's CPU
-    /// time over a second with nothing pending.
+    /// extra latency (median, p90, p99) with one future pending, with 10,000 more pending (1,000 stream points
+    /// on 10 busy streams, the rest futures of 100 events recorded among them), and with the future spinning
+    /// first (Done::spin_for). Then 100,000 futures registered the same way (how many were pending at once, how
+    /// long after their work the last completed), the process's CPU time over a second with nothing pending,
+    /// and how many stream points one stream, and eight, take behind a running kernel before an enqueue waits.
     /// 2000 trials (300 with --quick).
     Futures(FuturesOptions),
     /// A server's requests served as tasks that await the device, against blocking threads

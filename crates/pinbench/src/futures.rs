@@ -16,7 +16,9 @@ use std::sync::{Arc, Barrier};
 use std::task::{Context as TaskContext, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use cuda_pinned::{Context, DeviceBuffer, Done, Stream};
+#[cfg(not(feature = "gpu"))]
+use cuda_pinned::DeviceBuffer;
+use cuda_pinned::{Context, Done, Event, Stream};
 use serde::Serialize;
 
 use crate::Outcome;
@@ -27,11 +29,12 @@ const WORK: Duration = Duration::from_micros(50);
 const CROWD: usize = 10_000;
 /// Futures pending at once in the capacity measurement.
 const MANY: usize = 100_000;
-/// Streams the crowd spreads its futures over, and the capacity measurement: a stream takes only about a
-/// thousand operations queued behind a running kernel before the driver makes the next enqueue wait, and a
-/// device runs at most 128 kernels at once (the crowd's leave room for the trials' own).
-const CROWD_STREAMS: usize = 64;
-const MANY_STREAMS: usize = 128;
+/// Of those, stream points (over [`BUSY_STREAMS`] streams held busy); the others are futures of [`EVENTS`]
+/// events recorded among them. A device takes only so many operations queued behind running kernels before the
+/// driver makes the next enqueue wait (see [`queue_depth`]).
+const POINTS: usize = 1000;
+const BUSY_STREAMS: usize = 10;
+const EVENTS: usize = 100;
 
 /// What `pinbench futures` measured.
 #[derive(Debug, Serialize)]
@@ -43,6 +46,8 @@ pub struct Figures {
     pub alone: Latency,
     /// The same with [`CROWD`] more pending.
     pub crowded: Latency,
+    /// How many of the crowd were still pending once all were registered.
+    pub crowd_pending: usize,
     /// The future spinning first (`Done::spin_for`), nothing else pending.
     pub spinning: Latency,
     /// Futures registered at once, how many of them were still pending once all were registered, and how long
@@ -52,6 +57,10 @@ pub struct Figures {
     pub many_last_after_ms: f64,
     /// The process's CPU time over a second with nothing pending, in milliseconds.
     pub idle_cpu_ms: f64,
+    /// How many stream points were queued behind a running kernel before an enqueue waited: on one stream, and
+    /// round-robin over eight (`None`: none waited up to [`DEPTH_PROBE`]).
+    pub queue_depth_one_stream: Option<usize>,
+    pub queue_depth_eight_streams: Option<usize>,
 }
 
 /// Extra latency over the spinning reference, in microseconds.
@@ -78,18 +87,21 @@ pub fn measure(quick: bool) -> Outcome<Figures> {
     let spinning = latency(&stream, &work, trials, 0, Some(Duration::from_millis(1)))?;
     // The crowd's streams stay busy for longer than the trials take.
     let crowd_busy = Duration::from_millis(500) + Duration::from_micros(300) * trials as u32;
-    let crowded = {
-        let crowd = Crowd::new(&ctx, CROWD, CROWD_STREAMS, crowd_busy)?;
+    let (crowded, crowd_pending) = {
+        let mut crowd = Crowd::new(&ctx, CROWD, crowd_busy)?;
+        let pending = crowd.still_pending()?;
         let figure = latency(&stream, &work, trials, CROWD, None)?;
         crowd.finish()?;
-        figure
+        (figure, pending)
     };
     let started = Instant::now();
-    let mut crowd = Crowd::new(&ctx, MANY, MANY_STREAMS, Duration::from_secs(2))?;
+    let mut crowd = Crowd::new(&ctx, MANY, Duration::from_secs(2))?;
     let many_pending = crowd.still_pending()?;
     let work_end = crowd.finish()?;
     let many_last_after_ms = (Instant::now() - work_end.max(started)).as_secs_f64() * 1e3;
     let idle_cpu_ms = idle_cpu(Duration::from_secs(1))?;
+    let queue_depth_one_stream = queue_depth(&ctx, 1)?;
+    let queue_depth_eight_streams = queue_depth(&ctx, 8)?;
     Ok(Figures {
         device: ctx.device().name()?,
         trials,
@@ -101,6 +113,9 @@ pub fn measure(quick: bool) -> Outcome<Figures> {
         many_pending,
         many_last_after_ms,
         idle_cpu_ms,
+        queue_depth_one_stream,
+        queue_depth_eight_streams,
+        crowd_pending,
     })
 }
 
@@ -138,26 +153,43 @@ impl Work {
 struct Crowd {
     streams: Vec<Stream>,
     pending: Vec<Done>,
+    _events: Vec<Event>,
 }
 
 impl Crowd {
-    /// `count` futures over `streams` streams, each stream busy for about `busy`.
-    fn new(ctx: &Context, count: usize, streams: usize, busy: Duration) -> Outcome<Crowd> {
-        let streams: Vec<Stream> = (0..streams)
+    /// `count` futures: [`POINTS`] stream points over [`BUSY_STREAMS`] streams, each busy for about `busy`,
+    /// and futures of [`EVENTS`] events recorded among them for the rest.
+    fn new(ctx: &Context, count: usize, busy: Duration) -> Outcome<Crowd> {
+        let streams: Vec<Stream> = (0..BUSY_STREAMS)
             .map(|_| Stream::new(ctx))
             .collect::<cuda_pinned::Result<_>>()?;
-        let mut pending = Vec::with_capacity(count);
         for stream in &streams {
             hold(stream, busy)?;
         }
-        for i in 0..count {
-            let mut done = streams[i % streams.len()].done();
-            if let Poll::Ready(outcome) = poll_once(&mut done) {
+        let mut pending = Vec::with_capacity(count);
+        let mut events = Vec::with_capacity(EVENTS);
+        for i in 0..POINTS.min(count) {
+            let stream = &streams[i % streams.len()];
+            pending.push(stream.done());
+            if i % (POINTS / EVENTS) == 0 {
+                let event = Event::without_timing(ctx)?;
+                event.record(stream)?;
+                events.push(event);
+            }
+        }
+        for i in pending.len()..count {
+            pending.push(events[i % events.len()].done());
+        }
+        for done in &mut pending {
+            if let Poll::Ready(outcome) = poll_once(done) {
                 outcome?;
             }
-            pending.push(done);
         }
-        Ok(Crowd { streams, pending })
+        Ok(Crowd {
+            streams,
+            pending,
+            _events: events,
+        })
     }
 
     /// How many of the futures are still pending.
@@ -186,6 +218,35 @@ impl Crowd {
         }
         Ok(end)
     }
+}
+
+/// Stream points the queue-depth probe queues at most.
+const DEPTH_PROBE: usize = 4096;
+
+/// How many stream points `streams` streams (round-robin), held busy by a running kernel each, take before an
+/// enqueue waits (more than 10 ms): the driver's queue depth as an enqueue sees it. `None` if none waited up to
+/// [`DEPTH_PROBE`].
+fn queue_depth(ctx: &Context, streams: usize) -> Outcome<Option<usize>> {
+    let streams: Vec<Stream> = (0..streams)
+        .map(|_| Stream::new(ctx))
+        .collect::<cuda_pinned::Result<_>>()?;
+    for stream in &streams {
+        hold(stream, Duration::from_secs(1))?;
+    }
+    let mut points = Vec::with_capacity(DEPTH_PROBE);
+    let mut depth = None;
+    for i in 0..DEPTH_PROBE {
+        let started = Instant::now();
+        points.push(streams[i % streams.len()].done());
+        if started.elapsed() > Duration::from_millis(10) {
+            depth = Some(i);
+            break;
+        }
+    }
+    for done in points {
+        block_on(done)?;
+    }
+    Ok(depth)
 }
 
 /// Keeps `stream` busy for about `duration`.
@@ -345,9 +406,20 @@ pub fn table(f: &Figures) -> String {
         ));
     }
     out.push_str(&format!(
+        "(the others pending: {} of {} still pending once registered; {POINTS} stream points on {BUSY_STREAMS} \
+         busy streams, the rest futures of {EVENTS} events)\n",
+        f.crowd_pending, f.crowded.pending
+    ));
+    out.push_str(&format!(
         "{} futures registered ({} of them pending at once): the last completed {:.2} ms after their streams' \
          work\n",
         f.many, f.many_pending, f.many_last_after_ms
+    ));
+    let depth = |d: Option<usize>| d.map_or(format!("over {DEPTH_PROBE}"), |d| d.to_string());
+    out.push_str(&format!(
+        "Stream points queued behind a running kernel before an enqueue waited: {} on one stream, {} over eight\n",
+        depth(f.queue_depth_one_stream),
+        depth(f.queue_depth_eight_streams)
     ));
     out.push_str(&format!(
         "CPU time of the process over 1 s with nothing pending: {:.0} ms\n",

@@ -60,25 +60,40 @@ impl Done {
         }
     }
 
-    /// A future of `complete`, a query of the driver that is `Ok(true)` once the work has completed.
-    fn queried(complete: impl FnMut() -> Result<bool> + Send + 'static) -> Done {
-        match reactor().watch_query(complete) {
+    /// A future of `complete`, a query of the driver that is `Ok(true)` once the work has completed, asked
+    /// once per round for every future of one `key` (an event's handle).
+    fn queried(key: usize, complete: impl FnMut() -> Result<bool> + Send + 'static) -> Done {
+        match reactor().watch_query(key, complete) {
             Ok(signal) => Done::waiting(signal, None),
             Err(e) => Done::failed(e),
         }
     }
 
-    /// A future of the work before `mark`, a segment of `stream`'s work (see `marks.rs`): closed now if it is
-    /// still open, so that the event it waits for completes right after that work.
+    /// A future of the work before `mark`, a segment of `stream`'s work (see `marks.rs`). A segment still open
+    /// is the stream's current one: closed now, with a flag written right after ([`Stream::done`]). A closed
+    /// one has its event, which the reactor queries (its stream may have later work, which a flag would wait
+    /// for too).
     pub(crate) fn mark(stream: &Stream, mark: Mark) -> Done {
-        match stream.event_of(&mark, false) {
-            Err(e) => Done::failed(e),
-            Ok(None) => Done {
-                state: State::Over(Ok(())),
-                spin: Duration::ZERO,
-            },
-            // The mark keeps its event.
-            Ok(Some(_)) => Done::queried(move || mark.event().map_or(Ok(true), PooledEvent::query)),
+        if mark.is_complete() {
+            return Done::over();
+        }
+        match mark.event() {
+            Some(event) => {
+                let key = event.as_raw() as usize;
+                // The mark keeps its event.
+                Done::queried(key, move || {
+                    mark.event().map_or(Ok(true), PooledEvent::query)
+                })
+            }
+            None => stream.done(),
+        }
+    }
+
+    /// A future that is ready at once.
+    fn over() -> Done {
+        Done {
+            state: State::Over(Ok(())),
+            spin: Duration::ZERO,
         }
     }
 
@@ -183,6 +198,8 @@ impl Event {
     #[doc(alias = "cuEventQuery")]
     pub fn done(&self) -> Done {
         let event = self.shared();
-        Done::queried(move || calls::event_query(event.raw()))
+        Done::queried(event.raw() as usize, move || {
+            calls::event_query(event.raw())
+        })
     }
 }

@@ -11,6 +11,7 @@ use super::tracked::{Gpu, GpuTracker, Track, lock};
 use crate::driver::Done;
 use crate::error::Result;
 use crate::track::Access;
+use crate::track::Timeline;
 
 /// `len` elements at `ptr` that device work may use, with the tracker of that work.
 pub(crate) struct HostRegion<T> {
@@ -63,7 +64,7 @@ impl<T> HostRegion<T> {
 
     /// Waits for in-flight writes, then lends the elements for reading.
     pub(crate) fn read(&self) -> Result<&[T]> {
-        lock(&self.track).host_wait(&Gpu, Access::Read)?;
+        wait_unlocked(&self.track, Access::Read)?;
         // SAFETY: the elements are valid (`new`); no device work writes them now, and none can be enqueued while
         // the returned borrow of `self` lives (device writes need the owner by `&mut`).
         Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
@@ -71,7 +72,7 @@ impl<T> HostRegion<T> {
 
     /// Waits for all in-flight work, then lends the elements for writing.
     pub(crate) fn write(&mut self) -> Result<&mut [T]> {
-        lock(&self.track).host_wait(&Gpu, Access::Write)?;
+        wait_unlocked(&self.track, Access::Write)?;
         // SAFETY: as in `read`, and no device work uses the elements at all now.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
     }
@@ -88,6 +89,25 @@ impl<T> HostRegion<T> {
         let ready = lock(&self.track).try_host(&Gpu, Access::Write)?;
         // SAFETY: as in `write`, once the query says all uses are done.
         Ok(ready.then(|| unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }))
+    }
+}
+
+/// Blocks until no device work conflicts with a host `access` to the buffer of `track`, waiting for one
+/// conflicting entry at a time without the tracker's lock held (others, an executor's poll of the same buffer
+/// among them, are not held up meanwhile), then asking the tracker again: the entries seen complete are
+/// forgotten, as [`Tracker::host_wait`](crate::track::Tracker::host_wait) does under the lock.
+fn wait_unlocked(track: &Track, access: Access) -> Result<()> {
+    loop {
+        let conflict = {
+            let mut tracker = lock(track);
+            if tracker.try_host(&Gpu, access)? {
+                return Ok(());
+            }
+            tracker.first_conflict(access)
+        };
+        if let Some((stream, mark)) = conflict {
+            Gpu.synchronize(&stream, &mark)?;
+        }
     }
 }
 
