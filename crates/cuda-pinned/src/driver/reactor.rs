@@ -251,7 +251,7 @@ impl Reactor {
         drop(segment);
         let flag = match &on {
             On::Flag { word, value, .. } => Some(FlagRef {
-                word: *word,
+                word,
                 value: *value,
             }),
             On::Query { .. } => None,
