@@ -120,10 +120,10 @@ pub enum Mode {
     ///
     /// 1000 requests in flight at once on device 0, each writing 64 KiB of input, uploading it, running a
     /// kernel (a fill and an axpy with --features gpu, else a device copy), downloading the result and reading
-    /// it, 50 rounds each (10 with --quick): as tasks on tokio (one worker thread per core) awaiting the input's
-    /// and the result's buffers (Pinned::writable / readable), and on 1000 threads whose accessors wait in the
-    /// driver (as_mut_slice / as_slice). Requests per second each way (the better of two runs, alternating) and
-    /// their ratio; every result is checked.
+    /// it, 50 rounds each (10 with --quick): as tasks on tokio (4, 8, 16 and one per core worker threads)
+    /// awaiting the input's and the result's buffers (Pinned::writable / readable), and on 1000 threads whose
+    /// accessors wait in the driver (as_mut_slice / as_slice). Requests per second each way (the better of two
+    /// runs, alternating) and the ratios; every result is checked.
     Requests(FuturesOptions),
 }
 

@@ -1,7 +1,8 @@
 //! `pinbench requests`: a server's requests, each an upload, a kernel and a download whose result the request
 //! reads, served two ways with the same number in flight: as tasks on tokio that await the device
-//! (`Pinned::writable` / `readable`), and on blocking threads, one per request in flight, whose accessors wait
-//! in the driver (`as_mut_slice` / `as_slice`). Figures: requests per second each way and their ratio.
+//! (`Pinned::writable` / `readable`), with 4, 8, 16 and one per core worker threads, and on blocking threads,
+//! one per request in flight, whose accessors wait in the driver (`as_mut_slice` / `as_slice`). Figures:
+//! requests per second each way and the ratios.
 //!
 //! Each request in flight owns its page-locked input and output and its device buffers (made before the clock
 //! starts, as a server's pool would hold them) and uses one of [`STREAMS`] streams. A request writes its input
@@ -31,14 +32,22 @@ pub struct Figures {
     pub rounds: usize,
     /// Bytes uploaded, and as many downloaded, per request.
     pub bytes_each_way: usize,
-    /// tokio's worker threads.
-    pub async_threads: usize,
-    pub async_per_s: f64,
+    /// The awaited design on tokio, for each number of worker threads tried.
+    pub awaited: Vec<Awaited>,
     pub blocking_per_s: f64,
-    /// `async_per_s / blocking_per_s`.
-    pub ratio: f64,
-    /// Whether every request read the right result, both ways.
+    /// The best awaited rate over the blocking one.
+    pub best_ratio: f64,
+    /// Whether every request read the right result, every way.
     pub verified: bool,
+}
+
+/// The awaited design with `threads` tokio workers.
+#[derive(Debug, Serialize)]
+pub struct Awaited {
+    pub threads: usize,
+    pub per_s: f64,
+    /// `per_s / blocking_per_s`.
+    pub ratio: f64,
 }
 
 /// What one request in flight owns.
@@ -115,39 +124,62 @@ pub fn measure(quick: bool) -> Outcome<Figures> {
     let slots: Vec<Slot> = (0..in_flight)
         .map(|i| Slot::new(&ctx, &streams[i % STREAMS]))
         .collect::<cuda_pinned::Result<_>>()?;
-    let async_threads = std::thread::available_parallelism().map_or(4, usize::from);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(async_threads)
-        .build()?;
-    // Warm-up of both: a round each.
-    let (slots_back, _) = run_async(&runtime, slots, 1)?;
-    let (mut slots, _) = run_blocking(slots_back, 1)?;
+    let cores = std::thread::available_parallelism().map_or(4, usize::from);
+    let mut threads: Vec<usize> = [4, 8, 16, cores]
+        .into_iter()
+        .filter(|&t| t <= cores)
+        .collect();
+    threads.dedup();
+    let runtimes: Vec<tokio::runtime::Runtime> = threads
+        .iter()
+        .map(|&t| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(t)
+                .build()
+        })
+        .collect::<Result<_, _>>()?;
+    // Warm-up of every way: a round each.
+    let mut slots = slots;
+    for runtime in &runtimes {
+        slots = run_async(runtime, slots, 1)?.0;
+    }
+    let (mut slots, _) = run_blocking(slots, 1)?;
     let mut verified = true;
-    let mut async_per_s = 0.0;
-    let mut blocking_per_s = 0.0;
+    let mut awaited = vec![0.0f64; runtimes.len()];
+    let mut blocking_per_s = 0.0f64;
+    let requests = (in_flight * rounds) as f64;
     // Alternating, twice each: the better of two runs each way.
     for _ in 0..2 {
+        for (best, runtime) in awaited.iter_mut().zip(&runtimes) {
+            let start = Instant::now();
+            let (back, right) = run_async(runtime, slots, rounds)?;
+            *best = best.max(requests / start.elapsed().as_secs_f64());
+            verified &= right;
+            slots = back;
+        }
         let start = Instant::now();
-        let (back, right) = run_async(&runtime, slots, rounds)?;
-        let rate = (in_flight * rounds) as f64 / start.elapsed().as_secs_f64();
-        async_per_s = f64::max(async_per_s, rate);
-        verified &= right;
-        let start = Instant::now();
-        let (back, right) = run_blocking(back, rounds)?;
-        let rate = (in_flight * rounds) as f64 / start.elapsed().as_secs_f64();
-        blocking_per_s = f64::max(blocking_per_s, rate);
+        let (back, right) = run_blocking(slots, rounds)?;
+        blocking_per_s = blocking_per_s.max(requests / start.elapsed().as_secs_f64());
         verified &= right;
         slots = back;
     }
+    let awaited: Vec<Awaited> = threads
+        .iter()
+        .zip(awaited)
+        .map(|(&threads, per_s)| Awaited {
+            threads,
+            per_s,
+            ratio: per_s / blocking_per_s,
+        })
+        .collect();
     Ok(Figures {
         device: ctx.device().name()?,
         in_flight,
         rounds,
         bytes_each_way: ELEMENTS * size_of::<f32>(),
-        async_threads,
-        async_per_s,
+        best_ratio: awaited.iter().map(|a| a.ratio).fold(0.0, f64::max),
+        awaited,
         blocking_per_s,
-        ratio: async_per_s / blocking_per_s,
         verified,
     })
 }
@@ -215,22 +247,23 @@ fn run_blocking(slots: Vec<Slot>, rounds: usize) -> Outcome<(Vec<Slot>, bool)> {
 /// The report.
 pub fn table(f: &Figures) -> String {
     let kib = f.bytes_each_way >> 10;
-    let tasks = format!("tokio, {} worker threads, awaited", f.async_threads);
-    let threads = format!("{} blocking threads", f.in_flight);
-    format!(
+    let mut out = format!(
         "Requests on {} ({} in flight, {} rounds each; {kib} KiB uploaded, a kernel, {kib} KiB downloaded and \
-         read):\n\
-         {tasks:<44} {:>12.0} requests/s\n\
-         {threads:<44} {:>12.0} requests/s\n\
-         {:<44} {:>12.2}x\n\
-         results {}\n",
-        f.device,
-        f.in_flight,
-        f.rounds,
-        f.async_per_s,
+         read):\n",
+        f.device, f.in_flight, f.rounds
+    );
+    for a in &f.awaited {
+        let name = format!("tokio, {} worker threads, awaited", a.threads);
+        out.push_str(&format!(
+            "{name:<44} {:>12.0} requests/s  {:>6.2}x\n",
+            a.per_s, a.ratio
+        ));
+    }
+    let name = format!("{} blocking threads", f.in_flight);
+    out.push_str(&format!(
+        "{name:<44} {:>12.0} requests/s\nresults {}\n",
         f.blocking_per_s,
-        "awaited / blocking",
-        f.ratio,
-        if f.verified { "verified" } else { "WRONG" },
-    )
+        if f.verified { "verified" } else { "WRONG" }
+    ));
+    out
 }

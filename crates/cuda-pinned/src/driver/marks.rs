@@ -81,6 +81,12 @@ impl Mark {
         self.0.complete.store(true, Ordering::Release);
     }
 
+    /// Whether the segment is still open (its stream's current one, or so it was when asked): not closed
+    /// with an event, not seen complete.
+    pub(crate) fn is_open(&self) -> bool {
+        self.event().is_none() && !self.is_complete()
+    }
+
     /// How many tracker entries hold this segment, given that the stream holds it too.
     pub(crate) fn holders(&self) -> usize {
         Arc::strong_count(&self.0) - 1

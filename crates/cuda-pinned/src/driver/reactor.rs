@@ -472,7 +472,7 @@ impl Scanner {
                     if !query {
                         return true;
                     }
-                    let answer = answers.entry(*key).or_insert_with(|| complete());
+                    let answer = answers.entry(*key).or_insert_with(complete);
                     match answer {
                         Ok(false) => return true,
                         Ok(true) => Ok(()),

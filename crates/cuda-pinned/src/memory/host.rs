@@ -165,10 +165,17 @@ fn poll_host(
         }
         let conflict = {
             let mut tracker = lock(track);
-            if tracker.try_host(&Gpu, access)? {
-                return Poll::Ready(Ok(()));
+            match tracker.first_conflict(access) {
+                // A segment still open: its stream's point (a flag, written after the segment is closed) is
+                // awaited, without asking the driver first.
+                Some((stream, mark)) if mark.is_open() => Some((stream, mark)),
+                _ => {
+                    if tracker.try_host(&Gpu, access)? {
+                        return Poll::Ready(Ok(()));
+                    }
+                    tracker.first_conflict(access)
+                }
             }
-            tracker.first_conflict(access)
         };
         let Some((stream, mark)) = conflict else {
             // Seen complete by another thread since: ask again.
