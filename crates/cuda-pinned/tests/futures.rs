@@ -13,7 +13,7 @@ use std::task::{Context as TaskContext, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use common::{LIMIT, SplitMix64, device, device_count, hold, on_a_thread, serial_on_two_devices};
-use cuda_pinned::{DeviceBuffer, Event, Pinned, Stream};
+use cuda_pinned::{DeviceBuffer, Event, Pinned, PinnedPool, Prefetcher, Stream};
 
 /// Runs `future` to completion on the calling thread, which sleeps (parked) until the future's waker wakes it.
 fn block_on<F: Future>(future: F) -> F::Output {
@@ -537,4 +537,96 @@ fn a_panicking_waker_does_not_stop_the_reactor() {
     block_on(Stream::new(&ctx).unwrap().done()).unwrap();
     block_on(Event::without_timing(&ctx).unwrap().done()).unwrap();
     block_on(done).unwrap();
+}
+
+/// A prefetcher's next batch, awaited: pending while its worker fills it (the executor's thread is not held),
+/// then every batch in order with its data.
+#[test]
+fn a_prefetchers_batches_are_awaited() {
+    let _serial = serial_on_two_devices();
+    let ctx = device(0);
+    let consumer = Stream::new(&ctx).unwrap();
+    let pool = PinnedPool::new(&ctx, 64 << 20);
+    let len = 4096;
+    let gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let opened = gate.clone();
+    let mut prefetcher = Prefetcher::<Pinned<u32>>::builder(&pool, &consumer, len)
+        .batches(8)
+        .workers(2)
+        .build(move |i, batch| {
+            if i == 0 {
+                let open = opened.0.lock().unwrap();
+                drop(opened.1.wait_while(open, |open| !*open).unwrap());
+            }
+            batch.as_mut_slice()?.fill(i as u32 + 1);
+            Ok(())
+        })
+        .unwrap();
+    let mut first = prefetcher.next_async();
+    assert!(
+        poll_once(&mut first).is_pending(),
+        "the first batch is still being filled"
+    );
+    drop(first);
+    *gate.0.lock().unwrap() = true;
+    gate.1.notify_all();
+    let mut host = Pinned::<u32>::zeroed(&ctx, len).unwrap();
+    let delivered = block_on(async {
+        let mut k = 0;
+        while let Some(batch) = prefetcher.next_async().await {
+            let batch = batch.unwrap();
+            consumer.download(&*batch, &mut host).unwrap();
+            drop(batch);
+            let got = host.readable().await.unwrap();
+            assert!(got.iter().all(|&x| x == k + 1), "batch {k}");
+            k += 1;
+        }
+        k
+    });
+    assert_eq!(delivered, 8);
+}
+
+/// `Context::done`, awaited: pending while any stream of the context has work queued before it, then every
+/// stream's work complete and the page-locked memory dropped meanwhile released.
+#[test]
+fn a_contexts_work_and_its_releases_are_awaited() {
+    let _serial = serial_on_two_devices();
+    let ctx = device(0);
+    let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    #[cfg(not(feature = "gpu"))]
+    let pinned_before = common::sim().unwrap().live().pinned_allocations;
+    let held_a = hold(&a, Duration::from_millis(300));
+    let held_b = hold(&b, Duration::from_millis(600));
+    let dev = DeviceBuffer::<u32>::zeroed(&b, 1 << 12).unwrap();
+    let mut dst = Pinned::<u32>::zeroed(&ctx, 1 << 12).unwrap();
+    b.download(&dev, &mut dst).unwrap();
+    drop(dst);
+    let events: Vec<Event> = [&a, &b]
+        .iter()
+        .map(|s| {
+            let event = Event::without_timing(&ctx).unwrap();
+            event.record(s).unwrap();
+            event
+        })
+        .collect();
+    let mut done = Box::pin(ctx.done());
+    assert!(poll_once(&mut done).is_pending());
+    drop(held_a);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        poll_once(&mut done).is_pending(),
+        "stream b's work is still queued"
+    );
+    drop(held_b);
+    block_on(done).unwrap();
+    assert!(
+        events.iter().all(|e| e.query().unwrap()),
+        "work queued before it had not completed"
+    );
+    #[cfg(not(feature = "gpu"))]
+    assert_eq!(
+        common::sim().unwrap().live().pinned_allocations,
+        pinned_before,
+        "the dropped buffer is released"
+    );
 }

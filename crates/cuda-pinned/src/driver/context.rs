@@ -110,6 +110,9 @@ pub(crate) trait Queue: Send + Sync {
     ///
     /// [`Stream::query`]: super::Stream::query
     fn query(self: Arc<Self>) -> Result<bool>;
+
+    /// A future of the work queued on the stream so far, as `Stream::done` makes.
+    fn done(self: Arc<Self>) -> super::done::Done;
 }
 
 /// A device's gate held for reading by this thread (see [`Context::enqueue_gate`]).
@@ -676,6 +679,26 @@ impl Context {
             // The handles go after the list's lock: one may be the last of its context.
             report_sweep(&alive, vec![error]);
         }
+    }
+
+    /// Futures of the work queued so far on every stream the crate knows in this context, through any handle
+    /// of it: the streams made or wrapped by the crate, and each handle's stream for frees.
+    pub(crate) fn every_stream_done(&self) -> Vec<super::done::Done> {
+        let handles = lock(&DEVICES)
+            .iter()
+            .find(|d| d.device.ordinal() == self.0.device.ordinal())
+            .map(Known::alive)
+            .unwrap_or_default();
+        let mut points = Vec::new();
+        for handle in &handles {
+            let streams = lock(&handle.0.streams).clone();
+            points.extend(streams.iter().filter_map(Weak::upgrade).map(Queue::done));
+            let release = *lock(&handle.0.release_stream);
+            if !release.is_null() {
+                points.push(super::stream::Stream::borrowed(handle, release).done());
+            }
+        }
+        points
     }
 
     /// Remembers a stream made in this context, for `synchronize`; forgets streams that are gone.

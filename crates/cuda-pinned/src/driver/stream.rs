@@ -444,6 +444,10 @@ impl Queue for Inner {
     fn query(self: Arc<Self>) -> Result<bool> {
         Stream(self).query()
     }
+
+    fn done(self: Arc<Self>) -> super::done::Done {
+        Stream(self).done()
+    }
 }
 
 impl Event {

@@ -27,6 +27,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, Once, OnceLock, PoisonError};
+use std::task::Waker;
 use std::time::Duration;
 
 use super::block::Block;
@@ -77,6 +78,8 @@ struct State {
     finished: u64,
     /// Whether someone waits for a round to start after their call (so one starts even with nothing new).
     flush_requested: bool,
+    /// Tasks awaiting a round ([`Flushed`]): the round each waits for, and its waker.
+    flush_wakers: Vec<(u64, Waker)>,
     /// The next entry's id.
     next_id: u64,
     /// The trackers of blocks lent again by [`reuse`], their work completed, for the thread to drop: a tracker
@@ -143,6 +146,9 @@ impl Service {
                     std::mem::forget(std::mem::take(&mut state.pending));
                     state.finished = u64::MAX;
                     self.round_done.notify_all();
+                    let wakers = std::mem::take(&mut state.flush_wakers);
+                    drop(state);
+                    wake_all(wakers.into_iter().map(|(_, waker)| waker));
                     return;
                 }
                 drop(spent);
@@ -158,6 +164,15 @@ impl Service {
             let mut state = self.lock();
             state.finished = round;
             self.round_done.notify_all();
+            if !state.flush_wakers.is_empty() {
+                let (done, waiting) = std::mem::take(&mut state.flush_wakers)
+                    .into_iter()
+                    .partition(|&(target, _)| target <= round);
+                state.flush_wakers = waiting;
+                drop(state);
+                wake_all(done.into_iter().map(|(_, waker): (u64, Waker)| waker));
+                state = self.lock();
+            }
             if state.pending.is_empty() {
                 pause = FIRST_PAUSE;
                 continue;
@@ -339,6 +354,28 @@ pub(crate) fn reuse(
 }
 
 impl Context {
+    /// [`Context::synchronize`] as a future, for async code, without blocking the executor's thread: resolves
+    /// once the work queued so far on every stream the crate knows in this context has completed (the streams
+    /// it made or wrapped with [`Stream::from_raw`](crate::Stream::from_raw), through any handle of the
+    /// context, and its own streams for frees), and then the page-locked memory dropped while that work used it
+    /// has been released. Unlike [`Context::synchronize`] it does not wait for work that other code queued on
+    /// streams of its own: wrap such a stream to include it. The points are taken at the call.
+    ///
+    /// # Errors
+    /// The driver's, from closing the streams' segments or queueing their points, and the work's (a sticky
+    /// error of the context).
+    pub fn done(&self) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
+        let closed = self.close_segments();
+        let points = self.every_stream_done();
+        async move {
+            for point in points {
+                point.await?;
+            }
+            Flushed { target: None }.await;
+            closed
+        }
+    }
+
     /// Blocks until all work in the context, on every stream, has completed, and then until the pinned memory
     /// dropped while that work used it has been released.
     ///
@@ -353,6 +390,51 @@ impl Context {
         // Everything has completed: host memory dropped while in use can go now.
         flush_releases(self);
         closed
+    }
+}
+
+/// Wakes `wakers`, others' code on the release thread: one that panics is caught.
+fn wake_all(wakers: impl Iterator<Item = Waker>) {
+    for waker in wakers {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| waker.wake()));
+    }
+}
+
+/// [`flush_releases`] as a future: ready once the release thread has finished a round that started after the
+/// first poll.
+struct Flushed {
+    /// The round awaited, from the first poll on.
+    target: Option<u64>,
+}
+
+impl std::future::Future for Flushed {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        let Some(service) = service() else {
+            return std::task::Poll::Ready(());
+        };
+        // As in `flush_releases`: a caller holding a gate would keep the thread from its round.
+        if Context::holds_a_gate() {
+            return std::task::Poll::Ready(());
+        }
+        let mut state = service.lock();
+        let target = *self.target.get_or_insert_with(|| {
+            state.flush_requested = true;
+            service.arrived.notify_one();
+            state.started + 1
+        });
+        if state.finished >= target || EXITING.load(Ordering::Acquire) {
+            return std::task::Poll::Ready(());
+        }
+        state
+            .flush_wakers
+            .retain(|(_, kept)| !kept.will_wake(cx.waker()));
+        state.flush_wakers.push((target, cx.waker().clone()));
+        std::task::Poll::Pending
     }
 }
 

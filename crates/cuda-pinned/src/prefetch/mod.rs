@@ -173,6 +173,9 @@ struct Shared<B: Batch> {
     freed: Condvar,
     /// Signalled when a worker completes a batch: the consumer waits here.
     completed: Condvar,
+    /// The consumer's task, when it awaits the next batch ([`Prefetcher::next_async`]): set under `state`'s
+    /// lock, taken and woken by a worker after it completes a batch.
+    waker: Mutex<Option<std::task::Waker>>,
     fill: Box<Fill<B>>,
     /// The stream the uploads run on.
     copy: Stream,
@@ -361,6 +364,7 @@ impl<B: Batch> PrefetcherBuilder<B> {
             state: Mutex::new(Slots::new(slots, total, self.ordered)),
             freed: Condvar::new(),
             completed: Condvar::new(),
+            waker: Mutex::new(None),
             fill: Box::new(fill),
             copy,
             uploading: Mutex::new(()),
@@ -428,6 +432,73 @@ fn declare<B: Batch>(consumer: &Stream, device: &B::Device) -> Result<()> {
     Ok(())
 }
 
+impl<B: Batch> Prefetcher<B> {
+    /// [`Iterator::next`] as a future, for async code: resolves to the next batch once a worker has filled it
+    /// and enqueued its upload, without blocking the executor's thread (the worker wakes the task). Dropping it
+    /// before then takes nothing.
+    ///
+    /// # Errors
+    /// As [`Iterator::next`].
+    pub fn next_async(&mut self) -> NextBatch<'_, B> {
+        NextBatch { prefetcher: self }
+    }
+
+    /// The next batch as [`Iterator::next`] gives it, or `None` while a worker has still to complete it: then
+    /// `waker` is woken when one completes.
+    fn take_next(&mut self, waker: &std::task::Waker) -> Option<Option<Result<Prefetched<B>>>> {
+        let taken = {
+            let mut state = self.shared.lock();
+            match state.take() {
+                Take::Wait => {
+                    // Under the state's lock: a worker completes a batch under it, and takes the waker after.
+                    *self
+                        .shared
+                        .waker
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner) = Some(waker.clone());
+                    return None;
+                }
+                taken => taken,
+            }
+        };
+        Some(self.answer(taken))
+    }
+
+    /// What the consumer gets for `taken`, anything but [`Take::Wait`].
+    fn answer(&mut self, taken: Take<Slot<B>, Error>) -> Option<Result<Prefetched<B>>> {
+        match taken {
+            Take::Batch { slot, position } => Some(self.deliver(slot, position)),
+            Take::Failed { error, .. } => Some(Err(error)),
+            Take::AllHeld => Some(Err(Error::invalid(format_args!(
+                "all {} slots of the prefetcher are held by the consumer; drop a batch or raise the depth",
+                self.depth()
+            )))),
+            Take::End => None,
+            Take::Wait => unreachable!("prefetch: a wait is not an answer"),
+        }
+    }
+}
+
+/// A future of the next batch of a [`Prefetcher`] ([`Prefetcher::next_async`]).
+#[must_use = "a future does nothing unless awaited"]
+pub struct NextBatch<'a, B: Batch> {
+    prefetcher: &'a mut Prefetcher<B>,
+}
+
+impl<B: Batch> std::future::Future for NextBatch<'_, B> {
+    type Output = Option<Result<Prefetched<B>>>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        match self.prefetcher.take_next(cx.waker()) {
+            Some(next) => std::task::Poll::Ready(next),
+            None => std::task::Poll::Pending,
+        }
+    }
+}
+
 impl<B: Batch> Iterator for Prefetcher<B> {
     type Item = Result<Prefetched<B>>;
 
@@ -457,18 +528,7 @@ impl<B: Batch> Iterator for Prefetcher<B> {
                 }
             }
         };
-        match taken {
-            Take::Batch { slot, position } => Some(self.deliver(slot, position)),
-            Take::Failed { error, .. } => Some(Err(error)),
-            Take::AllHeld => Some(Err(Error::invalid(format_args!(
-                "all {} slots of the prefetcher are held by the consumer; drop a batch or raise the depth",
-                self.depth()
-            )))),
-            Take::End => None,
-            Take::Wait => {
-                unreachable!("prefetch: the loop above only ends on something other than Wait")
-            }
-        }
+        self.answer(taken)
     }
 }
 

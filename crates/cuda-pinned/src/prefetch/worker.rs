@@ -41,6 +41,15 @@ impl<B: Batch> Shared<B> {
         // An error frees the slot at once: another worker may take it (to find that the stream ended).
         self.freed.notify_one();
         self.completed.notify_one();
+        let waker = self
+            .waker
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(waker) = waker {
+            // Others' code, on the worker's thread: a panic in it must not end the worker.
+            let _ = panic::catch_unwind(AssertUnwindSafe(|| waker.wake()));
+        }
         drop(stopped);
     }
 
