@@ -13,7 +13,7 @@ use std::task::{Context as TaskContext, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use common::{LIMIT, SplitMix64, device, device_count, hold, on_a_thread, serial_on_two_devices};
-use cuda_pinned::{DeviceBuffer, Event, Pinned, PinnedPool, Prefetcher, Stream};
+use cuda_pinned::{DeviceBuffer, Error, Event, Pinned, PinnedPool, Prefetcher, Stream, WhenFull};
 
 /// Runs `future` to completion on the calling thread, which sleeps (parked) until the future's waker wakes it.
 fn block_on<F: Future>(future: F) -> F::Output {
@@ -629,4 +629,47 @@ fn a_contexts_work_and_its_releases_are_awaited() {
         pinned_before,
         "the dropped buffer is released"
     );
+}
+
+/// A pool's allocation, awaited where it would wait: for a buffer another holder gives back (the giver wakes the
+/// task), for device work on a block given back (the reactor wakes it), and until the pool's deadline, which
+/// ends it with the pool's error.
+#[test]
+fn a_pools_allocation_is_awaited_for_room_for_device_work_and_until_its_deadline() {
+    let _serial = serial_on_two_devices();
+    let ctx = device(0);
+    let stream = Stream::new(&ctx).unwrap();
+    let budget = 1 << 20;
+    let pool = PinnedPool::builder(&ctx, budget)
+        .when_full(WhenFull::Wait)
+        .max_wait(Duration::from_millis(300))
+        .build();
+
+    // Room held by a holder: pending until it gives the buffer back.
+    let held = pool.alloc::<u8>(budget).unwrap();
+    let mut request = Box::pin(pool.alloc_async::<u8>(budget));
+    assert!(poll_once(&mut request).is_pending());
+    drop(held);
+    let buffer = block_on(request).unwrap();
+
+    // Room held by device work on the buffer given back: pending until that work completes.
+    let dev = DeviceBuffer::<u8>::zeroed(&stream, budget).unwrap();
+    let mut buffer = buffer;
+    let busy = hold(&stream, Duration::from_millis(300));
+    stream.download(&dev, &mut buffer).unwrap();
+    drop(buffer);
+    let mut request = Box::pin(pool.alloc_async::<u8>(budget));
+    assert!(poll_once(&mut request).is_pending());
+    drop(busy);
+    let buffer = block_on(request).unwrap();
+
+    // Nothing comes back: the deadline ends the request with the pool's error.
+    let mut request = Box::pin(pool.alloc_async::<u8>(budget));
+    assert!(poll_once(&mut request).is_pending());
+    let outcome = block_on(request);
+    assert!(
+        matches!(outcome, Err(Error::PoolExhausted { .. })),
+        "{outcome:?}"
+    );
+    drop(buffer);
 }

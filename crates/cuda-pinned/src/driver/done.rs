@@ -89,6 +89,14 @@ impl Done {
         }
     }
 
+    /// A future that is ready once `deadline` is past: the reactor looks at the clock every query round.
+    pub(crate) fn at(deadline: std::time::Instant) -> Done {
+        static NEXT_KEY: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+        // A key no event has (events are addresses, aligned): the answer is this deadline's alone.
+        let key = NEXT_KEY.fetch_add(2, std::sync::atomic::Ordering::Relaxed);
+        Done::queried(key, move || Ok(Instant::now() >= deadline))
+    }
+
     /// A future that is ready at once.
     fn over() -> Done {
         Done {

@@ -38,9 +38,9 @@ use super::numa::Placement;
 use super::pinned::{Pinned, PinnedBuilder};
 use super::release::{retire, reuse};
 use super::tracked::{Gpu, GpuTracker};
-use crate::driver::Context;
 use crate::driver::Stream;
 use crate::driver::marks::Mark;
+use crate::driver::{Context, Done};
 use crate::error::{Error, Result};
 use crate::track::Timeline;
 use crate::units::Bytes;
@@ -95,6 +95,17 @@ pub struct PinnedPool {
     waits: Waits,
 }
 
+/// What a [`PinnedPool::alloc_async`] request keeps between polls.
+struct AsyncRequest {
+    started: Instant,
+    /// Whether it has waited (for its error's figure).
+    waited: bool,
+    /// Device work on a block given back, awaited.
+    device: Option<Done>,
+    /// The pool's deadline, for a pool that waits when full, once it had to wait for room.
+    deadline: Option<Done>,
+}
+
 /// What a request waits for when the budget leaves no room.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Waits {
@@ -116,6 +127,8 @@ struct Shared {
     /// Signalled whenever room may have been made (a buffer given back, a pin that failed), for the requests
     /// waiting for room.
     room: Condvar,
+    /// The tasks awaiting room ([`PinnedPool::alloc_async`]), woken with `room`'s signal.
+    room_wakers: Mutex<Vec<std::task::Waker>>,
     pin_nanos: AtomicU64,
 }
 
@@ -184,6 +197,7 @@ impl PoolBuilder {
                 placement: self.placement,
                 state: Mutex::new(state),
                 room: Condvar::new(),
+                room_wakers: Mutex::new(Vec::new()),
                 pin_nanos: AtomicU64::new(0),
             }),
             waits,
@@ -276,6 +290,119 @@ impl PinnedPool {
     /// As [`PinnedPool::alloc`] with [`WhenFull::Fail`].
     pub fn try_alloc<T: Pod>(&self, len: usize) -> Result<Pinned<T>> {
         self.alloc_waiting(len, Waits::Nothing)
+    }
+
+    /// [`PinnedPool::alloc`] as a future, for async code: where `alloc` would wait for room, the task awaits it
+    /// instead (device work on blocks given back through the reactor, buffers given back and the deadline of a
+    /// [`WhenFull::Wait`] pool through wakes), so no executor thread blocks. Pinning a new block, when there is
+    /// room for one, still happens on the polling thread, as in `alloc` (a host call, not a wait for the device).
+    /// Dropping the future before it resolves takes nothing.
+    ///
+    /// # Errors
+    /// As [`PinnedPool::alloc`].
+    pub fn alloc_async<T: Pod>(
+        &self,
+        len: usize,
+    ) -> impl std::future::Future<Output = Result<Pinned<T>>> + Send + '_ {
+        let mut request = AsyncRequest {
+            started: Instant::now(),
+            waited: false,
+            device: None,
+            deadline: None,
+        };
+        std::future::poll_fn(move |cx| self.poll_alloc(len, &mut request, cx))
+    }
+
+    /// One poll of [`PinnedPool::alloc_async`].
+    fn poll_alloc<T: Pod>(
+        &self,
+        len: usize,
+        request: &mut AsyncRequest,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<Pinned<T>>> {
+        use std::future::Future;
+        use std::task::Poll;
+        check_alignment::<T>(PAGE, ALLOCATING)?;
+        let bytes = byte_len::<T>(len, ALLOCATING)?;
+        let shared = &*self.shared;
+        if bytes == 0 {
+            return Poll::Ready(PinnedBuilder::new(&shared.context).zeroed(len));
+        }
+        loop {
+            if let Some(device) = &mut request.device {
+                let outcome = std::task::ready!(std::pin::Pin::new(device).poll(cx));
+                request.device = None;
+                outcome?;
+            }
+            let waited = if request.waited {
+                request.started.elapsed()
+            } else {
+                Duration::ZERO
+            };
+            let mut state = shared.lock();
+            match state.take(&Gpu, bytes)? {
+                Take::Hit { block, lease } => return Poll::Ready(Ok(self.loan(block, lease, len))),
+                Take::Pin { reservation, evict } => {
+                    return Poll::Ready(self.pin(state, reservation, evict, len));
+                }
+                Take::TooLarge => return Poll::Ready(Err(shared.exhausted(&state, bytes, waited))),
+                Take::Exhausted => {}
+            }
+            if self.waits == Waits::Nothing {
+                return Poll::Ready(Err(shared.exhausted(&state, bytes, Duration::ZERO)));
+            }
+            if let Some(marks) = state.oldest_pending_marks() {
+                // `take` found no block given back idle: await the oldest one's work, then ask again.
+                drop(state);
+                request.waited = true;
+                let (stream, mark) = marks
+                    .into_iter()
+                    .next()
+                    .expect("a pending block has work recorded");
+                request.device = Some(Done::mark(&stream, mark));
+                continue;
+            }
+            if self.waits == Waits::ForDevice {
+                return Poll::Ready(Err(shared.exhausted(&state, bytes, waited)));
+            }
+            // Room held by holders: woken when a buffer comes back, or at the deadline.
+            let Some(deadline) = request.started.checked_add(shared.max_wait) else {
+                // A deadline past what the clock can tell: no deadline.
+                self.await_room(cx, state);
+                return Poll::Pending;
+            };
+            if Instant::now() >= deadline {
+                return Poll::Ready(Err(shared.exhausted(&state, bytes, waited)));
+            }
+            request.waited = true;
+            self.await_room(cx, state);
+            let timer = request.deadline.get_or_insert_with(|| Done::at(deadline));
+            // Registers the task with the reactor for the deadline; ready only once it is past.
+            if std::pin::Pin::new(timer).poll(cx).is_ready() {
+                request.deadline = None;
+                continue;
+            }
+            return Poll::Pending;
+        }
+    }
+
+    /// Keeps the task's waker to be woken when room is made; `state`, the pool's lock, is held meanwhile so
+    /// that no buffer comes back between the look and the keeping.
+    fn await_room(
+        &self,
+        cx: &std::task::Context<'_>,
+        state: MutexGuard<'_, PoolState<Block, Stream, Mark>>,
+    ) {
+        let mut wakers = self
+            .shared
+            .room_wakers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            wakers.push(cx.waker().clone());
+        }
+        drop(wakers);
+        drop(state);
     }
 
     /// This pool, for a caller that holds buffers of it while it allocates more (a prefetcher building its
@@ -386,7 +513,7 @@ impl PinnedPool {
                 });
                 state.unpin_cancelled(reservation, evicted);
                 drop(state);
-                shared.room.notify_all();
+                shared.room_made();
                 return Err(e);
             }
         };
@@ -425,7 +552,7 @@ impl PinnedPool {
                 state.pin_failed(reservation);
                 drop(state);
                 // Its reservation held room that a waiting request may use now.
-                shared.room.notify_all();
+                shared.room_made();
                 Err(e)
             }
         }
@@ -500,6 +627,21 @@ impl PinnedPool {
 }
 
 impl Shared {
+    /// Tells the requests waiting for room, threads and tasks, that some may have been made.
+    fn room_made(&self) {
+        self.room.notify_all();
+        let wakers = std::mem::take(
+            &mut *self
+                .room_wakers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for waker in wakers {
+            // Others' code: a waker that panics must not take the giver (a buffer's drop) with it.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| waker.wake()));
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, PoolState<Block, Stream, Mark>> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -546,7 +688,7 @@ impl Loan {
     pub(crate) fn give_back(mut self, track: GpuTracker) {
         if let (Some(block), Some(lease)) = (self.block.take(), self.lease.take()) {
             self.pool.lock().give_back(block, lease, track);
-            self.pool.room.notify_all();
+            self.pool.room_made();
         }
     }
 }
