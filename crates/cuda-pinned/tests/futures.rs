@@ -673,3 +673,37 @@ fn a_pools_allocation_is_awaited_for_room_for_device_work_and_until_its_deadline
     );
     drop(buffer);
 }
+
+/// Staged transfers of ordinary memory, awaited: the data arrives both ways, through a pool whose room forces
+/// waits for earlier chunks (awaited), and no executor thread waits in the driver.
+#[test]
+fn staged_transfers_are_awaited() {
+    let _serial = serial_on_two_devices();
+    let ctx = device(0);
+    let stream = Stream::new(&ctx).unwrap();
+    // Room for two 4 MiB chunks: a transfer of 13 MiB reuses them.
+    let pool = PinnedPool::builder(&ctx, 8 << 20)
+        .when_full(WhenFull::Wait)
+        .build();
+    let data = SplitMix64(0x57A6ED).values((13 << 20) / 4 + 3);
+    let mut dev = DeviceBuffer::<u32>::uninit(&stream, data.len()).unwrap();
+    let mut back = vec![0u32; data.len()];
+    block_on(async {
+        stream
+            .upload_staged_async(&pool, &data, &mut dev)
+            .await
+            .unwrap();
+        stream
+            .download_staged_async(&pool, &dev, &mut back)
+            .await
+            .unwrap();
+    });
+    common::compare(&back, &data, "staged both ways, awaited").unwrap();
+    // Lengths that differ: refused with nothing enqueued.
+    let short = vec![0u32; 10];
+    let refused = block_on(stream.upload_staged_async(&pool, &short, &mut dev));
+    assert!(
+        matches!(refused, Err(Error::InvalidArgument { .. })),
+        "{refused:?}"
+    );
+}

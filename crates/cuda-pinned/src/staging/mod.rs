@@ -293,26 +293,8 @@ fn upload<T: Pod>(
             Bytes(bytes.len())
         ))
     };
-    let (base, track) = (dst.device_ptr(), dst.track());
     let enqueue = |offset: usize, buffer: &Pinned<u8>, len: usize| {
-        stream.tracked_as(
-            Work::Timed(Category::Upload, "staged", len),
-            Some(buffer.track()),
-            Some(track),
-            || {
-                // SAFETY: `len` bytes of the staging buffer (at least a chunk long) and of the destination from
-                // `offset` (within it: the lengths were checked); both trackers order the copy and keep both
-                // buffers alive until it has run.
-                unsafe {
-                    calls::memcpy_htod_async(
-                        base + offset as u64,
-                        buffer.host_ptr(),
-                        len,
-                        stream.as_raw(),
-                    )
-                }
-            },
-        )
+        enqueue_upload(stream, &*dst, offset, buffer, len)
     };
     if bytes.len() < ONE_BUFFER_UPLOAD_BELOW && bytes.len() < options.chunked_from {
         // One buffer of the transfer's size, if the pool has one (never waiting), copied into on this thread and
@@ -428,19 +410,8 @@ fn download<T: Pod>(
             Bytes(total)
         ))
     };
-    let (base, track) = (src.device_ptr(), src.track());
     let enqueue = |offset: usize, buffer: &Pinned<u8>, len: usize| {
-        let dst = buffer.host_ptr();
-        stream.tracked_as(
-            Work::Timed(Category::Download, "staged", len),
-            Some(track),
-            Some(buffer.track()),
-            || {
-                // SAFETY: `len` bytes of the source from `offset` (within it: lengths checked) and of the staging
-                // buffer; both trackers order the copy, and the buffer is read only through `as_slice`, which waits.
-                unsafe { calls::memcpy_dtoh_async(dst, base + offset as u64, len, stream.as_raw()) }
-            },
-        )
+        enqueue_download(stream, src, offset, buffer, len)
     };
     if total < ONE_BUFFER_DOWNLOAD_BELOW.min(options.chunked_from) {
         // One buffer of the transfer's size, if the pool has one (never waiting): the copy across the link at its
@@ -603,6 +574,58 @@ const STREAMING_FROM: usize = 256 << 10;
 /// cache, as ordinary stores do. That read is a third of a plain copy's memory traffic, and the staging
 /// threads are bound by memory bandwidth. Ends with a store fence, so the stores are complete (visible to the
 /// DMA engine and other threads) when it returns.
+/// Enqueues on `stream` the upload of the first `len` bytes of `buffer` into `dst` from byte `offset`, tracked
+/// (timed by the stream's ledger as a staged upload). The caller checked that `dst` has them.
+fn enqueue_upload<T: Pod>(
+    stream: &Stream,
+    dst: &impl DeviceDestination<T>,
+    offset: usize,
+    buffer: &Pinned<u8>,
+    len: usize,
+) -> Result<()> {
+    let (base, track) = (dst.device_ptr(), dst.track());
+    stream.tracked_as(
+        Work::Timed(Category::Upload, "staged", len),
+        Some(buffer.track()),
+        Some(track),
+        || {
+            // SAFETY: `len` bytes of the staging buffer (at least a chunk long) and of the destination from
+            // `offset` (within it: the lengths were checked); both trackers order the copy and keep both buffers
+            // alive until it has run.
+            unsafe {
+                calls::memcpy_htod_async(
+                    base + offset as u64,
+                    buffer.host_ptr(),
+                    len,
+                    stream.as_raw(),
+                )
+            }
+        },
+    )
+}
+
+/// Enqueues on `stream` the download of `len` bytes of `src` from byte `offset` into `buffer`, tracked (timed
+/// as a staged download). The caller checked that `src` has them.
+fn enqueue_download<T: Pod>(
+    stream: &Stream,
+    src: &impl DeviceSource<T>,
+    offset: usize,
+    buffer: &Pinned<u8>,
+    len: usize,
+) -> Result<()> {
+    let (base, track, dst) = (src.device_ptr(), src.track(), buffer.host_ptr());
+    stream.tracked_as(
+        Work::Timed(Category::Download, "staged", len),
+        Some(track),
+        Some(buffer.track()),
+        || {
+            // SAFETY: `len` bytes of the source from `offset` (within it: lengths checked) and of the staging
+            // buffer; both trackers order the copy, and the buffer is read only through its accessors, which wait.
+            unsafe { calls::memcpy_dtoh_async(dst, base + offset as u64, len, stream.as_raw()) }
+        },
+    )
+}
+
 fn stream_copy(to: &mut [u8], from: &[u8]) {
     assert_eq!(
         to.len(),
@@ -983,6 +1006,8 @@ impl Stream {
         download(self, pool, options, src, dst)
     }
 }
+
+mod awaited;
 
 #[cfg(test)]
 mod tests {
