@@ -5,7 +5,6 @@
 //! touches it again. The transfers across the link are the tracked copies of the blocking forms (`mod.rs`).
 
 use std::collections::VecDeque;
-use std::future::Future;
 
 use bytemuck::Pod;
 
@@ -27,37 +26,35 @@ impl Stream {
     /// # Errors
     /// An invalid-argument error if the lengths differ or the stream and `dst` are of different contexts, with
     /// nothing enqueued; the pool's (a chunk larger than its budget, its deadline) and the driver's.
-    pub fn upload_staged_async<'a, T: Pod, D: DeviceDestination<T>>(
-        &'a self,
-        pool: &'a PinnedPool,
-        src: &'a [T],
-        dst: &'a mut D,
-    ) -> impl Future<Output = Result<()>> + 'a {
-        async move {
-            self.check_context(&*dst)?;
-            check_host_device("staged upload", src.len(), dst.elements())?;
-            let bytes: &[u8] = bytemuck::cast_slice(src);
-            let context = |e: Error| {
-                e.context(format_args!(
-                    "uploading {} staged through pinned memory",
-                    Bytes(bytes.len())
-                ))
-            };
-            let chunk = StagingOptions::default().chunk_bytes;
-            let mut offset = 0;
-            while offset < bytes.len() {
-                let len = chunk.min(bytes.len() - offset);
-                let mut buffer = pool.alloc_async::<u8>(len).await.map_err(context)?;
-                // A block the pool hands out has no device work in flight: this does not wait.
-                stream_copy(
-                    buffer.as_mut_slice().map_err(context)?,
-                    &bytes[offset..offset + len],
-                );
-                enqueue_upload(self, &*dst, offset, &buffer, len).map_err(context)?;
-                offset += len;
-            }
-            Ok(())
+    pub async fn upload_staged_async<T: Pod, D: DeviceDestination<T>>(
+        &self,
+        pool: &PinnedPool,
+        src: &[T],
+        dst: &mut D,
+    ) -> Result<()> {
+        self.check_context(&*dst)?;
+        check_host_device("staged upload", src.len(), dst.elements())?;
+        let bytes: &[u8] = bytemuck::cast_slice(src);
+        let context = |e: Error| {
+            e.context(format_args!(
+                "uploading {} staged through pinned memory",
+                Bytes(bytes.len())
+            ))
+        };
+        let chunk = StagingOptions::default().chunk_bytes;
+        let mut offset = 0;
+        while offset < bytes.len() {
+            let len = chunk.min(bytes.len() - offset);
+            let mut buffer = pool.alloc_async::<u8>(len).await.map_err(context)?;
+            // A block the pool hands out has no device work in flight: this does not wait.
+            stream_copy(
+                buffer.as_mut_slice().map_err(context)?,
+                &bytes[offset..offset + len],
+            );
+            enqueue_upload(self, &*dst, offset, &buffer, len).map_err(context)?;
+            offset += len;
         }
+        Ok(())
     }
 
     /// [`Stream::download_staged`] as a future, for async code: resolves once every byte of `dst` has been
@@ -68,52 +65,50 @@ impl Stream {
     ///
     /// # Errors
     /// As [`Stream::upload_staged_async`].
-    pub fn download_staged_async<'a, T: Pod, S: DeviceSource<T>>(
-        &'a self,
-        pool: &'a PinnedPool,
-        src: &'a S,
-        dst: &'a mut [T],
-    ) -> impl Future<Output = Result<()>> + 'a {
-        async move {
-            self.check_context(src)?;
-            check_host_device("staged download", dst.len(), src.elements())?;
-            let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
-            let total = bytes.len();
-            let context = |e: Error| {
-                e.context(format_args!(
-                    "downloading {} staged through pinned memory",
-                    Bytes(total)
-                ))
-            };
-            let chunk = StagingOptions::default().chunk_bytes;
-            let mut in_flight: VecDeque<(usize, Pinned<u8>)> = VecDeque::with_capacity(2);
-            let mut offset = 0;
-            while offset < total || !in_flight.is_empty() {
-                if offset < total && in_flight.len() < 2 {
-                    let len = chunk.min(total - offset);
-                    // With a chunk in flight, a second only if the pool has room now: the room it would wait
-                    // for may be the chunk this transfer holds.
-                    let buffer = if in_flight.is_empty() {
-                        Some(pool.alloc_async::<u8>(len).await.map_err(context)?)
-                    } else {
-                        match pool.try_alloc::<u8>(len) {
-                            Ok(buffer) => Some(buffer),
-                            Err(Error::PoolExhausted { .. }) => None,
-                            Err(e) => return Err(context(e)),
-                        }
-                    };
-                    if let Some(buffer) = buffer {
-                        enqueue_download(self, src, offset, &buffer, len).map_err(context)?;
-                        in_flight.push_back((offset, buffer));
-                        offset += len;
-                        continue;
+    pub async fn download_staged_async<T: Pod, S: DeviceSource<T>>(
+        &self,
+        pool: &PinnedPool,
+        src: &S,
+        dst: &mut [T],
+    ) -> Result<()> {
+        self.check_context(src)?;
+        check_host_device("staged download", dst.len(), src.elements())?;
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
+        let total = bytes.len();
+        let context = |e: Error| {
+            e.context(format_args!(
+                "downloading {} staged through pinned memory",
+                Bytes(total)
+            ))
+        };
+        let chunk = StagingOptions::default().chunk_bytes;
+        let mut in_flight: VecDeque<(usize, Pinned<u8>)> = VecDeque::with_capacity(2);
+        let mut offset = 0;
+        while offset < total || !in_flight.is_empty() {
+            if offset < total && in_flight.len() < 2 {
+                let len = chunk.min(total - offset);
+                // With a chunk in flight, a second only if the pool has room now: the room it would wait
+                // for may be the chunk this transfer holds.
+                let buffer = if in_flight.is_empty() {
+                    Some(pool.alloc_async::<u8>(len).await.map_err(context)?)
+                } else {
+                    match pool.try_alloc::<u8>(len) {
+                        Ok(buffer) => Some(buffer),
+                        Err(Error::PoolExhausted { .. }) => None,
+                        Err(e) => return Err(context(e)),
                     }
+                };
+                if let Some(buffer) = buffer {
+                    enqueue_download(self, src, offset, &buffer, len).map_err(context)?;
+                    in_flight.push_back((offset, buffer));
+                    offset += len;
+                    continue;
                 }
-                let (at, buffer) = in_flight.pop_front().expect("a chunk is in flight");
-                let data = buffer.readable().await.map_err(context)?;
-                stream_copy(&mut bytes[at..at + data.len()], data);
             }
-            Ok(())
+            let (at, buffer) = in_flight.pop_front().expect("a chunk is in flight");
+            let data = buffer.readable().await.map_err(context)?;
+            stream_copy(&mut bytes[at..at + data.len()], data);
         }
+        Ok(())
     }
 }
