@@ -134,8 +134,8 @@ pub use gather::{GatherEngine, GatherOptions, Gatherer, ReadOrder, RowTable};
 pub use launch::{Arg, Kernel, LaunchConfig, Module, Use};
 pub use memory::{
     DeviceBuffer, DeviceView, DeviceViewMut, Pinned, PinnedBuilder, PinnedPool, PinnedView,
-    PinnedViewMut, Pinning, Placement, PoolBuilder, PoolStats, Readable, Registered, WhenFull,
-    Writable,
+    PinnedViewMut, Pinning, Placement, PoolAlloc, PoolBuilder, PoolStats, Readable, Registered,
+    WhenFull, Writable,
 };
 pub use prefetch::{Batch, Prefetched, Prefetcher};
 pub use profile::{Ledger, LedgerReport};

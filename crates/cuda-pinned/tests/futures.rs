@@ -15,27 +15,41 @@ use std::time::{Duration, Instant};
 use common::{LIMIT, SplitMix64, device, device_count, hold, on_a_thread, serial_on_two_devices};
 use cuda_pinned::{DeviceBuffer, Error, Event, Pinned, PinnedPool, Prefetcher, Stream, WhenFull};
 
-/// Runs `future` to completion on the calling thread, which sleeps (parked) until the future's waker wakes it.
+/// Runs `future` to completion on the calling thread, which sleeps (parked) until the future's waker wakes it,
+/// and polls again only after a wake: a future that returns `Pending` and is never woken fails the test (after
+/// [`LIMIT`]) rather than being rescued by a later poll.
 fn block_on<F: Future>(future: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
+    struct Unpark {
+        thread: std::thread::Thread,
+        woken: std::sync::atomic::AtomicBool,
+    }
     impl Wake for Unpark {
         fn wake(self: Arc<Self>) {
-            self.0.unpark();
+            self.woken.store(true, std::sync::atomic::Ordering::Release);
+            self.thread.unpark();
         }
     }
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let unpark = Arc::new(Unpark {
+        thread: std::thread::current(),
+        woken: std::sync::atomic::AtomicBool::new(false),
+    });
+    let waker = Waker::from(unpark.clone());
     let mut cx = TaskContext::from_waker(&waker);
     let mut future = pin!(future);
-    let start = Instant::now();
     loop {
         let polled = as_executor(|| future.as_mut().poll(&mut cx));
         if let Poll::Ready(output) = polled {
             return output;
         }
-        // A future that is never woken fails the test rather than hangs it (parking may also end spuriously,
-        // which only polls again).
-        std::thread::park_timeout(Duration::from_millis(100));
-        assert!(start.elapsed() < LIMIT, "a future was never woken");
+        let asleep = Instant::now();
+        // Parking may end spuriously: only a wake lets the loop poll again.
+        while !unpark
+            .woken
+            .swap(false, std::sync::atomic::Ordering::Acquire)
+        {
+            assert!(asleep.elapsed() < LIMIT, "a future was never woken");
+            std::thread::park_timeout(LIMIT);
+        }
     }
 }
 
@@ -640,17 +654,26 @@ fn a_pools_allocation_is_awaited_for_room_for_device_work_and_until_its_deadline
     let ctx = device(0);
     let stream = Stream::new(&ctx).unwrap();
     let budget = 1 << 20;
+    // A deadline far off: only the wakes below can end the first two waits (a lost one fails the test).
     let pool = PinnedPool::builder(&ctx, budget)
         .when_full(WhenFull::Wait)
-        .max_wait(Duration::from_millis(300))
+        .max_wait(Duration::from_secs(3600))
         .build();
 
     // Room held by a holder: pending until it gives the buffer back.
+    // The give-back happens while the task sleeps: only its wake can let it see the room.
+    let later = |what: Box<dyn Send>| {
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            drop(what);
+        })
+    };
     let held = pool.alloc::<u8>(budget).unwrap();
     let mut request = Box::pin(pool.alloc_async::<u8>(budget));
     assert!(poll_once(&mut request).is_pending());
-    drop(held);
+    let giver = later(Box::new(held));
     let buffer = block_on(request).unwrap();
+    giver.join().unwrap();
 
     // Room held by device work on the buffer given back: pending until that work completes.
     let dev = DeviceBuffer::<u8>::zeroed(&stream, budget).unwrap();
@@ -660,10 +683,16 @@ fn a_pools_allocation_is_awaited_for_room_for_device_work_and_until_its_deadline
     drop(buffer);
     let mut request = Box::pin(pool.alloc_async::<u8>(budget));
     assert!(poll_once(&mut request).is_pending());
-    drop(busy);
+    let releaser = later(Box::new(busy));
     let buffer = block_on(request).unwrap();
+    releaser.join().unwrap();
 
     // Nothing comes back: the deadline ends the request with the pool's error.
+    let pool = PinnedPool::builder(&ctx, budget)
+        .when_full(WhenFull::Wait)
+        .max_wait(Duration::from_millis(300))
+        .build();
+    let held = pool.alloc::<u8>(budget).unwrap();
     let mut request = Box::pin(pool.alloc_async::<u8>(budget));
     assert!(poll_once(&mut request).is_pending());
     let outcome = block_on(request);
@@ -671,7 +700,39 @@ fn a_pools_allocation_is_awaited_for_room_for_device_work_and_until_its_deadline
         matches!(outcome, Err(Error::PoolExhausted { .. })),
         "{outcome:?}"
     );
-    drop(buffer);
+    drop((buffer, held));
+    // Device work pending on one block, the other held: a give-back ends the wait (not the work), and with
+    // neither, the deadline does (not the work).
+    let pool = PinnedPool::builder(&ctx, 2 * budget)
+        .when_full(WhenFull::Wait)
+        .max_wait(Duration::from_millis(300))
+        .build();
+    let (mut a, b) = (
+        pool.alloc::<u8>(budget).unwrap(),
+        pool.alloc::<u8>(budget).unwrap(),
+    );
+    let busy = hold(&stream, Duration::from_secs(2));
+    stream.download(&dev, &mut a).unwrap();
+    drop(a);
+    let mut request = Box::pin(pool.alloc_async::<u8>(budget));
+    assert!(poll_once(&mut request).is_pending());
+    let giver = later(Box::new(b));
+    let b = block_on(request).unwrap();
+    giver.join().unwrap();
+    let outcome = block_on(pool.alloc_async::<u8>(budget));
+    assert!(
+        matches!(outcome, Err(Error::PoolExhausted { .. })),
+        "{outcome:?}"
+    );
+    drop((b, busy));
+    // A resolved request polled again: an error, not a second buffer.
+    let mut request = pool.alloc_async::<u8>(1024);
+    let first = block_on(&mut request).unwrap();
+    assert!(matches!(
+        poll_once(&mut request),
+        Poll::Ready(Err(Error::InvalidArgument { .. }))
+    ));
+    drop(first);
 }
 
 /// Staged transfers of ordinary memory, awaited: the data arrives both ways, through a pool whose room forces
@@ -699,6 +760,21 @@ fn staged_transfers_are_awaited() {
             .unwrap();
     });
     common::compare(&back, &data, "staged both ways, awaited").unwrap();
+    // A pool that fails when full, a transfer of many chunks queued behind busy work: the transfer waits for
+    // its own buffers' uploads, never fails for them. And a pool smaller than a chunk: smaller chunks.
+    for (budget, busy) in [(4 << 20, true), (1 << 20, false)] {
+        let pool = PinnedPool::new(&ctx, budget);
+        let held = busy.then(|| hold(&stream, Duration::from_millis(200)));
+        let mut transfer = Box::pin(stream.upload_staged_async(&pool, &data, &mut dev));
+        if busy {
+            assert!(poll_once(&mut transfer).is_pending());
+        }
+        drop(held);
+        block_on(transfer).unwrap();
+        let mut back = vec![0u32; data.len()];
+        block_on(stream.download_staged_async(&pool, &dev, &mut back)).unwrap();
+        common::compare(&back, &data, &format!("through a pool of {budget} bytes")).unwrap();
+    }
     // Lengths that differ: refused with nothing enqueued.
     let short = vec![0u32; 10];
     let refused = block_on(stream.upload_staged_async(&pool, &short, &mut dev));

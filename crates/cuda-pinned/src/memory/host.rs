@@ -166,9 +166,9 @@ fn poll_host(
         let conflict = {
             let mut tracker = lock(track);
             match tracker.first_conflict(access) {
-                // A segment still open: its stream's point (a flag, written after the segment is closed) is
-                // awaited, without asking the driver first.
-                Some((stream, mark)) if mark.is_open() => Some((stream, mark)),
+                // A segment still open on a stream still busy: its stream's point (a flag, written after the
+                // segment is closed) is awaited. (On a stream found idle, the tracker sees it complete below.)
+                Some((stream, mark)) if mark.is_open() && !stream.query()? => Some((stream, mark)),
                 _ => {
                     if tracker.try_host(&Gpu, access)? {
                         return Poll::Ready(Ok(()));

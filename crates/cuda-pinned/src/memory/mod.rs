@@ -22,7 +22,7 @@ pub use host::{Readable, Writable};
 pub(crate) use layout::byte_len;
 pub use numa::Placement;
 pub use pinned::{Pinned, PinnedBuilder};
-pub use pool::{PinnedPool, Pinning, PoolBuilder, PoolStats, WhenFull};
+pub use pool::{PinnedPool, Pinning, PoolAlloc, PoolBuilder, PoolStats, WhenFull};
 pub use registered::Registered;
 #[cfg(feature = "gpu")]
 pub(crate) use release::guard_exit;

@@ -148,6 +148,8 @@ impl Service {
                     self.round_done.notify_all();
                     let wakers = std::mem::take(&mut state.flush_wakers);
                     drop(state);
+                    // Woken once the exit hook may go on: a waker is others' code.
+                    drop(_calls);
                     wake_all(wakers.into_iter().map(|(_, waker)| waker));
                     return;
                 }

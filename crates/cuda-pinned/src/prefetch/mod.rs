@@ -451,11 +451,15 @@ impl<B: Batch> Prefetcher<B> {
             match state.take() {
                 Take::Wait => {
                     // Under the state's lock: a worker completes a batch under it, and takes the waker after.
-                    *self
+                    let replaced = self
                         .shared
                         .waker
                         .lock()
-                        .unwrap_or_else(PoisonError::into_inner) = Some(waker.clone());
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .replace(waker.clone());
+                    drop(state);
+                    // Dropped without the locks: a waker's drop is others' code.
+                    drop(replaced);
                     return None;
                 }
                 taken => taken,

@@ -1,10 +1,11 @@
-//! Staged transfers as futures, for async code: ordinary (pageable) memory moved through pinned buffers of a
-//! pool, chunk by chunk, with every wait awaited (room in the pool, a chunk's download), so that no executor
-//! thread blocks. The copies between the user's memory and the staging buffers run on the polling thread, one
-//! chunk per step, and only inside a poll: the future borrows the user's memory, and a forgotten future never
-//! touches it again. The transfers across the link are the tracked copies of the blocking forms (`mod.rs`).
-
-use std::collections::VecDeque;
+//! Staged transfers as futures, for async code: ordinary (pageable) memory moved through two pinned buffers of
+//! a pool, chunk by chunk, with every wait awaited (a buffer's previous copy, a chunk's download, device work on
+//! blocks given back to the pool), so that no executor thread blocks. The copies between the user's memory and
+//! the staging buffers run on the polling thread, one chunk per step, and only inside a poll: the future
+//! borrows the user's memory, and a forgotten future never touches it again. As the blocking forms, a transfer
+//! never waits for buffers that others hold: it takes its buffers waiting only for device work on blocks given
+//! back, and goes on with one where the pool has room for only one. The transfers across the link are the
+//! tracked copies of the blocking forms (`mod.rs`).
 
 use bytemuck::Pod;
 
@@ -15,17 +16,49 @@ use crate::error::{Error, Result};
 use crate::memory::{Pinned, PinnedPool};
 use crate::units::Bytes;
 
+/// The chunk of a transfer through `pool`: the default chunk size, or a quarter of the pool's budget where that
+/// is smaller (two buffers fit, with the size classes' rounding), in whole pages.
+fn chunk_for(pool: &PinnedPool) -> usize {
+    const PAGE: usize = 4096;
+    let quarter = pool.stats().budget / 4 / PAGE * PAGE;
+    StagingOptions::default().chunk_bytes.min(quarter.max(PAGE))
+}
+
+/// The staging buffers of one transfer: up to two, taken from the pool as the transfer needs them.
+struct Buffers<'p> {
+    pool: &'p PinnedPool,
+    chunk: usize,
+    held: Vec<Pinned<u8>>,
+}
+
+impl Buffers<'_> {
+    /// Makes sure a buffer for chunk `index` is held: a new one while fewer than two are held and the pool has
+    /// room (waiting only for device work on blocks given back), else one held (the one the transfer used two
+    /// chunks ago, or the only one). Returns where it is in `held`.
+    async fn take(&mut self, index: usize) -> Result<usize> {
+        if self.held.len() < 2 && self.held.len() <= index {
+            match self.pool.alloc_async_after_pending::<u8>(self.chunk).await {
+                Ok(buffer) => self.held.push(buffer),
+                Err(Error::PoolExhausted { .. }) if !self.held.is_empty() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(index % self.held.len())
+    }
+}
+
 impl Stream {
     /// [`Stream::upload_staged`] as a future, for async code: resolves once `src` is no longer read (every chunk
-    /// copied into a staging buffer and its upload enqueued on this stream), having waited for room in `pool`
-    /// by awaiting it ([`PinnedPool::alloc_async`]), never by blocking. The copy of each chunk (4 MiB, the
-    /// default of [`StagingOptions`]) into its staging buffer runs on the polling thread; the next chunk's copy
-    /// overlaps the upload of the one before. Dropping the future stops the transfer between chunks: part of
-    /// `dst` may have been written.
+    /// copied into a staging buffer and its upload enqueued on this stream). Two buffers of `pool` (one where it
+    /// has room for one only) carry the chunks (4 MiB, the default of [`StagingOptions`], or a quarter of the
+    /// pool's budget where that is smaller); each chunk's copy into a buffer runs on the polling thread, once
+    /// that buffer's previous upload has completed (awaited), so the copy of one chunk overlaps the upload of
+    /// the other. Dropping the future stops the transfer between chunks: part of `dst` may have been written.
     ///
     /// # Errors
     /// An invalid-argument error if the lengths differ or the stream and `dst` are of different contexts, with
-    /// nothing enqueued; the pool's (a chunk larger than its budget, its deadline) and the driver's.
+    /// nothing enqueued; [`Error::PoolExhausted`] if the pool has no room for one buffer even once device work
+    /// on the blocks given back to it completes; the driver's.
     pub async fn upload_staged_async<T: Pod, D: DeviceDestination<T>>(
         &self,
         pool: &PinnedPool,
@@ -41,27 +74,27 @@ impl Stream {
                 Bytes(bytes.len())
             ))
         };
-        let chunk = StagingOptions::default().chunk_bytes;
-        let mut offset = 0;
-        while offset < bytes.len() {
-            let len = chunk.min(bytes.len() - offset);
-            let mut buffer = pool.alloc_async::<u8>(len).await.map_err(context)?;
-            // A block the pool hands out has no device work in flight: this does not wait.
-            stream_copy(
-                buffer.as_mut_slice().map_err(context)?,
-                &bytes[offset..offset + len],
-            );
-            enqueue_upload(self, &*dst, offset, &buffer, len).map_err(context)?;
-            offset += len;
+        let chunk = chunk_for(pool);
+        let mut buffers = Buffers {
+            pool,
+            chunk,
+            held: Vec::with_capacity(2),
+        };
+        for (index, part) in bytes.chunks(chunk).enumerate() {
+            let at = buffers.take(index).await.map_err(context)?;
+            let buffer = &mut buffers.held[at];
+            let staged = buffer.writable().await.map_err(context)?;
+            stream_copy(&mut staged[..part.len()], part);
+            enqueue_upload(self, &*dst, index * chunk, buffer, part.len()).map_err(context)?;
         }
         Ok(())
     }
 
     /// [`Stream::download_staged`] as a future, for async code: resolves once every byte of `dst` has been
-    /// written. Two chunks are in flight at a time where the pool has room for them: while one's download is
-    /// awaited, the next is enqueued; each is copied out into `dst` on the polling thread once its download has
-    /// completed. Dropping the future stops
-    /// the transfer between chunks: part of `dst` may have been written.
+    /// written. Two buffers of `pool` (one where it has room for one only) carry the chunks: while one chunk's
+    /// download is awaited, the next one's is enqueued; each is copied out into `dst` on the polling thread once
+    /// its download has completed. Dropping the future stops the transfer between chunks: part of `dst` may have
+    /// been written.
     ///
     /// # Errors
     /// As [`Stream::upload_staged_async`].
@@ -81,33 +114,35 @@ impl Stream {
                 Bytes(total)
             ))
         };
-        let chunk = StagingOptions::default().chunk_bytes;
-        let mut in_flight: VecDeque<(usize, Pinned<u8>)> = VecDeque::with_capacity(2);
-        let mut offset = 0;
-        while offset < total || !in_flight.is_empty() {
-            if offset < total && in_flight.len() < 2 {
-                let len = chunk.min(total - offset);
-                // With a chunk in flight, a second only if the pool has room now: the room it would wait
-                // for may be the chunk this transfer holds.
-                let buffer = if in_flight.is_empty() {
-                    Some(pool.alloc_async::<u8>(len).await.map_err(context)?)
-                } else {
-                    match pool.try_alloc::<u8>(len) {
-                        Ok(buffer) => Some(buffer),
-                        Err(Error::PoolExhausted { .. }) => None,
-                        Err(e) => return Err(context(e)),
-                    }
-                };
-                if let Some(buffer) = buffer {
-                    enqueue_download(self, src, offset, &buffer, len).map_err(context)?;
-                    in_flight.push_back((offset, buffer));
-                    offset += len;
-                    continue;
+        let chunk = chunk_for(pool);
+        let chunks = total.div_ceil(chunk);
+        let mut buffers = Buffers {
+            pool,
+            chunk,
+            held: Vec::with_capacity(2),
+        };
+        let range = |index: usize| index * chunk..((index + 1) * chunk).min(total);
+        // Chunk `next` is enqueued once its buffer is free (its copy-out done), chunk `out` copied out once its
+        // download is: with two buffers, one chunk ahead.
+        let (mut next, mut out) = (0, 0);
+        while out < chunks {
+            while next < chunks && next < out + 2 {
+                let at = buffers.take(next).await.map_err(context)?;
+                if next > out && at == out % buffers.held.len() {
+                    // One buffer only: it holds chunk `out`, not yet copied out.
+                    break;
                 }
+                let buffer = &mut buffers.held[at];
+                buffer.writable().await.map_err(context)?;
+                let part = range(next);
+                enqueue_download(self, src, part.start, buffer, part.len()).map_err(context)?;
+                next += 1;
             }
-            let (at, buffer) = in_flight.pop_front().expect("a chunk is in flight");
+            let buffer = &buffers.held[out % buffers.held.len()];
             let data = buffer.readable().await.map_err(context)?;
-            stream_copy(&mut bytes[at..at + data.len()], data);
+            let part = range(out);
+            stream_copy(&mut bytes[part.clone()], &data[..part.len()]);
+            out += 1;
         }
         Ok(())
     }
