@@ -661,11 +661,11 @@ impl<T: Pod> PoolAlloc<'_, T> {
         };
         loop {
             // Device work on a block given back: polled every time (it registers the task with the reactor).
-            if let Some(device) = &mut self.device {
-                if let Poll::Ready(outcome) = std::pin::Pin::new(device).poll(cx) {
-                    self.device = None;
-                    outcome?;
-                }
+            if let Some(device) = &mut self.device
+                && let Poll::Ready(outcome) = std::pin::Pin::new(device).poll(cx)
+            {
+                self.device = None;
+                outcome?;
             }
             let waited = if self.waited {
                 self.started.elapsed()
