@@ -95,18 +95,16 @@ impl<T> HostRegion<T> {
 /// Blocks until no device work conflicts with a host `access` to the buffer of `track`, waiting for one
 /// conflicting entry at a time without the tracker's lock held (others, an executor's poll of the same buffer
 /// among them, are not held up meanwhile), then asking the tracker again: the entries seen complete are
-/// forgotten, as [`Tracker::host_wait`](crate::track::Tracker::host_wait) does under the lock.
+/// forgotten, as [`Tracker::host_wait`](crate::track::Tracker::host_wait) does under the lock, and with the same
+/// driver calls (the entry waited for is then known complete, and forgetting it asks the driver nothing).
 fn wait_unlocked(track: &Track, access: Access) -> Result<()> {
     loop {
-        let conflict = {
-            let mut tracker = lock(track);
-            if tracker.try_host(&Gpu, access)? {
-                return Ok(());
-            }
-            tracker.first_conflict(access)
+        let Some((stream, mark)) = lock(track).first_conflict(access) else {
+            return Ok(());
         };
-        if let Some((stream, mark)) = conflict {
-            Gpu.synchronize(&stream, &mark)?;
+        Gpu.synchronize(&stream, &mark)?;
+        if lock(track).try_host(&Gpu, access)? {
+            return Ok(());
         }
     }
 }
