@@ -109,8 +109,8 @@ fn wait_unlocked(track: &Track, access: Access) -> Result<()> {
     }
 }
 
-/// A future of [`HostRegion::read`]: [`Pinned::readable`](crate::Pinned::readable) and
-/// [`Registered::readable`](crate::Registered::readable).
+/// The awaited form of `as_slice`: a future of a buffer's elements for reading, from
+/// [`Pinned::readable`](crate::Pinned::readable) and [`Registered::readable`](crate::Registered::readable).
 ///
 /// It borrows the buffer as the accessor does, so no device work that writes it can be queued meanwhile. It
 /// owns nothing else: dropping it leaves the buffer's tracking as it was (the work it saw complete forgotten,
@@ -121,8 +121,9 @@ pub struct Readable<'a, T> {
     waiting: Option<Done>,
 }
 
-/// A future of [`HostRegion::write`]: [`Pinned::writable`](crate::Pinned::writable) and
-/// [`Registered::writable`](crate::Registered::writable). As [`Readable`], for writing.
+/// The awaited form of `as_mut_slice`: a future of a buffer's elements for writing, from
+/// [`Pinned::writable`](crate::Pinned::writable) and [`Registered::writable`](crate::Registered::writable). As
+/// [`Readable`], for writing.
 #[must_use = "a future does nothing unless awaited"]
 pub struct Writable<'a, T> {
     region: Option<&'a mut HostRegion<T>>,
