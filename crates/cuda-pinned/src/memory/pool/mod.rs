@@ -536,15 +536,17 @@ impl PinnedPool {
 }
 
 impl Shared {
+    /// The wakers of the tasks awaiting room, locked.
+    fn room_wakers(&self) -> MutexGuard<'_, Vec<std::task::Waker>> {
+        self.room_wakers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Tells the requests waiting for room, threads and tasks, that some may have been made.
     fn room_made(&self) {
         self.room.notify_all();
-        let wakers = std::mem::take(
-            &mut *self
-                .room_wakers
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner),
-        );
+        let wakers = std::mem::take(&mut *self.room_wakers());
         for waker in wakers {
             // Others' code: a waker that panics must not take the giver (a buffer's drop) with it.
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| waker.wake()));
@@ -722,12 +724,7 @@ impl<T: Pod> PoolAlloc<'_, T> {
 
     /// Leaves the task's waker with the pool, to be woken when room is made (call it under the pool's lock).
     fn keep_room_waker(&mut self, cx: &std::task::Context<'_>) {
-        let mut wakers = self
-            .pool
-            .shared
-            .room_wakers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut wakers = self.pool.shared.room_wakers();
         if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
             wakers.push(cx.waker().clone());
         }
@@ -740,12 +737,7 @@ impl<T> Drop for PoolAlloc<'_, T> {
     fn drop(&mut self) {
         let Some(mine) = self.room.take() else { return };
         let stale = {
-            let mut wakers = self
-                .pool
-                .shared
-                .room_wakers
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut wakers = self.pool.shared.room_wakers();
             let (stale, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut *wakers)
                 .into_iter()
                 .partition(|w| w.will_wake(&mine));
