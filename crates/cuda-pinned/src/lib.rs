@@ -68,6 +68,14 @@
 //!    device's, another library's, or none, and leaves that context current: the work the crate enqueues on a
 //!    stream is enqueued with the stream's context pushed (the driver takes some copies' context from the
 //!    thread, not the stream). One host thread may drive every device.
+//! 10. **Futures are notifications.** Async code awaits the device without blocking its executor's thread:
+//!     [`Stream::done`] and [`Event::done`] complete once the work before them has, [`Pinned::readable`] and
+//!     [`Pinned::writable`] are the awaited accessors, and [`Context::done`], [`PinnedPool::alloc_async`],
+//!     [`Prefetcher::next_async`] and [`Stream::upload_staged_async`] / [`Stream::download_staged_async`] are
+//!     the awaited forms of the other waits. One thread of the crate's serves every pending future (the
+//!     streams write flags in page-locked memory that it reads). A future owns nothing the work uses:
+//!     dropping or forgetting one frees, exposes and blocks nothing, and a context with a sticky error ends
+//!     every pending future of it with the error.
 //!
 //! Errors are values: every failure, from a missing driver to a length mismatch, is an [`Error`] with CUDA's
 //! own words and what the crate was doing, never a panic.
