@@ -65,7 +65,7 @@ pub(crate) fn entry(
 }
 
 /// Writes `value` through an out-pointer, or fails as the driver does for a null one.
-fn put<T>(out: *mut T, value: T) -> Outcome {
+pub(crate) fn put<T>(out: *mut T, value: T) -> Outcome {
     if out.is_null() {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
@@ -143,7 +143,7 @@ fn is_default_stream(stream: CUstream) -> bool {
 }
 
 /// A live stream's handle and device; its context's sticky error, if it has one.
-fn live_stream(state: &State, stream: CUstream) -> Outcome<(usize, usize)> {
+pub(crate) fn live_stream(state: &State, stream: CUstream) -> Outcome<(usize, usize)> {
     let (handle, device) = stream_handle(state, stream)?;
     state.sticky(device as i32)?;
     Ok((handle, device))
@@ -183,6 +183,10 @@ fn submit(state: MutexGuard<'static, State>, stream: CUstream, op: Op, sync: boo
         drop(stream::run_now(state, op, 0));
     } else {
         let (handle, device) = live_stream(&state, stream)?;
+        if crate::graph::link(&state, handle).is_some() {
+            let mut state = state;
+            return crate::graph::add(&mut state, handle, op, sync);
+        }
         let state = stream::submit(state, handle, op, sync);
         // A fault while it waited dropped the work.
         state.sticky(device as i32)?;
@@ -418,6 +422,7 @@ pub(crate) fn host_device(state: &State) -> i32 {
 }
 
 pub(crate) fn host_alloc(state: &mut State, bytes: usize, flags: u32) -> Outcome<*mut c_void> {
+    crate::graph::prohibited(state)?;
     if bytes == 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
@@ -451,16 +456,19 @@ fn pinned_at(state: &State, p: *mut c_void) -> Option<u64> {
 }
 
 pub(crate) fn free_host(
-    state: MutexGuard<'static, State>,
+    mut state: MutexGuard<'static, State>,
     p: *mut c_void,
     function: &str,
 ) -> Outcome {
+    crate::graph::prohibited(&mut state)?;
     let id = pinned_at(&state, p).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    crate::graph::freed(&mut state, None);
     drop(free_now(state, id, function));
     Ok(())
 }
 
 pub(crate) fn register(state: &mut State, p: *mut c_void, bytes: usize, flags: u32) -> Outcome {
+    crate::graph::prohibited(state)?;
     if p.is_null() || bytes == 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
@@ -501,10 +509,12 @@ pub(crate) fn register(state: &mut State, p: *mut c_void, bytes: usize, flags: u
 }
 
 pub(crate) fn unregister(
-    state: MutexGuard<'static, State>,
+    mut state: MutexGuard<'static, State>,
     p: *mut c_void,
     function: &str,
 ) -> Outcome {
+    crate::graph::prohibited(&mut state)?;
+    crate::graph::freed(&mut state, None);
     let id = state
         .host_map
         .get(&(p as u64))
@@ -1018,8 +1028,9 @@ pub extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
-    entry("cuCtxSynchronize", |state| {
+    entry("cuCtxSynchronize", |mut state| {
         let device = current(&state)? as i32;
+        crate::graph::refuse_context_sync(&mut state, device)?;
         let mut state = SIM.wait_until(state, |s| s.idle(device, false));
         state.sticky(device)?;
         state.release_above_thresholds(device);
@@ -1057,6 +1068,7 @@ pub extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresu
 pub extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
     entry("cuMemAlloc_v2", |mut state| {
         let device = current(&state)?;
+        crate::graph::prohibited(&mut state)?;
         if dptr.is_null() {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
@@ -1067,7 +1079,8 @@ pub extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUre
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
-    entry("cuMemFree_v2", |state| {
+    entry("cuMemFree_v2", |mut state| {
+        crate::graph::prohibited(&mut state)?;
         let id = state
             .device_map
             .get(&dptr)
@@ -1075,6 +1088,8 @@ pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
             // cuda.h: cuMemFree also frees what cuMemAllocAsync allocated (without waiting for anything).
             .filter(|id| matches!(state.allocations[id].kind, Kind::Device | Kind::DeviceAsync))
             .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let device = state.allocations[&id].device;
+        crate::graph::freed(&mut state, Some(device));
         drop(free_now(state, id, "cuMemFree_v2"));
         Ok(())
     })
@@ -1127,6 +1142,10 @@ fn alloc_from_pool(
     } else {
         live_stream(&state, stream)?.1
     };
+    if !is_default_stream(stream) && crate::graph::link(&state, stream as usize).is_some() {
+        // A stream-ordered allocation in a capture (a graph's own memory) is not modelled.
+        return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    }
     let pool = match pool {
         Some(pool) => pool as usize,
         None => state.default_pools[device],
@@ -1163,7 +1182,11 @@ fn alloc_from_pool(
 pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) -> CUresult {
     entry("cuMemFreeAsync", |mut state| {
         if !is_default_stream(hStream) {
-            live_stream(&state, hStream)?;
+            let (handle, _) = live_stream(&state, hStream)?;
+            // Memory allocated outside the capture, freed in it.
+            if crate::graph::link(&state, handle).is_some() {
+                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+            }
         }
         let id = state
             .device_map
@@ -1176,11 +1199,13 @@ pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) -> CUresu
             .get_mut(&id)
             .expect("mapped allocations exist");
         allocation.free_stream = hStream as usize;
+        let device = allocation.device;
         if std::mem::replace(&mut allocation.free_queued, true) {
             let message = format!("cuMemFreeAsync: device memory {dptr:#x} freed twice");
             state.violation(message);
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
+        crate::graph::freed(&mut state, Some(device));
         submit(state, hStream, Op::Free { id }, false)
     })
 }
@@ -1766,6 +1791,9 @@ pub extern "C" fn cuStreamWaitEvent(hStream: CUstream, hEvent: CUevent, Flags: c
         // The event may be of another context or device (the driver allows it): no check of that here.
         if !is_default_stream(hStream) {
             let (handle, _) = live_stream(&state, hStream)?;
+            if crate::graph::wait(&mut state, handle, event)? {
+                return Ok(());
+            }
             if let Some(dependency) = detect::awaited(&state, handle, event, generation) {
                 let stream = state.streams.get_mut(&handle).expect("checked live");
                 stream.depends.push(dependency);
@@ -1777,11 +1805,13 @@ pub extern "C" fn cuStreamWaitEvent(hStream: CUstream, hEvent: CUevent, Flags: c
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamQuery(hStream: CUstream) -> CUresult {
-    entry("cuStreamQuery", |state| {
+    entry("cuStreamQuery", |mut state| {
         let idle = if is_default_stream(hStream) {
             state.idle(current(&state)? as i32, true)
         } else {
             let (handle, _) = live_stream(&state, hStream)?;
+            crate::graph::refuse_sync_of(&mut state, handle)?;
+            crate::graph::prohibited(&mut state)?;
             state.streams[&handle].queue.is_empty()
         };
         if idle {
@@ -1794,7 +1824,12 @@ pub extern "C" fn cuStreamQuery(hStream: CUstream) -> CUresult {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamSynchronize(hStream: CUstream) -> CUresult {
-    entry("cuStreamSynchronize", |state| {
+    entry("cuStreamSynchronize", |mut state| {
+        if !is_default_stream(hStream) {
+            let (handle, _) = live_stream(&state, hStream)?;
+            crate::graph::refuse_sync_of(&mut state, handle)?;
+        }
+        crate::graph::prohibited(&mut state)?;
         let (mut state, device) = if is_default_stream(hStream) {
             let device = current(&state)? as i32;
             (SIM.wait_until(state, |s| s.idle(device, true)), device)
@@ -1846,6 +1881,7 @@ pub extern "C" fn cuEventCreate(phEvent: *mut CUevent, Flags: c_uint) -> CUresul
             time: None,
             destroyed: false,
             refs: 0,
+            captured: None,
         };
         state.events.insert(handle, data);
         put(phEvent, handle as CUevent)
@@ -1867,7 +1903,11 @@ fn record(function: &'static str, hEvent: CUevent, hStream: CUstream, flags: c_u
         if state.events[&event].device != device as i32 {
             return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
         }
+        if !is_default_stream(hStream) && crate::graph::link(&state, hStream as usize).is_some() {
+            return crate::graph::record(&mut state, event, hStream as usize);
+        }
         let e = state.events.get_mut(&event).expect("checked live");
+        e.captured = None;
         e.recorded += 1;
         let generation = e.recorded;
         e.pending.insert(generation);
@@ -1891,8 +1931,11 @@ pub extern "C" fn cuEventRecordWithFlags(
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventQuery(hEvent: CUevent) -> CUresult {
-    entry("cuEventQuery", |state| {
-        let e = &state.events[&live_event(&state, hEvent)?];
+    entry("cuEventQuery", |mut state| {
+        let event = live_event(&state, hEvent)?;
+        crate::graph::refuse_captured_event(&mut state, event)?;
+        crate::graph::prohibited(&mut state)?;
+        let e = &state.events[&event];
         if !e.pending.contains(&e.recorded) {
             Ok(())
         } else {
@@ -1903,8 +1946,10 @@ pub extern "C" fn cuEventQuery(hEvent: CUevent) -> CUresult {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventSynchronize(hEvent: CUevent) -> CUresult {
-    entry("cuEventSynchronize", |state| {
+    entry("cuEventSynchronize", |mut state| {
         let event = live_event(&state, hEvent)?;
+        crate::graph::refuse_captured_event(&mut state, event)?;
+        crate::graph::prohibited(&mut state)?;
         let (target, device) = (state.events[&event].recorded, state.events[&event].device);
         let mut state = SIM.wait_until(state, |s| {
             s.faulted.contains_key(&device)
@@ -2393,5 +2438,18 @@ fn signatures(api: &DriverApi) {
         cuFuncGetName,
         cuLaunchKernel,
         cuGetProcAddress_v2,
+    );
+    use crate::graph::*;
+    check!(
+        cuStreamBeginCapture_v2,
+        cuStreamEndCapture,
+        cuStreamIsCapturing,
+        cuStreamGetCaptureInfo_v3,
+        cuStreamUpdateCaptureDependencies_v2,
+        cuGraphInstantiateWithFlags,
+        cuGraphUpload,
+        cuGraphLaunch,
+        cuGraphExecDestroy,
+        cuGraphDestroy,
     );
 }

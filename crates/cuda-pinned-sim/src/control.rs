@@ -37,6 +37,8 @@ pub struct Live {
     pub queued: u64,
     /// Modules loaded (`cuModuleLoadData`) and not yet unloaded.
     pub modules: u64,
+    /// Graphs (`cuStreamEndCapture`) and executable graphs (`cuGraphInstantiateWithFlags`) not yet destroyed.
+    pub graphs: u64,
 }
 
 /// Adds faults (the syntax of `CUDA_SIM_FAIL`, counted from now); `CUDA_ERROR_INVALID_VALUE` and a log line
@@ -272,6 +274,8 @@ pub unsafe extern "C" fn cuda_sim_live(out: *mut Live) {
     live.context_retains = state.primaries.iter().map(|p| u64::from(p.retained)).sum();
     live.queued = state.streams.values().map(|s| s.queue.len() as u64).sum();
     live.modules = state.modules.len() as u64;
+    live.graphs =
+        (state.graphs.len() + state.execs.values().filter(|e| !e.destroyed).count()) as u64;
     // SAFETY: the caller passes a writable Live.
     unsafe { out.write(live) };
 }

@@ -235,7 +235,7 @@ pub(crate) fn judge(state: &mut State, handle: usize, op: &Op) -> Vec<FalseDepen
             stream.depends.retain(|d| d.thread != thread);
             return Vec::new();
         }
-        Op::Copy { .. } | Op::Set { .. } | Op::Free { .. } | Op::Kernel(_) => {}
+        Op::Copy { .. } | Op::Set { .. } | Op::Free { .. } | Op::Kernel(_) | Op::Graph(_) => {}
     }
     // Waits other threads made on this stream are for their own operations, judged when those come.
     let (depends, others) = std::mem::take(&mut stream.depends)

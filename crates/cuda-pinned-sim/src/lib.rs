@@ -78,6 +78,7 @@ mod config;
 mod control;
 mod detect;
 mod faults;
+mod graph;
 mod kernel;
 mod own_kernels;
 mod runtime;

@@ -257,6 +257,8 @@ pub(crate) enum Op {
     },
     /// A kernel launch (`cuLaunchKernel`): its stand-in runs.
     Kernel(Arc<Launch>),
+    /// A launch of an executable graph: its nodes run (`graph.rs`).
+    Graph(Arc<crate::graph::GraphLaunch>),
 }
 
 impl Op {
@@ -267,6 +269,7 @@ impl Op {
             Op::Copy { dst, src, .. } => [Some(dst), Some(src)],
             Op::Set { dst, .. } => [Some(dst), None],
             Op::Kernel(ref launch) => return launch.allocations.clone().into_iter(),
+            Op::Graph(ref launch) => return launch.allocations().into_iter(),
             _ => [None, None],
         };
         let ids: Vec<u64> = locs
@@ -304,6 +307,7 @@ impl Op {
             Op::Allocate { .. } => "a stream-ordered allocation".into(),
             Op::Free { .. } => "a stream-ordered free".into(),
             Op::Kernel(launch) => format!("kernel `{}`", launch.kernel.name()),
+            Op::Graph(launch) => format!("a graph of {} nodes", launch.nodes.len()),
         }
     }
 }
@@ -319,6 +323,8 @@ pub(crate) struct StreamData {
     /// Work on other streams this stream was made to wait for since its last operation that touches memory
     /// (see `detect.rs`).
     pub(crate) depends: Vec<Dependency>,
+    /// The capture the stream is in, if any (`graph.rs`).
+    pub(crate) capture: Option<crate::graph::Link>,
 }
 
 /// Queued work on another stream that a stream was made to wait for (`cuStreamWaitEvent`): the last work
@@ -350,6 +356,8 @@ pub(crate) struct EventData {
     pub(crate) destroyed: bool,
     /// Queued operations that name it.
     pub(crate) refs: usize,
+    /// Where its latest record was made in a capture: the capture and the nodes it stands for.
+    pub(crate) captured: Option<(usize, Vec<usize>)>,
 }
 
 /// A loaded module (`cuModuleLoadData`).
@@ -415,6 +423,10 @@ pub(crate) struct State {
     pub(crate) made_contexts: HashMap<usize, i32>,
     /// Devices whose context took a sticky error ([`State::fault`]), with it.
     pub(crate) faulted: HashMap<i32, CUresult>,
+    /// Captures in progress, graphs and executable graphs, by handle (`graph.rs`).
+    pub(crate) captures: HashMap<usize, crate::graph::CaptureData>,
+    pub(crate) graphs: HashMap<usize, crate::graph::GraphData>,
+    pub(crate) execs: HashMap<usize, crate::graph::ExecData>,
 }
 
 /// A memory pool: a device's default pool or one made with `cuMemPoolCreate`.
@@ -483,6 +495,9 @@ impl State {
             default_pools: Vec::new(),
             made_contexts: HashMap::new(),
             faulted: HashMap::new(),
+            captures: HashMap::new(),
+            graphs: HashMap::new(),
+            execs: HashMap::new(),
             next_handle: 0x5100,
         }
     }

@@ -35,6 +35,7 @@ pub(crate) fn create(
         queue: Default::default(),
         destroyed: false,
         depends: Vec::new(),
+        capture: None,
     };
     state.streams.insert(handle, data);
     state.finished.insert(handle, 0);
@@ -262,7 +263,11 @@ fn done_with(state: &mut State, places: &[&Option<Place>]) {
 
 /// Carries out `op` (with the lock held except while moving bytes or calling a host function or a kernel's
 /// stand-in).
-fn execute<'a>(mut state: MutexGuard<'a, State>, op: &Op, stream: usize) -> MutexGuard<'a, State> {
+pub(crate) fn execute<'a>(
+    mut state: MutexGuard<'a, State>,
+    op: &Op,
+    stream: usize,
+) -> MutexGuard<'a, State> {
     match *op {
         Op::Copy { dst, src, bytes } => {
             let (to, from) = (
@@ -333,6 +338,9 @@ fn execute<'a>(mut state: MutexGuard<'a, State>, op: &Op, stream: usize) -> Mute
             if let Some(allocation) = state.allocations.get_mut(&id) {
                 allocation.ready = true;
             }
+        }
+        Op::Graph(ref launch) => {
+            state = crate::graph::run(state, launch, stream);
         }
         Op::Kernel(ref launch) => {
             drop(state);

@@ -83,6 +83,12 @@ pub struct CUgraph_st {
 pub type CUgraph = *mut CUgraph_st;
 #[repr(C)]
 #[derive(Debug)]
+pub struct CUgraphNode_st {
+    _unused: [u8; 0],
+}
+pub type CUgraphNode = *mut CUgraphNode_st;
+#[repr(C)]
+#[derive(Debug)]
 pub struct CUgraphExec_st {
     _unused: [u8; 0],
 }
@@ -539,6 +545,18 @@ impl Default for CUstreamBatchMemOpParams_union {
 }
 pub type CUstreamBatchMemOpParams_v1 = CUstreamBatchMemOpParams_union;
 pub type CUstreamBatchMemOpParams = CUstreamBatchMemOpParams_v1;
+impl CUstreamUpdateCaptureDependencies_flags_enum {
+    pub const CU_STREAM_ADD_CAPTURE_DEPENDENCIES: CUstreamUpdateCaptureDependencies_flags_enum = CUstreamUpdateCaptureDependencies_flags_enum(
+        0,
+    );
+    pub const CU_STREAM_SET_CAPTURE_DEPENDENCIES: CUstreamUpdateCaptureDependencies_flags_enum = CUstreamUpdateCaptureDependencies_flags_enum(
+        1,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUstreamUpdateCaptureDependencies_flags_enum(pub ::std::os::raw::c_uint);
+pub use self::CUstreamUpdateCaptureDependencies_flags_enum as CUstreamUpdateCaptureDependencies_flags;
 impl CUdevice_attribute_enum {
     pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(
         1,
@@ -1261,6 +1279,142 @@ impl Default for CUaccessPolicyWindow_st {
 }
 pub type CUaccessPolicyWindow_v1 = CUaccessPolicyWindow_st;
 pub type CUaccessPolicyWindow = CUaccessPolicyWindow_v1;
+#[repr(C)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUDA_KERNEL_NODE_PARAMS_v2_st {
+    pub func: CUfunction,
+    pub gridDimX: ::std::os::raw::c_uint,
+    pub gridDimY: ::std::os::raw::c_uint,
+    pub gridDimZ: ::std::os::raw::c_uint,
+    pub blockDimX: ::std::os::raw::c_uint,
+    pub blockDimY: ::std::os::raw::c_uint,
+    pub blockDimZ: ::std::os::raw::c_uint,
+    pub sharedMemBytes: ::std::os::raw::c_uint,
+    pub kernelParams: *mut *mut ::std::os::raw::c_void,
+    pub extra: *mut *mut ::std::os::raw::c_void,
+    pub kern: CUkernel,
+    pub ctx: CUcontext,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUDA_KERNEL_NODE_PARAMS_v2_st",
+    ][::std::mem::size_of::<CUDA_KERNEL_NODE_PARAMS_v2_st>() - 72usize];
+    [
+        "Alignment of CUDA_KERNEL_NODE_PARAMS_v2_st",
+    ][::std::mem::align_of::<CUDA_KERNEL_NODE_PARAMS_v2_st>() - 8usize];
+    [
+        "Offset of field: CUDA_KERNEL_NODE_PARAMS_v2_st::func",
+    ][::std::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v2_st, func) - 0usize];
+    [
+        "Offset of field: CUDA_KERNEL_NODE_PARAMS_v2_st::gridDimX",
+    ][::std::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v2_st, gridDimX) - 8usize];
+    [
+        "Offset of field: CUDA_KERNEL_NODE_PARAMS_v2_st::gridDimY",
+    ][::std::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v2_st, gridDimY) - 12usize];
+    [
+        "Offset of field: CUDA_KERNEL_NODE_PARAMS_v2_st::gridDimZ",
+    ][::std::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v2_st, gridDimZ) - 16usize];
+    [
+        "Offset of field: CUDA_KERNEL_NODE_PARAMS_v2_st::blockDimX",
+    ][::std::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v2_st, blockDimX) - 20usize];
+    [
+        "Offset of field: CUDA_KERNEL_NODE_PARAMS_v2_st::blockDimY",
+    ][::std::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v2_st, blockDimY) - 24usize];
+    [
+        "Offset of field: CUDA_KERNEL_NODE_PARAMS_v2_st::blockDimZ",
+    ][::std::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v2_st, blockDimZ) - 28usize];
+    [
+        "Offset of field: CUDA_KERNEL_NODE_PARAMS_v2_st::sharedMemBytes",
+    ][::std::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v2_st, sharedMemBytes) - 32usize];
+    [
+        "Offset of field: CUDA_KERNEL_NODE_PARAMS_v2_st::kernelParams",
+    ][::std::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v2_st, kernelParams) - 40usize];
+    [
+        "Offset of field: CUDA_KERNEL_NODE_PARAMS_v2_st::extra",
+    ][::std::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v2_st, extra) - 48usize];
+    [
+        "Offset of field: CUDA_KERNEL_NODE_PARAMS_v2_st::kern",
+    ][::std::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v2_st, kern) - 56usize];
+    [
+        "Offset of field: CUDA_KERNEL_NODE_PARAMS_v2_st::ctx",
+    ][::std::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v2_st, ctx) - 64usize];
+};
+impl Default for CUDA_KERNEL_NODE_PARAMS_v2_st {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub type CUDA_KERNEL_NODE_PARAMS_v2 = CUDA_KERNEL_NODE_PARAMS_v2_st;
+pub type CUDA_KERNEL_NODE_PARAMS = CUDA_KERNEL_NODE_PARAMS_v2;
+impl CUgraphNodeType_enum {
+    pub const CU_GRAPH_NODE_TYPE_KERNEL: CUgraphNodeType_enum = CUgraphNodeType_enum(0);
+    pub const CU_GRAPH_NODE_TYPE_MEMCPY: CUgraphNodeType_enum = CUgraphNodeType_enum(1);
+    pub const CU_GRAPH_NODE_TYPE_MEMSET: CUgraphNodeType_enum = CUgraphNodeType_enum(2);
+    pub const CU_GRAPH_NODE_TYPE_HOST: CUgraphNodeType_enum = CUgraphNodeType_enum(3);
+    pub const CU_GRAPH_NODE_TYPE_GRAPH: CUgraphNodeType_enum = CUgraphNodeType_enum(4);
+    pub const CU_GRAPH_NODE_TYPE_EMPTY: CUgraphNodeType_enum = CUgraphNodeType_enum(5);
+    pub const CU_GRAPH_NODE_TYPE_WAIT_EVENT: CUgraphNodeType_enum = CUgraphNodeType_enum(
+        6,
+    );
+    pub const CU_GRAPH_NODE_TYPE_EVENT_RECORD: CUgraphNodeType_enum = CUgraphNodeType_enum(
+        7,
+    );
+    pub const CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL: CUgraphNodeType_enum = CUgraphNodeType_enum(
+        8,
+    );
+    pub const CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT: CUgraphNodeType_enum = CUgraphNodeType_enum(
+        9,
+    );
+    pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: CUgraphNodeType_enum = CUgraphNodeType_enum(
+        10,
+    );
+    pub const CU_GRAPH_NODE_TYPE_MEM_FREE: CUgraphNodeType_enum = CUgraphNodeType_enum(
+        11,
+    );
+    pub const CU_GRAPH_NODE_TYPE_BATCH_MEM_OP: CUgraphNodeType_enum = CUgraphNodeType_enum(
+        12,
+    );
+    pub const CU_GRAPH_NODE_TYPE_CONDITIONAL: CUgraphNodeType_enum = CUgraphNodeType_enum(
+        13,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUgraphNodeType_enum(pub ::std::os::raw::c_uint);
+pub use self::CUgraphNodeType_enum as CUgraphNodeType;
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUgraphEdgeData_st {
+    pub from_port: ::std::os::raw::c_uchar,
+    pub to_port: ::std::os::raw::c_uchar,
+    pub type_: ::std::os::raw::c_uchar,
+    pub reserved: [::std::os::raw::c_uchar; 5usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of CUgraphEdgeData_st"][::std::mem::size_of::<CUgraphEdgeData_st>() - 8usize];
+    [
+        "Alignment of CUgraphEdgeData_st",
+    ][::std::mem::align_of::<CUgraphEdgeData_st>() - 1usize];
+    [
+        "Offset of field: CUgraphEdgeData_st::from_port",
+    ][::std::mem::offset_of!(CUgraphEdgeData_st, from_port) - 0usize];
+    [
+        "Offset of field: CUgraphEdgeData_st::to_port",
+    ][::std::mem::offset_of!(CUgraphEdgeData_st, to_port) - 1usize];
+    [
+        "Offset of field: CUgraphEdgeData_st::type_",
+    ][::std::mem::offset_of!(CUgraphEdgeData_st, type_) - 2usize];
+    [
+        "Offset of field: CUgraphEdgeData_st::reserved",
+    ][::std::mem::offset_of!(CUgraphEdgeData_st, reserved) - 3usize];
+};
+pub type CUgraphEdgeData = CUgraphEdgeData_st;
 impl CUsynchronizationPolicy_enum {
     pub const CU_SYNC_POLICY_AUTO: CUsynchronizationPolicy_enum = CUsynchronizationPolicy_enum(
         1,
@@ -3312,6 +3466,10 @@ pub struct DriverApi {
         unsafe extern "C" fn(hStream: CUstream, mode: CUstreamCaptureMode) -> CUresult,
         ::libloading::Error,
     >,
+    pub cuThreadExchangeStreamCaptureMode: Result<
+        unsafe extern "C" fn(mode: *mut CUstreamCaptureMode) -> CUresult,
+        ::libloading::Error,
+    >,
     pub cuStreamEndCapture: Result<
         unsafe extern "C" fn(hStream: CUstream, phGraph: *mut CUgraph) -> CUresult,
         ::libloading::Error,
@@ -3320,6 +3478,28 @@ pub struct DriverApi {
         unsafe extern "C" fn(
             hStream: CUstream,
             captureStatus: *mut CUstreamCaptureStatus,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuStreamGetCaptureInfo_v3: Result<
+        unsafe extern "C" fn(
+            hStream: CUstream,
+            captureStatus_out: *mut CUstreamCaptureStatus,
+            id_out: *mut cuuint64_t,
+            graph_out: *mut CUgraph,
+            dependencies_out: *mut *const CUgraphNode,
+            edgeData_out: *mut *const CUgraphEdgeData,
+            numDependencies_out: *mut usize,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuStreamUpdateCaptureDependencies_v2: Result<
+        unsafe extern "C" fn(
+            hStream: CUstream,
+            dependencies: *mut CUgraphNode,
+            dependencyData: *const CUgraphEdgeData,
+            numDependencies: usize,
+            flags: ::std::os::raw::c_uint,
         ) -> CUresult,
         ::libloading::Error,
     >,
@@ -3495,12 +3675,62 @@ pub struct DriverApi {
         ) -> CUresult,
         ::libloading::Error,
     >,
+    pub cuGraphKernelNodeGetParams_v2: Result<
+        unsafe extern "C" fn(
+            hNode: CUgraphNode,
+            nodeParams: *mut CUDA_KERNEL_NODE_PARAMS,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuGraphMemcpyNodeGetParams: Result<
+        unsafe extern "C" fn(
+            hNode: CUgraphNode,
+            nodeParams: *mut CUDA_MEMCPY3D,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuGraphNodeGetType: Result<
+        unsafe extern "C" fn(
+            hNode: CUgraphNode,
+            type_: *mut CUgraphNodeType,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuGraphGetNodes: Result<
+        unsafe extern "C" fn(
+            hGraph: CUgraph,
+            nodes: *mut CUgraphNode,
+            numNodes: *mut usize,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
     pub cuGraphInstantiateWithFlags: Result<
         unsafe extern "C" fn(
             phGraphExec: *mut CUgraphExec,
             hGraph: CUgraph,
             flags: ::std::os::raw::c_ulonglong,
         ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuGraphExecKernelNodeSetParams_v2: Result<
+        unsafe extern "C" fn(
+            hGraphExec: CUgraphExec,
+            hNode: CUgraphNode,
+            nodeParams: *const CUDA_KERNEL_NODE_PARAMS,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuGraphExecMemcpyNodeSetParams: Result<
+        unsafe extern "C" fn(
+            hGraphExec: CUgraphExec,
+            hNode: CUgraphNode,
+            copyParams: *const CUDA_MEMCPY3D,
+            ctx: CUcontext,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuGraphUpload: Result<
+        unsafe extern "C" fn(hGraphExec: CUgraphExec, hStream: CUstream) -> CUresult,
         ::libloading::Error,
     >,
     pub cuGraphLaunch: Result<
@@ -3760,9 +3990,21 @@ impl DriverApi {
             __library.get(b"cuStreamBeginCapture_v2\0")
         }
             .map(|sym| *sym);
+        let cuThreadExchangeStreamCaptureMode = unsafe {
+            __library.get(b"cuThreadExchangeStreamCaptureMode\0")
+        }
+            .map(|sym| *sym);
         let cuStreamEndCapture = unsafe { __library.get(b"cuStreamEndCapture\0") }
             .map(|sym| *sym);
         let cuStreamIsCapturing = unsafe { __library.get(b"cuStreamIsCapturing\0") }
+            .map(|sym| *sym);
+        let cuStreamGetCaptureInfo_v3 = unsafe {
+            __library.get(b"cuStreamGetCaptureInfo_v3\0")
+        }
+            .map(|sym| *sym);
+        let cuStreamUpdateCaptureDependencies_v2 = unsafe {
+            __library.get(b"cuStreamUpdateCaptureDependencies_v2\0")
+        }
             .map(|sym| *sym);
         let cuStreamQuery = unsafe { __library.get(b"cuStreamQuery\0") }.map(|sym| *sym);
         let cuStreamSynchronize = unsafe { __library.get(b"cuStreamSynchronize\0") }
@@ -3816,10 +4058,31 @@ impl DriverApi {
             .map(|sym| *sym);
         let cuLaunchHostFunc = unsafe { __library.get(b"cuLaunchHostFunc\0") }
             .map(|sym| *sym);
+        let cuGraphKernelNodeGetParams_v2 = unsafe {
+            __library.get(b"cuGraphKernelNodeGetParams_v2\0")
+        }
+            .map(|sym| *sym);
+        let cuGraphMemcpyNodeGetParams = unsafe {
+            __library.get(b"cuGraphMemcpyNodeGetParams\0")
+        }
+            .map(|sym| *sym);
+        let cuGraphNodeGetType = unsafe { __library.get(b"cuGraphNodeGetType\0") }
+            .map(|sym| *sym);
+        let cuGraphGetNodes = unsafe { __library.get(b"cuGraphGetNodes\0") }
+            .map(|sym| *sym);
         let cuGraphInstantiateWithFlags = unsafe {
             __library.get(b"cuGraphInstantiateWithFlags\0")
         }
             .map(|sym| *sym);
+        let cuGraphExecKernelNodeSetParams_v2 = unsafe {
+            __library.get(b"cuGraphExecKernelNodeSetParams_v2\0")
+        }
+            .map(|sym| *sym);
+        let cuGraphExecMemcpyNodeSetParams = unsafe {
+            __library.get(b"cuGraphExecMemcpyNodeSetParams\0")
+        }
+            .map(|sym| *sym);
+        let cuGraphUpload = unsafe { __library.get(b"cuGraphUpload\0") }.map(|sym| *sym);
         let cuGraphLaunch = unsafe { __library.get(b"cuGraphLaunch\0") }.map(|sym| *sym);
         let cuGraphExecDestroy = unsafe { __library.get(b"cuGraphExecDestroy\0") }
             .map(|sym| *sym);
@@ -3928,8 +4191,11 @@ impl DriverApi {
             cuStreamGetCtx,
             cuStreamWaitEvent,
             cuStreamBeginCapture_v2,
+            cuThreadExchangeStreamCaptureMode,
             cuStreamEndCapture,
             cuStreamIsCapturing,
+            cuStreamGetCaptureInfo_v3,
+            cuStreamUpdateCaptureDependencies_v2,
             cuStreamQuery,
             cuStreamSynchronize,
             cuStreamDestroy_v2,
@@ -3954,7 +4220,14 @@ impl DriverApi {
             cuLaunchKernel,
             cuLaunchKernelEx,
             cuLaunchHostFunc,
+            cuGraphKernelNodeGetParams_v2,
+            cuGraphMemcpyNodeGetParams,
+            cuGraphNodeGetType,
+            cuGraphGetNodes,
             cuGraphInstantiateWithFlags,
+            cuGraphExecKernelNodeSetParams_v2,
+            cuGraphExecMemcpyNodeSetParams,
+            cuGraphUpload,
             cuGraphLaunch,
             cuGraphExecDestroy,
             cuGraphDestroy,
@@ -4967,6 +5240,17 @@ impl DriverApi {
                 .expect("Expected function, got error."))(hStream, mode)
         }
     }
+    pub unsafe fn cuThreadExchangeStreamCaptureMode(
+        &self,
+        mode: *mut CUstreamCaptureMode,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuThreadExchangeStreamCaptureMode
+                .as_ref()
+                .expect("Expected function, got error."))(mode)
+        }
+    }
     pub unsafe fn cuStreamEndCapture(
         &self,
         hStream: CUstream,
@@ -4989,6 +5273,50 @@ impl DriverApi {
                 .cuStreamIsCapturing
                 .as_ref()
                 .expect("Expected function, got error."))(hStream, captureStatus)
+        }
+    }
+    pub unsafe fn cuStreamGetCaptureInfo_v3(
+        &self,
+        hStream: CUstream,
+        captureStatus_out: *mut CUstreamCaptureStatus,
+        id_out: *mut cuuint64_t,
+        graph_out: *mut CUgraph,
+        dependencies_out: *mut *const CUgraphNode,
+        edgeData_out: *mut *const CUgraphEdgeData,
+        numDependencies_out: *mut usize,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuStreamGetCaptureInfo_v3
+                .as_ref()
+                .expect(
+                    "Expected function, got error.",
+                ))(
+                hStream,
+                captureStatus_out,
+                id_out,
+                graph_out,
+                dependencies_out,
+                edgeData_out,
+                numDependencies_out,
+            )
+        }
+    }
+    pub unsafe fn cuStreamUpdateCaptureDependencies_v2(
+        &self,
+        hStream: CUstream,
+        dependencies: *mut CUgraphNode,
+        dependencyData: *const CUgraphEdgeData,
+        numDependencies: usize,
+        flags: ::std::os::raw::c_uint,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuStreamUpdateCaptureDependencies_v2
+                .as_ref()
+                .expect(
+                    "Expected function, got error.",
+                ))(hStream, dependencies, dependencyData, numDependencies, flags)
         }
     }
     pub unsafe fn cuStreamQuery(&self, hStream: CUstream) -> CUresult {
@@ -5287,6 +5615,55 @@ impl DriverApi {
                 .expect("Expected function, got error."))(hStream, fn_, userData)
         }
     }
+    pub unsafe fn cuGraphKernelNodeGetParams_v2(
+        &self,
+        hNode: CUgraphNode,
+        nodeParams: *mut CUDA_KERNEL_NODE_PARAMS,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuGraphKernelNodeGetParams_v2
+                .as_ref()
+                .expect("Expected function, got error."))(hNode, nodeParams)
+        }
+    }
+    pub unsafe fn cuGraphMemcpyNodeGetParams(
+        &self,
+        hNode: CUgraphNode,
+        nodeParams: *mut CUDA_MEMCPY3D,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuGraphMemcpyNodeGetParams
+                .as_ref()
+                .expect("Expected function, got error."))(hNode, nodeParams)
+        }
+    }
+    pub unsafe fn cuGraphNodeGetType(
+        &self,
+        hNode: CUgraphNode,
+        type_: *mut CUgraphNodeType,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuGraphNodeGetType
+                .as_ref()
+                .expect("Expected function, got error."))(hNode, type_)
+        }
+    }
+    pub unsafe fn cuGraphGetNodes(
+        &self,
+        hGraph: CUgraph,
+        nodes: *mut CUgraphNode,
+        numNodes: *mut usize,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuGraphGetNodes
+                .as_ref()
+                .expect("Expected function, got error."))(hGraph, nodes, numNodes)
+        }
+    }
     pub unsafe fn cuGraphInstantiateWithFlags(
         &self,
         phGraphExec: *mut CUgraphExec,
@@ -5298,6 +5675,47 @@ impl DriverApi {
                 .cuGraphInstantiateWithFlags
                 .as_ref()
                 .expect("Expected function, got error."))(phGraphExec, hGraph, flags)
+        }
+    }
+    pub unsafe fn cuGraphExecKernelNodeSetParams_v2(
+        &self,
+        hGraphExec: CUgraphExec,
+        hNode: CUgraphNode,
+        nodeParams: *const CUDA_KERNEL_NODE_PARAMS,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuGraphExecKernelNodeSetParams_v2
+                .as_ref()
+                .expect("Expected function, got error."))(hGraphExec, hNode, nodeParams)
+        }
+    }
+    pub unsafe fn cuGraphExecMemcpyNodeSetParams(
+        &self,
+        hGraphExec: CUgraphExec,
+        hNode: CUgraphNode,
+        copyParams: *const CUDA_MEMCPY3D,
+        ctx: CUcontext,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuGraphExecMemcpyNodeSetParams
+                .as_ref()
+                .expect(
+                    "Expected function, got error.",
+                ))(hGraphExec, hNode, copyParams, ctx)
+        }
+    }
+    pub unsafe fn cuGraphUpload(
+        &self,
+        hGraphExec: CUgraphExec,
+        hStream: CUstream,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuGraphUpload
+                .as_ref()
+                .expect("Expected function, got error."))(hGraphExec, hStream)
         }
     }
     pub unsafe fn cuGraphLaunch(

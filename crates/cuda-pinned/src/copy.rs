@@ -326,6 +326,7 @@ impl Stream {
         dst: &mut impl DeviceDestination<T>,
     ) -> Result<()> {
         if src.owner() != self.context() || dst.owner() != self.context() {
+            self.refuse_in_capture("Stream::copy between devices")?;
             return self.copy_between_devices(src, dst);
         }
         let sides = (
@@ -367,6 +368,8 @@ impl Stream {
         src: &[T],
         dst: &mut impl DeviceDestination<T>,
     ) -> Result<()> {
+        // Captured, the copy would read `src` at every replay, wherever it is by then.
+        self.refuse_in_capture("Stream::upload_pageable")?;
         let Some(bytes) = self.check_copy::<T>("uploading", src.len(), dst)? else {
             return Ok(());
         };
@@ -410,6 +413,7 @@ impl Stream {
         src: &impl DeviceSource<T>,
         dst: &mut [T],
     ) -> Result<()> {
+        self.refuse_in_capture("Stream::download_pageable")?;
         let Some(bytes) = self.check_copy::<T>("downloading", dst.len(), src)? else {
             return Ok(());
         };

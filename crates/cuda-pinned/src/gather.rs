@@ -218,6 +218,8 @@ impl Gatherer {
         out: &mut impl DeviceDestination<T>,
         options: GatherOptions,
     ) -> Result<()> {
+        // The indices are copied to the device through staging memory the host writes now.
+        stream.refuse_in_capture("Gatherer::gather")?;
         let rows = self.check(stream, table, row_len, indices, out)?;
         if indices.is_empty() || size_of::<T>() == 0 {
             return Ok(());

@@ -42,7 +42,7 @@ use smallvec::SmallVec;
 use crate::copy::{DeviceDestination, DeviceSource, PinnedDestination, PinnedSource, sealed};
 use crate::driver::{Category, Context, Stream, calls};
 use crate::error::{Error, Result};
-use crate::memory::{INLINE, Track, Work, lock, release_host};
+use crate::memory::{INLINE, Track, Work, release_after_graphs, release_host};
 use crate::sys::{
     CUdevice_attribute, CUdeviceptr, CUfunction, CUfunction_attribute, CUmodule, CUresult, CUstream,
 };
@@ -219,8 +219,11 @@ impl Drop for ModuleInner {
             // the module's tracker) and no handle to it or its kernels is left.
             unsafe { calls::module_unload(raw as CUmodule) }
         };
-        let track = std::mem::take(&mut *lock(&self.track));
-        release_host(&self.context, track, Box::new(unload), 0);
+        let context = self.context.clone();
+        // After the launches of its kernels, the captured ones included (a graph holds the module).
+        release_after_graphs(&self.track, move |track| {
+            release_host(&context, track, Box::new(unload), 0);
+        });
     }
 }
 

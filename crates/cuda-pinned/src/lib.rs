@@ -118,6 +118,7 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 mod gather;
+mod graph;
 #[cfg(feature = "cudarc")]
 mod interop;
 pub mod kernels;
@@ -139,6 +140,7 @@ pub use copy::{DeviceDestination, DeviceSource, PinnedDestination, PinnedSource}
 pub use driver::{Context, DEVICE_MEMORY_KEPT, Device, Done, Event, Stream};
 pub use error::{Error, Result};
 pub use gather::{GatherEngine, GatherOptions, Gatherer, ReadOrder, RowTable};
+pub use graph::Graph;
 pub use launch::{Arg, Kernel, LaunchConfig, Module, Use};
 pub use memory::{
     DeviceBuffer, DeviceView, DeviceViewMut, Pinned, PinnedBuilder, PinnedPool, PinnedView,

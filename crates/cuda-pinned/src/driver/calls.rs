@@ -18,9 +18,9 @@ use crate::driver_call;
 use crate::error::Result;
 use crate::sys::{
     CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUfunction,
-    CUfunction_attribute, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationHandleType,
-    CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPool_attribute, CUmemPoolProps,
-    CUmemoryPool, CUmodule, CUresult, CUstream, CUuuid,
+    CUfunction_attribute, CUgraph, CUgraphExec, CUgraphNode, CUmemAccess_flags, CUmemAccessDesc,
+    CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation, CUmemLocationType,
+    CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUmodule, CUresult, CUstream, CUuuid,
 };
 
 /// `Ok(true)` for success, `Ok(false)` for `CUDA_ERROR_NOT_READY`, else the error: a query's answer.
@@ -713,4 +713,113 @@ pub(crate) fn pointer_mem_pool(ptr: CUdeviceptr) -> Result<CUmemoryPool> {
         ))
     }?;
     Ok(pool)
+}
+
+// ---- stream capture and graphs
+
+/// `cuStreamBeginCapture_v2` in the relaxed mode: work queued on `stream` from now on is recorded into a graph
+/// rather than run, until `cuStreamEndCapture`. The relaxed mode lets every thread go on making the calls the
+/// other modes forbid during a capture (pinning, unpinning, frees): the crate never makes them on memory the
+/// capture uses (ARCHITECTURE.md, "Graphs").
+pub(crate) fn stream_begin_capture(stream: CUstream) -> Result<()> {
+    let mode = crate::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: a live stream (see the module docs).
+    unsafe { driver_call!(cuStreamBeginCapture_v2(stream, mode)) }
+}
+
+/// `cuStreamEndCapture`: ends the capture `stream` began, returning its graph (which the caller destroys with
+/// [`graph_destroy`]).
+pub(crate) fn stream_end_capture(stream: CUstream) -> Result<CUgraph> {
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: a live stream; an out-pointer to a local.
+    unsafe { driver_call!(cuStreamEndCapture(stream, &mut graph)) }?;
+    Ok(graph)
+}
+
+/// `cuStreamGetCaptureInfo_v3`: the nodes of the capture that work queued on `stream` next will depend on
+/// (empty where the stream is not capturing).
+pub(crate) fn stream_capture_dependencies(stream: CUstream) -> Result<Vec<CUgraphNode>> {
+    let mut status = crate::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut nodes: *const CUgraphNode = std::ptr::null();
+    let mut count = 0;
+    // SAFETY: a live stream; out-pointers to locals; the other outputs are optional.
+    unsafe {
+        driver_call!(cuStreamGetCaptureInfo_v3(
+            stream,
+            &mut status,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut nodes,
+            std::ptr::null_mut(),
+            &mut count,
+        ))
+    }?;
+    if nodes.is_null() || count == 0 {
+        return Ok(Vec::new());
+    }
+    // SAFETY: cuda.h: the array holds `count` nodes and stays valid until the next call on the stream.
+    Ok(unsafe { std::slice::from_raw_parts(nodes, count) }.to_vec())
+}
+
+/// `cuStreamUpdateCaptureDependencies_v2` (add): makes work queued on the capturing `stream` next depend on
+/// `nodes` too, which belong to the same capture.
+pub(crate) fn stream_add_capture_dependencies(
+    stream: CUstream,
+    nodes: &[CUgraphNode],
+) -> Result<()> {
+    let flags =
+        crate::sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_ADD_CAPTURE_DEPENDENCIES.0;
+    // SAFETY: a live stream; the driver reads `nodes.len()` nodes (it takes the pointer as mutable but does not
+    // write through it).
+    unsafe {
+        driver_call!(cuStreamUpdateCaptureDependencies_v2(
+            stream,
+            nodes.as_ptr().cast_mut(),
+            std::ptr::null(),
+            nodes.len(),
+            flags,
+        ))
+    }
+}
+
+/// `cuGraphInstantiateWithFlags` (no flags): an executable graph of `graph`.
+pub(crate) fn graph_instantiate(graph: CUgraph) -> Result<CUgraphExec> {
+    let mut exec = std::ptr::null_mut();
+    // SAFETY: a live graph; an out-pointer to a local.
+    unsafe { driver_call!(cuGraphInstantiateWithFlags(&mut exec, graph, 0)) }?;
+    Ok(exec)
+}
+
+/// `cuGraphUpload`: prepares `exec` for launches on `stream` (a first launch does it otherwise).
+pub(crate) fn graph_upload(exec: CUgraphExec, stream: CUstream) -> Result<()> {
+    // SAFETY: a live executable graph and stream.
+    unsafe { driver_call!(cuGraphUpload(exec, stream)) }
+}
+
+/// `cuGraphLaunch`: queues a run of `exec` on `stream`, after the stream's earlier work and the graph's earlier
+/// launches, whatever streams those were on (ARCHITECTURE.md, "Graphs").
+///
+/// # Safety
+/// Every memory address the graph's nodes use must stay allocated until the launch has completed.
+pub(crate) unsafe fn graph_launch(exec: CUgraphExec, stream: CUstream) -> Result<()> {
+    // SAFETY: live handles; the memory as the caller guarantees.
+    unsafe { driver_call!(cuGraphLaunch(exec, stream)) }
+}
+
+/// `cuGraphExecDestroy`: the driver finishes launches still in flight, then frees it (returns at once).
+///
+/// # Safety
+/// `exec` must be live and not used again.
+pub(crate) unsafe fn graph_exec_destroy(exec: CUgraphExec) -> Result<()> {
+    // SAFETY: as the caller guarantees.
+    unsafe { driver_call!(cuGraphExecDestroy(exec)) }
+}
+
+/// `cuGraphDestroy`.
+///
+/// # Safety
+/// `graph` must be live and not used again.
+pub(crate) unsafe fn graph_destroy(graph: CUgraph) -> Result<()> {
+    // SAFETY: as the caller guarantees.
+    unsafe { driver_call!(cuGraphDestroy(graph)) }
 }

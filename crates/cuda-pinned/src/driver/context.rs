@@ -113,6 +113,9 @@ pub(crate) trait Queue: Send + Sync {
 
     /// A future of the work queued on the stream so far, as `Stream::done` makes.
     fn done(self: Arc<Self>) -> super::done::Done;
+
+    /// Whether the stream is in a capture of the crate's (`graph.rs`).
+    fn is_capturing(&self) -> bool;
 }
 
 /// A device's gate held for reading by this thread (see [`Context::enqueue_gate`]).
@@ -679,6 +682,34 @@ impl Context {
             // The handles go after the list's lock: one may be the last of its context.
             report_sweep(&alive, vec![error]);
         }
+    }
+
+    /// Fails while a stream the crate knows in this context (through any handle of it) is in a capture: a
+    /// synchronization of the context would end the capture (ARCHITECTURE.md, "Graphs").
+    ///
+    /// # Errors
+    /// An invalid-argument error naming `what`.
+    pub(crate) fn refuse_in_capture(&self, what: &str) -> Result<()> {
+        let handles = lock(&DEVICES)
+            .iter()
+            .find(|d| d.device.ordinal() == self.0.device.ordinal())
+            .map(Known::alive)
+            .unwrap_or_default();
+        let capturing = handles.iter().any(|handle| {
+            lock(&handle.0.streams)
+                .iter()
+                .filter_map(Weak::upgrade)
+                .any(|stream| stream.is_capturing())
+        });
+        if capturing {
+            return Err(Error::invalid(format_args!(
+                "{what}: a stream of device {} is capturing a graph, which a synchronization of its context \
+                 would end; synchronize the streams you need, or wait until the capture has ended; nothing was \
+                 enqueued",
+                self.0.device.ordinal()
+            )));
+        }
+        Ok(())
     }
 
     /// Futures of the work queued so far on every stream the crate knows in this context, through any handle

@@ -185,6 +185,10 @@ impl Stream {
     #[doc(alias = "cuStreamWriteValue32")]
     #[doc(alias = "cuStreamWriteValue32_v2")]
     pub fn done(&self) -> Done {
+        // The point would be captured, and written by every replay instead of now.
+        if let Err(e) = self.refuse_in_capture("Stream::done") {
+            return Done::failed(e);
+        }
         match reactor().watch_stream(self) {
             Ok((signal, flag)) => Done::waiting(signal, flag),
             Err(e) => {

@@ -184,7 +184,7 @@ impl SegmentLock {
 
 /// A number that tells the calling thread from every other live thread, never 0: the address of a
 /// thread-local (cheaper than `std::thread::current().id()`, which clones the thread's handle).
-fn this_thread() -> usize {
+pub(crate) fn this_thread() -> usize {
     thread_local! {
         static TOKEN: u8 = const { 0 };
     }

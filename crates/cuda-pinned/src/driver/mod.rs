@@ -18,4 +18,5 @@ pub use context::{Context, DEVICE_MEMORY_KEPT};
 pub use device::Device;
 pub use done::Done;
 pub use event::Event;
+pub(crate) use stream::Capture;
 pub use stream::{Category, Stream};

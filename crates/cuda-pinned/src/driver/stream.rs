@@ -2,7 +2,8 @@
 
 use std::any::Any;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::calls;
 use super::context::{Context, Queue};
@@ -30,6 +31,20 @@ pub(crate) struct Inner {
     segment: SegmentLock,
     /// What keeps a borrowed stream alive while this handle lives (another library's stream object).
     _keeps: Option<Box<dyn Any + Send + Sync>>,
+    /// Whether the stream is in a capture of the crate's (`graph.rs`): set before the capture begins and
+    /// cleared after it ends, so that nothing that would end it (a query, a synchronization, an event recorded
+    /// for the tracking) reaches the driver meanwhile.
+    capturing: AtomicBool,
+    /// The capture, while `capturing`.
+    capture: Mutex<Option<Capture>>,
+}
+
+/// A capture a stream is in: the thread that records it (the only one whose work on the stream joins it) and
+/// its state, which the tracking reaches (`memory/captured.rs`).
+#[derive(Clone)]
+pub(crate) struct Capture {
+    pub(crate) thread: usize,
+    pub(crate) state: Arc<dyn Any + Send + Sync>,
 }
 
 /// What a ledger entry timed.
@@ -146,6 +161,8 @@ impl Stream {
             observer,
             segment: SegmentLock::default(),
             _keeps: None,
+            capturing: AtomicBool::new(false),
+            capture: Mutex::new(None),
         }))
     }
 
@@ -169,6 +186,8 @@ impl Stream {
             observer: None,
             segment: SegmentLock::default(),
             _keeps: None,
+            capturing: AtomicBool::new(false),
+            capture: Mutex::new(None),
         }))
     }
 
@@ -243,6 +262,8 @@ impl Stream {
             observer: None,
             segment: SegmentLock::default(),
             _keeps: keeps,
+            capturing: AtomicBool::new(false),
+            capture: Mutex::new(None),
         }))
     }
 
@@ -270,6 +291,7 @@ impl Stream {
     /// The driver's, including errors of the work on the stream.
     #[doc(alias = "cuStreamSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
+        self.refuse_in_capture("Stream::synchronize")?;
         // Work other code enqueues later must not delay what the crate's buffers wait for on this stream. A
         // failure to close only makes later waits less precise: the synchronization still happens.
         let closed = self.close_segment();
@@ -283,6 +305,7 @@ impl Stream {
     /// The driver's, other than `CUDA_ERROR_NOT_READY` (which is `Ok(false)`).
     #[doc(alias = "cuStreamQuery")]
     pub fn query(&self) -> Result<bool> {
+        self.refuse_in_capture("Stream::query")?;
         calls::stream_query(self.0.raw).map_err(|e| e.context("querying a stream"))
     }
 
@@ -293,6 +316,8 @@ impl Stream {
     /// The driver's.
     #[doc(alias = "cuStreamWaitEvent")]
     pub fn wait(&self, event: &Event) -> Result<()> {
+        // A capturing stream may wait only for work of its capture, which the tracking orders itself.
+        self.refuse_in_capture("Stream::wait")?;
         // The wait delays everything after it: kept out of the segments of the crate's work, so that no wait
         // for a buffer includes it.
         self.untracked(|| {
@@ -316,6 +341,66 @@ impl Stream {
     #[doc(alias = "cuStreamGetPriority")]
     pub fn priority(&self) -> Result<i32> {
         calls::stream_priority(self.0.raw).map_err(|e| e.context("reading a stream's priority"))
+    }
+}
+
+/// The stream's side of captures (see `graph.rs`).
+impl Stream {
+    /// Whether the stream is in a capture of the crate's.
+    pub(crate) fn is_capturing(&self) -> bool {
+        self.0.capturing.load(Ordering::Acquire)
+    }
+
+    /// The capture the stream is in, if the calling thread records it; `None` where the stream is not in one.
+    ///
+    /// # Errors
+    /// An invalid-argument error where another thread records the capture: its work would land in that
+    /// thread's graph.
+    pub(crate) fn capture(&self) -> Result<Option<Capture>> {
+        if !self.is_capturing() {
+            return Ok(None);
+        }
+        let capture = self
+            .0
+            .capture
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        match capture {
+            Some(c) if c.thread == super::marks::this_thread() => Ok(Some(c)),
+            // Ended meanwhile: the stream runs work again.
+            None => Ok(None),
+            Some(_) => Err(Error::invalid(format_args!(
+                "{self:?} is capturing a graph on another thread: work queued on it now would join that graph; \
+                 nothing was enqueued"
+            ))),
+        }
+    }
+
+    /// Fails if the stream is in a capture: for what cannot be captured, or would end the capture.
+    ///
+    /// # Errors
+    /// An invalid-argument error naming `what`.
+    pub(crate) fn refuse_in_capture(&self, what: &str) -> Result<()> {
+        if self.is_capturing() {
+            return Err(Error::invalid(format_args!(
+                "{what}: {self:?} is capturing a graph, which this cannot be part of (it would end the capture, \
+                 or stand for nothing in it); call it before or after the capture; nothing was enqueued"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Marks the stream as in `capture` (before the driver's capture begins), or as out of one (`None`, after
+    /// it has ended).
+    pub(crate) fn set_capture(&self, capture: Option<Capture>) {
+        let on = capture.is_some();
+        *self
+            .0
+            .capture
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = capture;
+        self.0.capturing.store(on, Ordering::Release);
     }
 }
 
@@ -351,6 +436,10 @@ impl Stream {
     /// The driver's, from closing the segment; `enqueue`'s.
     pub(crate) fn untracked<R>(&self, enqueue: impl FnOnce() -> Result<R>) -> Result<R> {
         let _enqueue = self.context().enqueue()?;
+        if self.capture()?.is_some() {
+            // Captured, not run: no mark of the crate's on this stream is open (`graph.rs` closed them).
+            return enqueue();
+        }
         let _segment = self.segment();
         self.close_segment()?;
         enqueue()
@@ -365,6 +454,9 @@ impl Stream {
     /// The driver's, from recording the event; the caller must not enqueue then.
     pub(crate) fn begin(&self, replaced: impl FnOnce(&Mark) -> usize) -> Result<SegmentGuard<'_>> {
         let guard = self.segment();
+        // Checked under the segment lock, which a capture holds while it begins: no work of the tracking lands
+        // in a capture but through `memory/captured.rs`.
+        self.refuse_in_capture("queueing work the crate tracks")?;
         {
             let mut current = guard.current();
             let replaced = replaced(&current);
@@ -377,6 +469,8 @@ impl Stream {
 
     /// Records the current segment's event now and starts a new segment (`current` borrowed from `guard`).
     fn close(&self, guard: &SegmentGuard<'_>, current: &mut Mark) -> Result<()> {
+        // An event recorded in a capture stands for nothing outside it (ARCHITECTURE.md, "Graphs").
+        self.refuse_in_capture("closing a segment of the tracking")?;
         // Only a closed segment has an event, and only `close` sets one, under the segment lock.
         guard.close(current, |reused| match reused {
             Some(event) => {
@@ -442,11 +536,19 @@ impl Queue for Inner {
     }
 
     fn query(self: Arc<Self>) -> Result<bool> {
+        // A capturing stream runs nothing, and a query would end its capture: busy until the capture ends.
+        if self.capturing.load(Ordering::Acquire) {
+            return Ok(false);
+        }
         Stream(self).query()
     }
 
     fn done(self: Arc<Self>) -> super::done::Done {
         Stream(self).done()
+    }
+
+    fn is_capturing(&self) -> bool {
+        self.capturing.load(Ordering::Acquire)
     }
 }
 
@@ -457,6 +559,8 @@ impl Event {
     /// The driver's, such as `CUDA_ERROR_INVALID_HANDLE` for a stream of another context.
     #[doc(alias = "cuEventRecord")]
     pub fn record(&self, stream: &Stream) -> Result<()> {
+        // Recorded in a capture, the event would stand for nothing outside it, and its queries would fail.
+        stream.refuse_in_capture("Event::record")?;
         calls::event_record(self.as_raw(), stream.as_raw())
             .map_err(|e| e.context("recording an event"))
     }

@@ -7,7 +7,7 @@ use bytemuck::Pod;
 
 use super::layout::{byte_len, check_alignment};
 use super::release::release_host;
-use super::tracked::{Gpu, Track, lock};
+use super::tracked::{Gpu, Track, lock, refuse_if_held};
 use crate::driver::Context;
 use crate::driver::Stream;
 use crate::driver::calls;
@@ -66,6 +66,7 @@ impl<T: Pod> DeviceBuffer<T> {
     #[doc(alias = "cuMemAllocFromPoolAsync")]
     #[doc(alias = "cuMemAlloc")]
     pub fn uninit(stream: &Stream, len: usize) -> Result<DeviceBuffer<T>> {
+        stream.refuse_in_capture("DeviceBuffer::uninit (allocate buffers before the capture)")?;
         let bytes = byte_len::<T>(len, "allocating device memory")?;
         check_alignment::<T>(ALIGNMENT, "allocating device memory")?;
         let context = stream.context();
@@ -195,6 +196,7 @@ impl<T> DeviceBuffer<T> {
     /// The driver's, from waiting for the work; the buffer is dropped then (its memory freed after that work,
     /// as usual).
     pub fn into_raw(mut self) -> Result<(CUdeviceptr, usize)> {
+        refuse_if_held(&self.track, "DeviceBuffer::into_raw")?;
         lock(&self.track)
             .synchronize_all(&Gpu)
             .map_err(|e| e.context("giving up a device buffer: waiting for its work"))?;
@@ -271,10 +273,13 @@ impl<T> DeviceBuffer<T> {
         // do: nothing would then keep this context alive until the free, and the driver frees all of a
         // context's memory when it destroys it, with no regard for another device's queued work (the release
         // stream, retired with a retain of the context, keeps it until its frees have run).
+        // A stream in a capture will not do either: the free would be captured (the driver refuses it).
         let sole = match track.sole_stream() {
-            Some(stream) if stream.context() == context => Some(stream.clone()),
+            Some(stream) if stream.context() == context && !stream.is_capturing() => {
+                Some(stream.clone())
+            }
             Some(_) => None,
-            None if track.is_empty() => Some(self.stream.clone()),
+            None if track.is_empty() && !self.stream.is_capturing() => Some(self.stream.clone()),
             None => None,
         };
         match sole {
@@ -310,6 +315,22 @@ fn free_async(ptr: CUdeviceptr, stream: &Stream) -> Result<()> {
 impl<T> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
         if self.ptr == 0 {
+            return;
+        }
+        if self.track.is_held() {
+            // A graph uses the memory: it goes once the last such graph has, after its replays (the moved
+            // buffer's own drop then frees it as below).
+            let moved = DeviceBuffer::<u8> {
+                len: self.byte_len(),
+                ptr: std::mem::take(&mut self.ptr),
+                stream: self.stream.clone(),
+                origin: self.origin,
+                track: self.track.share(),
+                _elements: PhantomData,
+            };
+            if let Some(now) = self.track.adopt(Box::new(move || drop(moved))) {
+                now();
+            }
             return;
         }
         if let Err(e) = self.release() {

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::ptr::NonNull;
 use std::task::{Context as TaskContext, Poll};
 
-use super::tracked::{Gpu, GpuTracker, Track, lock};
+use super::tracked::{Gpu, Track, lock};
 use crate::driver::Done;
 use crate::error::Result;
 use crate::track::Access;
@@ -55,11 +55,6 @@ impl<T> HostRegion<T> {
 
     pub(crate) fn track(&self) -> &Track {
         &self.track
-    }
-
-    /// The work still in flight, taken out for the release of the memory.
-    pub(crate) fn take_track(&mut self) -> GpuTracker {
-        std::mem::take(&mut *lock(&self.track))
     }
 
     /// Waits for in-flight writes, then lends the elements for reading.

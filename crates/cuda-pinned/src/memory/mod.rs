@@ -5,6 +5,7 @@
 //! destructors before releasing anything.
 
 mod block;
+mod captured;
 mod device;
 mod host;
 mod layout;
@@ -16,6 +17,7 @@ mod release;
 mod tracked;
 mod view;
 
+pub(crate) use captured::Recording;
 pub use device::DeviceBuffer;
 pub(crate) use device::Origin;
 pub use host::{Readable, Writable};
@@ -28,7 +30,7 @@ pub use registered::Registered;
 pub(crate) use release::guard_exit;
 pub(crate) use release::release_host;
 pub use tracked::Track;
-pub(crate) use tracked::{Gpu, INLINE, Work, lock};
+pub(crate) use tracked::{Gpu, INLINE, Work, lock, release_after_graphs};
 pub use view::{DeviceView, DeviceViewMut, PinnedView, PinnedViewMut};
 // The pure parts the fuzz targets reach through `crate::fuzzing`.
 #[cfg(any(test, fuzzing))]

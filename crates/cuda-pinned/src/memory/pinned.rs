@@ -12,7 +12,7 @@ use super::layout::{byte_len, check_alignment};
 use super::numa::{self, Placement};
 use super::pool::{Loan, POOL_FLAGS};
 use super::release::{release_host, retire, reuse};
-use super::tracked::{Gpu, Track, lock};
+use super::tracked::{Gpu, Track, lock, refuse_if_held, release_after_graphs};
 use crate::driver::Context;
 use crate::error::Result;
 use crate::sys::{
@@ -367,6 +367,7 @@ impl<T> Pinned<T> {
     /// An invalid-argument error for a buffer of a [`PinnedPool`](crate::PinnedPool), which goes back to its
     /// pool; the driver's, from waiting for the work. The buffer is dropped then, as usual.
     pub fn into_raw(mut self) -> Result<(*mut T, usize, u32)> {
+        refuse_if_held(self.host.track(), "Pinned::into_raw")?;
         if self.loan.is_some() {
             return Err(crate::error::Error::invalid(
                 "Pinned::into_raw: a pooled buffer belongs to its pool (copy it into a Pinned of its own)",
@@ -408,8 +409,9 @@ impl<T> Pinned<T> {
 impl<T> Drop for Pinned<T> {
     fn drop(&mut self) {
         if let Some(loan) = self.loan.take() {
-            // The pool reuses the block only once the work in flight on it has completed.
-            loan.give_back(self.host.take_track());
+            // The pool reuses the block only once the work in flight on it has completed (and the graphs that
+            // use it are gone).
+            release_after_graphs(self.host.track(), move |track| loan.give_back(track));
             return;
         }
         if self.block_bytes == 0 {
@@ -424,7 +426,10 @@ impl<T> Drop for Pinned<T> {
             node: self.node,
         };
         // Unpinned once no device work uses it, and lent again meanwhile once its own work has completed.
-        retire(&self.context, self.host.take_track(), block);
+        let context = self.context.clone();
+        release_after_graphs(self.host.track(), move |track| {
+            retire(&context, track, block)
+        });
     }
 }
 

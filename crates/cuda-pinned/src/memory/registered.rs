@@ -9,7 +9,7 @@ use bytemuck::Pod;
 use super::block::{Block, How};
 use super::host::{HostRegion, Readable, Writable};
 use super::release::{retire, reuse};
-use super::tracked::{Gpu, Track, lock};
+use super::tracked::{Gpu, Track, lock, refuse_if_held, release_after_graphs};
 use crate::driver::Context;
 use crate::driver::calls;
 use crate::error::Result;
@@ -188,6 +188,7 @@ impl<T: Pod> Registered<T> {
     /// (once its work completes, or leaked if that cannot be known), and the `Vec` is not returned.
     #[doc(alias = "cuMemHostUnregister")]
     pub fn into_vec(mut self) -> Result<Vec<T>> {
+        refuse_if_held(self.host.track(), "Registered::into_vec")?;
         lock(self.host.track()).synchronize_all(&Gpu)?;
         if self.host.byte_len() > 0 {
             self.context.synchronize()?;
@@ -224,9 +225,13 @@ impl<T: Pod> Drop for Registered<T> {
             how: How::Registered(layout),
             node: None,
         };
-        // Unregistered and freed (as the Vec's allocation: `layout`) once no device work uses it, and lent again
-        // meanwhile to a `Registered` of the same shape once its own work has completed.
-        retire(&self.context, self.host.take_track(), block);
+        // Unregistered and freed (as the Vec's allocation: `layout`) once no device work uses it (and the graphs
+        // that use it are gone), and lent again meanwhile to a `Registered` of the same shape once its own work
+        // has completed.
+        let context = self.context.clone();
+        release_after_graphs(self.host.track(), move |track| {
+            retire(&context, track, block)
+        });
     }
 }
 

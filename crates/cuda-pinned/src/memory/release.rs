@@ -367,9 +367,15 @@ impl Context {
     /// The driver's, from closing the streams' segments or queueing their points, and the work's (a sticky
     /// error of the context).
     pub fn done(&self) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
-        let closed = self.close_segments();
-        let points = self.every_stream_done();
+        let refused = self.refuse_in_capture("Context::done").err();
+        let (closed, points) = match refused {
+            Some(_) => (Ok(()), Vec::new()),
+            None => (self.close_segments(), self.every_stream_done()),
+        };
         async move {
+            if let Some(e) = refused {
+                return Err(e);
+            }
             for point in points {
                 point.await?;
             }
@@ -385,6 +391,7 @@ impl Context {
     /// The driver's, including errors of earlier asynchronous work.
     #[doc(alias = "cuCtxSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
+        self.refuse_in_capture("Context::synchronize")?;
         // Work other code enqueues afterwards must not delay what the crate's buffers wait for (see
         // `driver/marks.rs`). A failure to close only makes later waits less precise.
         let closed = self.close_segments();

@@ -2,24 +2,44 @@
 //! its tracker sees it ([`Gpu`]: marks of streams, waits through pooled events; see `driver/marks.rs`), and how
 //! the crate's operations enqueue work between the tracker's waits and records ([`Stream::tracked`]).
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use smallvec::SmallVec;
 
+use super::captured::Recording;
 use crate::driver::calls;
 use crate::driver::context::Enqueue;
 use crate::driver::marks::Mark;
-use crate::driver::{Category, Stream};
+use crate::driver::{Capture, Category, Stream};
 use crate::error::Result;
 use crate::track::{Access, Timeline, Tracker};
 
 /// The tracker of a buffer on the real device.
 pub(crate) type GpuTracker = Tracker<Stream, Mark>;
 
-/// A buffer's record of the work in flight on it, shared by the buffer and its views. (`pub` only so that the
-/// sealed copy traits can name it; the module is private, so users cannot.)
+/// A buffer's record of the work in flight on it, shared by the buffer, its views and the graphs that use it
+/// (see `graph.rs`). (`pub` only so that the sealed copy traits can name it; the module is private, so users
+/// cannot.)
 #[derive(Default)]
-pub struct Track(Mutex<GpuTracker>);
+pub struct Track(Arc<Shared>);
+
+#[derive(Default)]
+struct Shared {
+    tracker: Mutex<GpuTracker>,
+    held: Mutex<Held>,
+}
+
+/// What keeps an allocation alive beyond its owner: the graphs (and captures in progress) that use it.
+#[derive(Default)]
+struct Held {
+    graphs: usize,
+    /// The release of the allocation, handed over by its owner's drop while graphs still held it: run when the
+    /// last of them lets go (rule 13 of the crate: a graph owns what it uses).
+    orphan: Option<Orphan>,
+}
+
+/// An allocation's release, deferred by [`Track::adopt`].
+pub(crate) type Orphan = Box<dyn FnOnce() + Send>;
 
 impl std::fmt::Debug for Track {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -27,10 +47,103 @@ impl std::fmt::Debug for Track {
     }
 }
 
+impl Track {
+    /// Another handle of the same record: the same key, the same tracker. It holds nothing alive by itself.
+    pub(crate) fn share(&self) -> Track {
+        Track(Arc::clone(&self.0))
+    }
+
+    /// Tells the allocation apart from every other live one (the record's address): the order trackers are
+    /// locked in.
+    pub(crate) fn key(&self) -> usize {
+        Arc::as_ptr(&self.0) as usize
+    }
+
+    fn held(&self) -> MutexGuard<'_, Held> {
+        self.0.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a graph (or a capture in progress) uses the allocation: its owner must not release it, nor hand
+    /// it out ([`Track::adopt`] takes the release instead).
+    pub(crate) fn is_held(&self) -> bool {
+        self.held().graphs > 0
+    }
+
+    /// Counts a graph (or a capture) that uses the allocation, until [`Track::let_go`].
+    pub(crate) fn hold(&self) {
+        self.held().graphs += 1;
+    }
+
+    /// Ends a [`Track::hold`]; where it was the last and the owner has gone, runs the release it left.
+    pub(crate) fn let_go(&self) {
+        let orphan = {
+            let mut held = self.held();
+            held.graphs -= 1;
+            if held.graphs == 0 {
+                held.orphan.take()
+            } else {
+                None
+            }
+        };
+        if let Some(release) = orphan {
+            release();
+        }
+    }
+
+    /// Takes over `release` (the allocation's, from its owner's drop) while a graph holds the allocation, to run
+    /// when the last lets go; hands it back where none holds it any more (the caller runs it then).
+    #[must_use]
+    pub(crate) fn adopt(&self, release: Orphan) -> Option<Orphan> {
+        let mut held = self.held();
+        if held.graphs == 0 {
+            return Some(release);
+        }
+        debug_assert!(held.orphan.is_none(), "an allocation has one owner");
+        held.orphan = Some(release);
+        None
+    }
+}
+
+/// Runs `release` (an allocation's, from its owner's drop) with the work still in flight on `track` taken out:
+/// now, or once the last graph that holds the allocation lets go of it, after its replays (rule 13 of the crate:
+/// a graph owns what it uses).
+pub(crate) fn release_after_graphs(
+    track: &Track,
+    release: impl FnOnce(GpuTracker) + Send + 'static,
+) {
+    if !track.is_held() {
+        release(std::mem::take(&mut *lock(track)));
+        return;
+    }
+    let shared = track.share();
+    let deferred: Orphan = Box::new(move || release(std::mem::take(&mut *lock(&shared))));
+    if let Some(now) = track.adopt(deferred) {
+        now();
+    }
+}
+
+/// Fails where a graph holds the allocation: `what` would hand it out (or free it) while the graph may still
+/// use it.
+///
+/// # Errors
+/// An invalid-argument error naming `what`.
+pub(crate) fn refuse_if_held(track: &Track, what: &str) -> Result<()> {
+    if track.is_held() {
+        return Err(crate::error::Error::invalid(format_args!(
+            "{what}: a graph uses this memory and may still be launched; drop the graph first"
+        )));
+    }
+    Ok(())
+}
+
 /// Locks a buffer's tracker. A panic while it was held (only possible from a bug in the tracker) leaves the
 /// state conservative, so the lock is taken over rather than propagated.
 pub(crate) fn lock(track: &Track) -> MutexGuard<'_, GpuTracker> {
-    track.0.lock().unwrap_or_else(PoisonError::into_inner)
+    track
+        .0
+        .tracker
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
 }
 
 /// What a tracked operation is, for the stream's observer (its ledger).
@@ -121,12 +234,25 @@ impl Stream {
         write: Option<&Track>,
         enqueue: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
+        if let Some(capture) = self.capture()? {
+            let uses: SmallVec<[(&Track, Access); 2]> = read
+                .map(|r| (r, Access::Read))
+                .into_iter()
+                .chain(write.map(|w| (w, Access::Write)))
+                .collect();
+            return in_capture(&capture)?.tracked(self, &uses, enqueue);
+        }
         // One allocation read and written (two views of it) is a write: lock it once.
-        let read = read.filter(|r| !write.is_some_and(|w| std::ptr::eq(*r, w)));
-        // The written buffer is borrowed exclusively, so no other thread locks it: taking it first cannot
-        // deadlock with a thread that holds the read one.
-        let mut write = write.map(lock);
-        let mut read = read.map(lock);
+        let read = read.filter(|r| !write.is_some_and(|w| r.key() == w.key()));
+        // In the order of their keys, as every thread that locks several trackers does (a graph's launch locks
+        // those of buffers it does not borrow).
+        let (mut write, mut read) = match (write, read) {
+            (Some(w), Some(r)) if r.key() < w.key() => {
+                let r = lock(r);
+                (Some(lock(w)), Some(r))
+            }
+            (w, r) => (w.map(lock), r.map(lock)),
+        };
         if let Some(r) = read.as_mut() {
             r.prepare(&Gpu, self, Access::Read)?;
         }
@@ -166,12 +292,11 @@ pub(crate) const INLINE: usize = 16;
 struct Locked<'t>(SmallVec<[(MutexGuard<'t, GpuTracker>, Access); INLINE]>);
 
 impl<'t> Locked<'t> {
-    /// Locks the trackers of `uses` (none locked yet) in address order, one per allocation (where one appears
-    /// several times, through views, it counts as written if any use writes it): two threads locking the same
-    /// trackers cannot deadlock, and every tracker of a write is borrowed exclusively, so no other thread holds
-    /// its lock. Sorts `uses` in place.
+    /// Locks the trackers of `uses` (none locked yet) in the order of their keys, one per allocation (where one
+    /// appears several times, through views, it counts as written if any use writes it): two threads locking
+    /// the same trackers cannot deadlock. Sorts `uses` in place.
     fn lock(&mut self, uses: &mut [(&'t Track, Access)]) {
-        let address = |track: &Track| std::ptr::from_ref(track) as usize;
+        let address = |track: &Track| track.key();
         if uses.len() > INLINE {
             uses.sort_unstable_by_key(|&(track, _)| address(track));
         } else {
@@ -185,12 +310,12 @@ impl<'t> Locked<'t> {
             }
         }
         for (i, &(track, access)) in uses.iter().enumerate() {
-            if i > 0 && std::ptr::eq(uses[i - 1].0, track) {
+            if i > 0 && uses[i - 1].0.key() == track.key() {
                 continue;
             }
             let written = uses[i..]
                 .iter()
-                .take_while(|(t, _)| std::ptr::eq(*t, track))
+                .take_while(|(t, _)| t.key() == track.key())
                 .any(|&(_, a)| a == Access::Write);
             self.0
                 .push((lock(track), if written { Access::Write } else { access }));
@@ -226,6 +351,9 @@ impl Stream {
         uses: &mut [(&Track, Access)],
         enqueue: impl FnOnce() -> Result<R>,
     ) -> Result<R> {
+        if let Some(capture) = self.capture()? {
+            return in_capture(&capture)?.tracked(self, uses, enqueue);
+        }
         let mut locked = Locked(SmallVec::new());
         locked.lock(uses);
         for (tracker, access) in locked.iter_mut() {
@@ -262,6 +390,12 @@ impl Stream {
         enqueue: impl FnOnce() -> R,
     ) -> Result<R> {
         let _enqueue = self.context().enqueue()?;
+        if let Some(capture) = self.capture()? {
+            return in_capture(&capture)?.tracked(self, uses, || {
+                // Captured, not run; a panic unwinds out of the capture, which its owner then ends.
+                Ok(enqueue())
+            });
+        }
         {
             let mut locked = Locked(SmallVec::new());
             locked.lock(uses);
@@ -286,4 +420,11 @@ impl Stream {
             Err(panic) => std::panic::resume_unwind(panic),
         }
     }
+}
+
+/// The recording of `capture` (`captured.rs`).
+fn in_capture(capture: &Capture) -> Result<&Recording> {
+    Recording::of(&capture.state).ok_or_else(|| {
+        crate::error::Error::invalid("a stream is in a capture the crate does not know")
+    })
 }

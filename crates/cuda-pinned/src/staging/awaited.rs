@@ -65,6 +65,7 @@ impl Stream {
         src: &[T],
         dst: &mut D,
     ) -> Result<()> {
+        self.refuse_in_capture("Stream::upload_staged_async")?;
         self.check_context(&*dst)?;
         check_host_device("staged upload", src.len(), dst.elements())?;
         let bytes: &[u8] = bytemuck::cast_slice(src);
@@ -104,6 +105,7 @@ impl Stream {
         src: &S,
         dst: &mut [T],
     ) -> Result<()> {
+        self.refuse_in_capture("Stream::download_staged_async")?;
         self.check_context(src)?;
         check_host_device("staged download", dst.len(), src.elements())?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);

@@ -969,6 +969,8 @@ impl Stream {
         src: &[T],
         dst: &mut impl DeviceDestination<T>,
     ) -> Result<()> {
+        // The copies into the staging buffers run on the host, now: a replay would not make them.
+        self.refuse_in_capture("Stream::upload_staged")?;
         upload(self, pool, options, src, dst)
     }
 
@@ -1003,6 +1005,7 @@ impl Stream {
         src: &impl DeviceSource<T>,
         dst: &mut [T],
     ) -> Result<()> {
+        self.refuse_in_capture("Stream::download_staged")?;
         download(self, pool, options, src, dst)
     }
 }

@@ -1,0 +1,345 @@
+//! CUDA graphs captured from the crate's streams, which own what they use (the crate's rule 13).
+//!
+//! [`Graph::capture`] runs a closure while the given streams are in a capture (`cuStreamBeginCapture_v2`,
+//! relaxed mode): the crate's work queued on them from the calling thread (copies, its kernels, users'
+//! kernels, declared foreign work) is recorded into a graph rather than run. The tracking records it apart
+//! (`memory/captured.rs`): a crossing between the capture's streams becomes an edge of the graph, and every
+//! buffer it uses is held by the capture, then by the executable graph, until the graph is dropped. A buffer
+//! dropped meanwhile is released only then, after the graph's last launch; one kept is the user's to use
+//! between launches, and each [`Graph::launch`] is tracked as one piece of work that reads and writes every
+//! buffer the graph uses.
+//!
+//! What cannot be part of a capture is refused with an error before it reaches the driver, and the capture
+//! goes on: a query or synchronization of a capturing stream, or of its context, would end it; an event
+//! recorded in it stands for nothing outside it; a copy of pageable memory would be read at every replay;
+//! an allocation would belong to the graph. The driver's rules behind this are in ARCHITECTURE.md ("Graphs").
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use crate::driver::{Capture, Category, Context, Stream, calls};
+use crate::error::{Error, Result};
+use crate::memory::{INLINE, Recording, Track, Work};
+use crate::sys::{CUevent, CUevent_flags, CUgraph, CUgraphExec};
+use crate::track::Access;
+
+/// An executable CUDA graph captured from the crate's streams, which keeps every buffer it uses alive until
+/// it is dropped, and whose launches are tracked like any other work.
+///
+/// ```no_run
+/// # fn main() -> cuda_pinned::Result<()> {
+/// use cuda_pinned::{Context, DeviceBuffer, Graph, Pinned, Stream};
+/// let context = Context::on(0)?;
+/// let (a, b) = (Stream::new(&context)?, Stream::new(&context)?);
+/// let input = Pinned::from_slice(&context, &[1.0f32; 1024])?;
+/// let mut device = DeviceBuffer::<f32>::uninit(&a, 1024)?;
+/// let mut output = Pinned::<f32>::zeroed(&context, 1024)?;
+/// let mut step = Graph::capture(&[&a, &b], || {
+///     a.upload(&input, &mut device)?; // recorded, not run
+///     b.download(&device, &mut output)?; // after the upload: an edge of the graph
+///     Ok(())
+/// })?;
+/// drop(input); // the graph keeps it until the graph is dropped
+/// for _ in 0..10 {
+///     step.launch(&a)?; // returns at once; tracked as one piece of work
+/// }
+/// assert!(output.as_slice()?.iter().all(|&x| x == 1.0)); // waits for the last launch
+/// # Ok(()) }
+/// ```
+pub struct Graph {
+    exec: CUgraphExec,
+    graph: CUgraph,
+    context: Context,
+    /// Every buffer the graph's nodes use, one per allocation (written if any node writes it), in the order of
+    /// their keys; each held until the graph is dropped.
+    uses: Vec<(Track, Access)>,
+}
+
+// SAFETY: the handles are the driver's, usable from any thread; launches take `&mut self`, so one thread at a
+// time launches an executable graph.
+unsafe impl Send for Graph {}
+// SAFETY: `&Graph` reaches nothing but counts.
+unsafe impl Sync for Graph {}
+
+impl Graph {
+    /// Records the work that `record` queues on `streams` into a graph and instantiates it. The first stream
+    /// begins the capture (`cuStreamBeginCapture_v2`, relaxed mode) and the others join it at once; the crate's
+    /// work queued on them from this thread while `record` runs (copies between pinned and device memory,
+    /// memsets, the crate's kernels, [`Stream::launch`], [`Stream::enqueue_foreign`]) is recorded, not run.
+    /// Work that crosses between them is ordered by edges of the graph where the buffers' tracking says, as it
+    /// would be by events; nothing in the graph waits for work from outside it (each launch does, instead).
+    ///
+    /// The graph holds every buffer the recorded work uses, whoever owns it, until the graph is dropped: a
+    /// buffer dropped before then is released after the graph's last launch, and a pooled one goes back to its
+    /// pool only then.
+    ///
+    /// Refused while the streams capture, with an error that leaves the capture going: the crate's work on
+    /// them from other threads, queries and synchronizations of them or of their context (they would end
+    /// the capture), [`Event::record`](crate::Event::record) and [`Stream::wait`] on them, copies of pageable
+    /// memory (staged or not), copies between devices, and allocating device memory on them. Other streams
+    /// run their work as usual meanwhile.
+    ///
+    /// Blocks for the capture and the instantiation (`cuGraphInstantiateWithFlags`), which waits for no device
+    /// work.
+    ///
+    /// # Errors
+    /// An invalid-argument error for no stream, streams of several contexts, a stream given twice or one
+    /// already capturing; `record`'s error; the driver's, from the capture (one invalidated by other code's
+    /// call), its end or the instantiation. The streams are out of the capture again whatever happens, and
+    /// the buffers held by a capture that made no graph are their owners' again. A panic in `record` ends the
+    /// capture and goes on unwinding.
+    #[doc(alias = "cuStreamBeginCapture")]
+    #[doc(alias = "cuStreamEndCapture")]
+    #[doc(alias = "cuGraphInstantiateWithFlags")]
+    pub fn capture(streams: &[&Stream], record: impl FnOnce() -> Result<()>) -> Result<Graph> {
+        let Some(&origin) = streams.first() else {
+            return Err(Error::invalid(
+                "Graph::capture: no stream to capture; nothing was enqueued",
+            ));
+        };
+        let context = origin.context().clone();
+        for (i, stream) in streams.iter().enumerate() {
+            if stream.context() != &context {
+                return Err(Error::invalid(format_args!(
+                    "Graph::capture: {stream:?} is of another context than {origin:?}: a graph belongs to one; \
+                     nothing was enqueued"
+                )));
+            }
+            if streams[..i].contains(stream) {
+                return Err(Error::invalid(format_args!(
+                    "Graph::capture: {stream:?} is given twice; nothing was enqueued"
+                )));
+            }
+            stream.refuse_in_capture("Graph::capture")?;
+        }
+        let _current = context.enter()?;
+        let recording = Arc::new(Recording::new(streams.iter().map(|&s| s.clone()).collect()));
+        let mut session = Session::new(streams, &recording)?;
+        let began = session.begin();
+        let ran = match began {
+            Ok(()) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(record)),
+            Err(e) => Ok(Err(e)),
+        };
+        let ended = session.end();
+        let graph = match ran {
+            Ok(Ok(())) => ended?,
+            Ok(Err(e)) => {
+                destroy_graph(ended);
+                return Err(e);
+            }
+            Err(panic) => {
+                destroy_graph(ended);
+                std::panic::resume_unwind(panic);
+            }
+        };
+        let exec = match calls::graph_instantiate(graph) {
+            Ok(exec) => exec,
+            Err(e) => {
+                destroy_graph(Ok(graph));
+                return Err(e.context("instantiating a captured graph"));
+            }
+        };
+        let graph = Graph {
+            exec,
+            graph,
+            context: context.clone(),
+            uses: recording.take_uses(),
+        };
+        // What the first launch would do otherwise: it then costs what every launch does. Untracked work of the
+        // stream, using no buffer.
+        origin
+            .untracked(|| calls::graph_upload(exec, origin.as_raw()))
+            .map_err(|e| e.context("uploading a captured graph"))?;
+        Ok(graph)
+    }
+
+    /// Queues a run of the graph on `stream` (`cuGraphLaunch`), tracked as one piece of work that reads and
+    /// writes every buffer the graph uses: `stream` first waits, on the device, for the work on other streams
+    /// that conflicts with it, and later work on any stream, the host's accessors and the buffers' release
+    /// wait for it. The driver runs the graph's launches one after another, whatever streams they are on.
+    ///
+    /// Returns at once.
+    ///
+    /// # Errors
+    /// An invalid-argument error for a stream of another context or one in a capture; the driver's.
+    #[doc(alias = "cuGraphLaunch")]
+    pub fn launch(&mut self, stream: &Stream) -> Result<()> {
+        if stream.context() != &self.context {
+            return Err(Error::invalid(format_args!(
+                "Graph::launch: {stream:?} is of another context than the graph; nothing was enqueued"
+            )));
+        }
+        stream.refuse_in_capture("Graph::launch")?;
+        let mut uses: SmallVec<[(&Track, Access); INLINE]> = self
+            .uses
+            .iter()
+            .map(|(track, access)| (track, *access))
+            .collect();
+        let exec = self.exec;
+        stream
+            .tracked_uses(Work::Timed(Category::Kernel, "graph", 0), &mut uses, || {
+                // SAFETY: every buffer a node uses is held by this graph, so stays allocated until the launch,
+                // recorded on each of them, has completed.
+                unsafe { calls::graph_launch(exec, stream.as_raw()) }
+            })
+            .map_err(|e| e.context("launching a graph"))
+    }
+
+    /// The driver's handle of the executable graph, for interop. A launch through it is not tracked: order it
+    /// yourself, and keep the graph alive until it has completed.
+    #[must_use]
+    pub fn as_raw(&self) -> CUgraphExec {
+        self.exec
+    }
+
+    /// How many buffers (allocations) the graph uses and holds.
+    #[must_use]
+    pub fn buffers(&self) -> usize {
+        self.uses.len()
+    }
+
+    /// The context the graph belongs to.
+    #[must_use]
+    pub fn context(&self) -> &Context {
+        &self.context
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // The driver finishes launches in flight, then frees the graph: nothing waits here (ARCHITECTURE.md,
+        // "Graphs").
+        let destroyed = self.context.enter().and_then(|_current| {
+            // SAFETY: instantiated in `capture`, destroyed once, here.
+            unsafe { calls::graph_exec_destroy(self.exec) }?;
+            // SAFETY: as above.
+            unsafe { calls::graph_destroy(self.graph) }
+        });
+        if let Err(e) = destroyed {
+            self.context.defer_error(e.context("destroying a graph"));
+        }
+        // The buffers dropped meanwhile go now, each after the launches recorded on it.
+        for (track, _) in self.uses.drain(..) {
+            track.let_go();
+        }
+    }
+}
+
+impl fmt::Debug for Graph {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Graph")
+            .field("exec", &self.exec)
+            .field("buffers", &self.uses.len())
+            .finish()
+    }
+}
+
+/// Destroys the graph of a capture whose recording failed, if it made one.
+fn destroy_graph(ended: Result<CUgraph>) {
+    if let Ok(graph) = ended {
+        // SAFETY: made by the capture, used by nothing else. A failure leaks it.
+        let _ = unsafe { calls::graph_destroy(graph) };
+    }
+}
+
+/// A capture in progress over some streams: begun, then ended whatever happens, with every stream marked as
+/// capturing for exactly as long as the driver may take it for one.
+struct Session<'a> {
+    streams: &'a [&'a Stream],
+    capture: Capture,
+    /// The event the other streams join and leave the capture through (recorded only in it).
+    event: CUevent,
+    /// The streams marked as capturing so far, from the first.
+    marked: usize,
+    /// Whether the first stream's capture began.
+    began: bool,
+}
+
+impl<'a> Session<'a> {
+    fn new(streams: &'a [&'a Stream], recording: &Arc<Recording>) -> Result<Session<'a>> {
+        let event = calls::event_create(CUevent_flags::CU_EVENT_DISABLE_TIMING.0)
+            .map_err(|e| e.context("creating an event for a capture"))?;
+        let state: Arc<dyn Any + Send + Sync> = recording.clone();
+        Ok(Session {
+            streams,
+            capture: Capture {
+                thread: crate::driver::marks::this_thread(),
+                state,
+            },
+            event,
+            marked: 0,
+            began: false,
+        })
+    }
+
+    /// Marks each stream and brings it into the capture: the first begins it, the others wait for an event
+    /// recorded in it. Each stream's open segment of tracked work is closed first (its event recorded outside
+    /// the capture), under its segment lock, which the tracking's own work takes too: nothing of it lands
+    /// between.
+    fn begin(&mut self) -> Result<()> {
+        let origin = self.streams[0];
+        for (i, &stream) in self.streams.iter().enumerate() {
+            let _segment = stream.segment();
+            stream.close_segment()?;
+            stream.set_capture(Some(self.capture.clone()));
+            self.marked = i + 1;
+            if i == 0 {
+                calls::stream_begin_capture(stream.as_raw())
+                    .map_err(|e| e.context("beginning a capture"))?;
+                self.began = true;
+                calls::event_record(self.event, origin.as_raw())
+                    .map_err(|e| e.context("recording where the other streams join the capture"))?;
+            } else {
+                calls::stream_wait_event(stream.as_raw(), self.event)
+                    .map_err(|e| e.context("joining a stream to the capture"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Joins the other streams back to the first and ends the capture: its graph, or why there is none. Every
+    /// stream is out of the capture afterwards.
+    fn end(&mut self) -> Result<CUgraph> {
+        let origin = self.streams[0];
+        let mut joined = Ok(());
+        if self.began {
+            for stream in &self.streams[1..self.marked] {
+                if joined.is_ok() {
+                    joined = calls::event_record(self.event, stream.as_raw())
+                        .and_then(|()| calls::stream_wait_event(origin.as_raw(), self.event))
+                        .map_err(|e| e.context("joining a stream back to the capture's first"));
+                }
+            }
+        }
+        let ended = if self.began {
+            self.began = false;
+            calls::stream_end_capture(origin.as_raw()).map_err(|e| e.context("ending a capture"))
+        } else {
+            Err(Error::invalid("the capture did not begin"))
+        };
+        for stream in &self.streams[..self.marked] {
+            stream.set_capture(None);
+        }
+        self.marked = 0;
+        match (joined, ended) {
+            (Ok(()), ended) => ended,
+            (Err(e), ended) => {
+                destroy_graph(ended);
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for Session<'_> {
+    fn drop(&mut self) {
+        if self.began || self.marked > 0 {
+            destroy_graph(self.end());
+        }
+        // SAFETY: created in `new`, recorded only in the capture, which has ended; used by nothing else.
+        let _ = unsafe { calls::event_destroy(self.event) };
+    }
+}
