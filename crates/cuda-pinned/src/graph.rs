@@ -237,6 +237,17 @@ impl fmt::Debug for Graph {
     }
 }
 
+/// Ends the capture `origin` began: its graph. Where the call fails and the stream is still in the capture, it is
+/// tried once more, so that the capture ends whatever happened.
+fn end_capture(origin: &Stream) -> Result<CUgraph> {
+    let ended =
+        calls::stream_end_capture(origin.as_raw()).map_err(|e| e.context("ending a capture"));
+    if ended.is_err() && calls::stream_is_capturing(origin.as_raw()).unwrap_or(false) {
+        destroy_graph(calls::stream_end_capture(origin.as_raw()));
+    }
+    ended
+}
+
 /// Destroys the graph of a capture whose recording failed, if it made one.
 fn destroy_graph(ended: Result<CUgraph>) {
     if let Ok(graph) = ended {
@@ -316,12 +327,17 @@ impl<'a> Session<'a> {
         }
         let ended = if self.began {
             self.began = false;
-            calls::stream_end_capture(origin.as_raw()).map_err(|e| e.context("ending a capture"))
+            end_capture(origin)
         } else {
             Err(Error::invalid("the capture did not begin"))
         };
-        for stream in &self.streams[..self.marked] {
-            stream.set_capture(None);
+        // A stream the driver still takes for capturing stays marked: the crate's work on it is refused rather
+        // than recorded into a capture nobody ends.
+        let stuck = ended.is_err() && calls::stream_is_capturing(origin.as_raw()).unwrap_or(true);
+        if !stuck {
+            for stream in &self.streams[..self.marked] {
+                stream.set_capture(None);
+            }
         }
         self.marked = 0;
         match (joined, ended) {
@@ -340,6 +356,9 @@ impl Drop for Session<'_> {
             destroy_graph(self.end());
         }
         // SAFETY: created in `new`, recorded only in the capture, which has ended; used by nothing else.
-        let _ = unsafe { calls::event_destroy(self.event) };
+        if let Err(e) = unsafe { calls::event_destroy(self.event) } {
+            let context = self.streams[0].context();
+            context.defer_error(e.context("destroying the event of a capture (leaked)"));
+        }
     }
 }

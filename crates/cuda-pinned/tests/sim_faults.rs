@@ -18,9 +18,9 @@ use common::{Serial, bounded, serial, sim};
 use cuda_pinned::prefetch::GatherBatch;
 use cuda_pinned::sys::CUdevice_attribute;
 use cuda_pinned::{
-    Arg, Context, Device, DeviceBuffer, Event, GatherEngine, GatherOptions, Gatherer, LaunchConfig,
-    Ledger, Pinned, PinnedPool, Pinning, Prefetcher, ReadOrder, Registered, Result, RowTable,
-    Stream, Use, WhenFull,
+    Arg, Context, Device, DeviceBuffer, Event, GatherEngine, GatherOptions, Gatherer, Graph,
+    LaunchConfig, Ledger, Pinned, PinnedPool, Pinning, Prefetcher, ReadOrder, Registered, Result,
+    RowTable, Stream, Use, WhenFull,
 };
 
 /// [`serial`], with the simulator installed with two devices, which reach each other, first (the copies
@@ -89,6 +89,25 @@ fault_tests! {
         // such frees of both contexts, as the runs with faults may.
         let mut back = bounded!(Pinned::<u32>::zeroed(&f.ctx, 4096))?;
         bounded!(f.a.download(&d0, &mut back))
+    };
+    graphs: |f| {
+        // A capture over two streams with a crossing, launched on each, outliving its buffers.
+        let host = bounded!(Pinned::from_slice(&f.ctx, &[7u32; 4096]))?;
+        let mut x = bounded!(DeviceBuffer::<u32>::zeroed(&f.a, 4096))?;
+        let mut y = bounded!(DeviceBuffer::<u32>::zeroed(&f.a, 4096))?;
+        let mut back = bounded!(Pinned::<u32>::zeroed(&f.ctx, 4096))?;
+        let mut graph = bounded!(Graph::capture(&[&f.a, &f.b], || {
+            f.a.upload(&host, &mut x)?;
+            f.b.copy(&x, &mut y)?;
+            f.a.download(&y, &mut back)
+        }))?;
+        bounded!(graph.launch(&f.a))?;
+        bounded!(drop((host, x, y)));
+        bounded!(graph.launch(&f.b))?;
+        let last = bounded!(back.as_slice().map(|s| s[4095]))?;
+        assert_eq!(last, 7, "a launch after a fault computed something else");
+        bounded!(drop(graph));
+        Ok(())
     };
     streams: |f| {
         let s = bounded!(Stream::with_priority(&f.ctx, -1))?;

@@ -823,3 +823,11 @@ pub(crate) unsafe fn graph_destroy(graph: CUgraph) -> Result<()> {
     // SAFETY: as the caller guarantees.
     unsafe { driver_call!(cuGraphDestroy(graph)) }
 }
+
+/// `cuStreamIsCapturing`: whether `stream` is in a capture (active or invalidated).
+pub(crate) fn stream_is_capturing(stream: CUstream) -> Result<bool> {
+    let mut status = crate::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: a live stream; an out-pointer to a local.
+    unsafe { driver_call!(cuStreamIsCapturing(stream, &mut status)) }?;
+    Ok(status != crate::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}

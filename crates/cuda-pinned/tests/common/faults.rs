@@ -17,6 +17,8 @@ const RELEASES: &[&str] = &[
     "cuEventDestroy_v2",
     "cuDevicePrimaryCtxRelease_v2",
     "cuModuleUnload",
+    "cuGraphExecDestroy",
+    "cuGraphDestroy",
 ];
 
 /// Calls that order work or find out whether it is done: when one fails before a release, the crate cannot
