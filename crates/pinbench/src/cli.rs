@@ -125,9 +125,18 @@ pub enum Mode {
     /// accessors wait in the driver (as_mut_slice / as_slice). Requests per second each way (the better of two
     /// runs, alternating) and the ratios; every result is checked.
     Requests(FuturesOptions),
+    /// A step replayed as a CUDA graph through the crate, against the raw driver's graph and eager launches
+    ///
+    /// A step of 1000 small launches over 64 buffers on 2 streams of device 0 (the crate's axpy kernel with
+    /// --features gpu, else device copies), every 16th reading a buffer the other stream writes: captured
+    /// and instantiated through the crate (Graph::capture) and with raw driver calls (events at the
+    /// crossings), replayed 100 times back to back, and issued eagerly through the crate. Medians of 7 rounds
+    /// (3 with --quick): capture plus instantiation, the wall time of a step, the host time of one launch call,
+    /// and the ratios; every way's results are checked against the others'.
+    Graphs(FuturesOptions),
 }
 
-/// `futures`' and `requests`' flags.
+/// `futures`', `requests`' and `graphs`' flags.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Args)]
 pub struct FuturesOptions {
     /// 300 trials instead of 2000

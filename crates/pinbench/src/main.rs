@@ -34,6 +34,7 @@ mod costs;
 mod devices;
 mod futures;
 mod gather;
+mod graphs;
 mod json;
 mod nvml;
 #[cfg(feature = "gpu")]
@@ -103,6 +104,7 @@ fn main() -> ExitCode {
         Some(Mode::Devices(options)) => devices_mode(options),
         Some(Mode::Futures(options)) => futures_mode(options),
         Some(Mode::Requests(options)) => requests_mode(options),
+        Some(Mode::Graphs(options)) => graphs_mode(options),
     };
     match outcome {
         Ok(failures) if failures.is_empty() => ExitCode::SUCCESS,
@@ -220,6 +222,22 @@ fn requests_mode(options: &cli::FuturesOptions) -> Outcome<Vec<String>> {
         Vec::new()
     } else {
         vec!["a request read a wrong result".into()]
+    })
+}
+
+/// `pinbench graphs`: a failure is a way of running the step whose results differ from the others'.
+fn graphs_mode(options: &cli::FuturesOptions) -> Outcome<Vec<String>> {
+    let simulated = simulated()?;
+    let figures = graphs::measure(options.quick)?;
+    if options.json {
+        print(&json::pretty(&figures)?);
+    } else {
+        print(&with_banner(simulated, graphs::table(&figures)));
+    }
+    Ok(if figures.verified {
+        Vec::new()
+    } else {
+        vec!["the step's results differ between the eager, raw-graph and crate-graph runs".into()]
     })
 }
 
