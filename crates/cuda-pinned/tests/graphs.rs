@@ -54,6 +54,26 @@ fn add(
     }
 }
 
+/// What the simulated driver has alive that a graph's drop must give back: device allocations, pinned
+/// allocations and graphs (`None` on a GPU).
+fn alive() -> Option<(u64, u64, u64)> {
+    #[cfg(not(feature = "gpu"))]
+    {
+        common::sim().map(|s| {
+            let live = s.live();
+            (
+                live.device_allocations,
+                live.pinned_allocations,
+                live.graphs,
+            )
+        })
+    }
+    #[cfg(feature = "gpu")]
+    {
+        None
+    }
+}
+
 /// Launches `graph` on `stream` through its raw handle: untracked, for the controls.
 fn launch_raw(graph: &Graph, stream: &Stream) {
     // SAFETY: a live executable graph and stream; the test keeps the graph and its buffers alive.
@@ -130,7 +150,7 @@ fn every_buffer_dropped_after_the_capture_stays_until_the_graph_goes() {
     let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
     let kernel = add_kernel(&ctx);
     ctx.synchronize().unwrap();
-    let baseline = common::sim().map(|s| s.live());
+    let baseline = alive();
     let mut step = Step::new(&ctx, &a);
     let mut graph = Graph::capture(&[&a, &b], || step.queue(&kernel, &a, &b)).unwrap();
     let want = plus(step.input.as_slice().unwrap(), 3);
@@ -151,19 +171,9 @@ fn every_buffer_dropped_after_the_capture_stays_until_the_graph_goes() {
     );
     drop(graph);
     ctx.synchronize().unwrap();
-    if let (Some(sim), Some(before)) = (common::sim(), baseline) {
-        let after = sim.live();
+    if let (Some(after), Some(before)) = (alive(), baseline) {
         assert_eq!(
-            (
-                after.device_allocations,
-                after.pinned_allocations,
-                after.graphs
-            ),
-            (
-                before.device_allocations,
-                before.pinned_allocations,
-                before.graphs
-            ),
+            after, before,
             "the graph's drop released everything the step held"
         );
     }
@@ -447,7 +457,7 @@ fn a_capture_that_fails_leaves_its_streams_usable_and_its_buffers_to_their_owner
     let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
     let kernel = add_kernel(&ctx);
     ctx.synchronize().unwrap();
-    let baseline = common::sim().map(|s| s.live());
+    let baseline = alive();
     for how in ["error", "invalidated", "panic"] {
         let mut step = Step::new(&ctx, &a);
         let captured = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -486,21 +496,8 @@ fn a_capture_that_fails_leaves_its_streams_usable_and_its_buffers_to_their_owner
         );
     }
     ctx.synchronize().unwrap();
-    if let (Some(sim), Some(before)) = (common::sim(), baseline) {
-        let after = sim.live();
-        assert_eq!(
-            (
-                after.device_allocations,
-                after.pinned_allocations,
-                after.graphs
-            ),
-            (
-                before.device_allocations,
-                before.pinned_allocations,
-                before.graphs
-            ),
-            "a failed capture kept something"
-        );
+    if let (Some(after), Some(before)) = (alive(), baseline) {
+        assert_eq!(after, before, "a failed capture kept something");
     }
 }
 
@@ -515,7 +512,7 @@ fn a_graph_dropped_while_launched_waits_for_nothing_and_frees_after() {
     let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
     let kernel = add_kernel(&ctx);
     ctx.synchronize().unwrap();
-    let baseline = common::sim().map(|s| s.live());
+    let baseline = alive();
     let mut step = Step::new(&ctx, &a);
     let mut graph = Graph::capture(&[&a, &b], || step.queue(&kernel, &a, &b)).unwrap();
     let want = plus(step.input.as_slice().unwrap(), 3);
@@ -539,19 +536,9 @@ fn a_graph_dropped_while_launched_waits_for_nothing_and_frees_after() {
     let got = unsafe { std::slice::from_raw_parts(output, N) }.to_vec();
     assert_eq!(got, want);
     ctx.synchronize().unwrap();
-    if let (Some(sim), Some(before)) = (common::sim(), baseline) {
-        let after = sim.live();
+    if let (Some(after), Some(before)) = (alive(), baseline) {
         assert_eq!(
-            (
-                after.device_allocations,
-                after.pinned_allocations,
-                after.graphs
-            ),
-            (
-                before.device_allocations,
-                before.pinned_allocations,
-                before.graphs
-            ),
+            after, before,
             "the dropped graph and buffers were not all released"
         );
     }
