@@ -18,11 +18,12 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
-use smallvec::SmallVec;
+use bytemuck::Pod;
 
-use crate::driver::{Capture, Category, Context, Stream, calls};
+use crate::copy::{PinnedDestination, PinnedSource};
+use crate::driver::{Capture, Context, Stream, calls};
 use crate::error::{Error, Result};
-use crate::memory::{INLINE, Recording, Track, Work};
+use crate::memory::{Launched, Recording, Track, wait_unlocked};
 use crate::sys::{CUevent, CUevent_flags, CUgraph, CUgraphExec};
 use crate::track::Access;
 
@@ -56,6 +57,8 @@ pub struct Graph {
     /// Every buffer the graph's nodes use, one per allocation (written if any node writes it), in the order of
     /// their keys; each held until the graph is dropped.
     uses: Vec<(Track, Access)>,
+    /// Where the last launch left the buffers (`Stream::tracked_launch`).
+    last: Option<Launched>,
 }
 
 // SAFETY: the handles are the driver's, usable from any thread; launches take `&mut self`, so one thread at a
@@ -147,6 +150,7 @@ impl Graph {
             graph,
             context: context.clone(),
             uses: recording.take_uses(),
+            last: None,
         };
         // What the first launch would do otherwise: it then costs what every launch does. Untracked work of the
         // stream, using no buffer.
@@ -173,19 +177,63 @@ impl Graph {
             )));
         }
         stream.refuse_in_capture("Graph::launch")?;
-        let mut uses: SmallVec<[(&Track, Access); INLINE]> = self
-            .uses
-            .iter()
-            .map(|(track, access)| (track, *access))
-            .collect();
         let exec = self.exec;
         stream
-            .tracked_uses(Work::Timed(Category::Kernel, "graph", 0), &mut uses, || {
+            .tracked_launch(&self.uses, &mut self.last, || {
                 // SAFETY: every buffer a node uses is held by this graph, so stays allocated until the launch,
                 // recorded on each of them, has completed.
                 unsafe { calls::graph_launch(exec, stream.as_raw()) }
             })
             .map_err(|e| e.context("launching a graph"))
+    }
+
+    /// The elements of `buffer`, host memory the graph uses, for reading on the host, once no launch of the graph
+    /// (nor other work) writes them: the host's way to such a buffer, whose own accessors refuse while the graph
+    /// lives (a launch borrows only the graph, so a slice they lent could be read while a launch writes it).
+    /// The slice borrows the graph, which no launch can then take. Blocks until that work has completed.
+    ///
+    /// # Errors
+    /// An invalid-argument error for a buffer the graph does not use; the driver's, from the wait.
+    pub fn host_slice<'a, T: Pod>(&'a self, buffer: &'a impl PinnedSource<T>) -> Result<&'a [T]> {
+        let track = self.held_host(buffer.track())?;
+        wait_unlocked(track, Access::Read)?;
+        // SAFETY: `buffer` holds `elements()` initialised `T`s at `host_ptr()`, page-locked and aligned; no
+        // device work writes them now, and none can be queued while the borrows live: eager work that writes
+        // them needs `buffer` by `&mut`, a launch of this graph needs the graph by `&mut`, and no other graph
+        // uses host memory this one does (`Graph::capture` refuses it).
+        Ok(unsafe { std::slice::from_raw_parts(buffer.host_ptr().cast::<T>(), buffer.elements()) })
+    }
+
+    /// The elements of `buffer`, host memory the graph uses, for writing on the host, once no launch of the graph
+    /// (nor other work) reads or writes them. As [`Graph::host_slice`], exclusively.
+    ///
+    /// # Errors
+    /// As [`Graph::host_slice`].
+    pub fn host_slice_mut<'a, T: Pod>(
+        &'a mut self,
+        buffer: &'a mut impl PinnedDestination<T>,
+    ) -> Result<&'a mut [T]> {
+        let track = self.held_host(buffer.track())?;
+        wait_unlocked(track, Access::Write)?;
+        // SAFETY: as in `host_slice`, with no device work using the elements at all now, and both borrows
+        // exclusive.
+        Ok(unsafe {
+            std::slice::from_raw_parts_mut(buffer.host_ptr().cast::<T>(), buffer.elements())
+        })
+    }
+
+    /// `track`, where it is one of the graph's buffers.
+    fn held_host<'t>(&self, track: &'t Track) -> Result<&'t Track> {
+        match self
+            .uses
+            .binary_search_by_key(&track.key(), |(t, _)| t.key())
+        {
+            Ok(_) => Ok(track),
+            Err(_) => Err(Error::invalid(
+                "Graph::host_slice: the graph does not use this buffer (its own accessors lend it); nothing was \
+                 enqueued",
+            )),
+        }
     }
 
     /// The driver's handle of the executable graph, for interop. A launch through it is not tracked: order it

@@ -125,17 +125,24 @@ fn a_capture_runs_nothing_and_each_launch_runs_the_step_across_both_streams() {
     assert_eq!(graph.buffers(), 5, "input, x, y, z and output, one each");
     ctx.synchronize().unwrap();
     assert!(
-        step.output.as_slice().unwrap().iter().all(|&v| v == 0),
+        graph
+            .host_slice(&step.output)
+            .unwrap()
+            .iter()
+            .all(|&v| v == 0),
         "the capture ran the step"
     );
     for round in 0..6 {
         let values = data(N, 100 + round);
         // Written between launches: waits for the launch before, which reads it.
-        step.input.as_mut_slice().unwrap().copy_from_slice(&values);
+        graph
+            .host_slice_mut(&mut step.input)
+            .unwrap()
+            .copy_from_slice(&values);
         let on = if round % 2 == 0 { &a } else { &b };
         graph.launch(on).unwrap();
         assert_eq!(
-            step.output.as_slice().unwrap(),
+            graph.host_slice(&step.output).unwrap(),
             &plus(&values, 3)[..],
             "launch {round} on stream {}",
             if round % 2 == 0 { "a" } else { "b" }
@@ -153,8 +160,8 @@ fn every_buffer_dropped_after_the_capture_stays_until_the_graph_goes() {
     let baseline = alive();
     let mut step = Step::new(&ctx, &a);
     let mut graph = Graph::capture(&[&a, &b], || step.queue(&kernel, &a, &b)).unwrap();
-    let want = plus(step.input.as_slice().unwrap(), 3);
-    let output = step.output.as_slice().unwrap().as_ptr();
+    let want = plus(graph.host_slice(&step.input).unwrap(), 3);
+    let output = graph.host_slice(&step.output).unwrap().as_ptr();
     // Every buffer of the step goes: the graph keeps their memory.
     drop(step);
     drop(kernel);
@@ -288,10 +295,12 @@ fn launch_after_a_write_on_another_stream(tracked: bool) -> (Vec<u32>, Vec<u32>)
             graph.launch(&a).unwrap();
         } else {
             launch_raw(&graph, &a);
+            // Done before the hold ends: the control's launch ran while the upload was still held back.
+            a.synchronize().unwrap();
         }
     }
     ctx.synchronize().unwrap();
-    let got = output.as_slice().unwrap().to_vec();
+    let got = graph.host_slice(&output).unwrap().to_vec();
     (got, new)
 }
 
@@ -338,6 +347,10 @@ fn eager_work_after_a_launch(tracked: bool) -> (Vec<u32>, Vec<u32>) {
             launch_raw(&graph, &a);
         }
         b.download(&y, &mut got).unwrap();
+        if !tracked {
+            // Done before the hold ends: the control's download ran while the launch was still held back.
+            b.synchronize().unwrap();
+        }
     }
     ctx.synchronize().unwrap();
     let got = got.as_slice().unwrap().to_vec();
@@ -365,7 +378,41 @@ fn control_eager_work_after_an_untracked_launch_reads_too_early() {
 }
 
 #[test]
-fn host_access_waits_for_a_launch_and_try_access_sees_it_pending() {
+fn launches_back_to_back_are_all_waited_for() {
+    let _serial = serial_on_two_devices();
+    let ctx = context();
+    let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let kernel = add_kernel(&ctx);
+    let values = data(N, 9);
+    let host = Pinned::from_slice(&ctx, &values).unwrap();
+    let mut x = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+    let mut y = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+    a.upload(&host, &mut x).unwrap();
+    // Each launch adds 1 to `x` (through `y`).
+    let mut graph = Graph::capture(&[&a], || {
+        add(&a, &kernel, &x, &mut y, 1)?;
+        add(&a, &kernel, &y, &mut x, 0)
+    })
+    .unwrap();
+    ctx.synchronize().unwrap();
+    let mut got = Pinned::<u32>::zeroed(&ctx, N).unwrap();
+    {
+        let _held = hold(&a, Duration::from_millis(300));
+        // After the first, each launch finds the buffers as the one before left them, and touches no tracker.
+        for _ in 0..5 {
+            graph.launch(&a).unwrap();
+        }
+        b.download(&x, &mut got).unwrap();
+    }
+    assert_eq!(
+        got.as_slice().unwrap(),
+        &plus(&values, 5)[..],
+        "the download on another stream did not wait for every launch"
+    );
+}
+
+#[test]
+fn the_graph_lends_its_host_buffers_once_its_launches_are_done() {
     let _serial = serial_on_two_devices();
     let ctx = context();
     let a = Stream::new(&ctx).unwrap();
@@ -379,18 +426,50 @@ fn host_access_waits_for_a_launch_and_try_access_sees_it_pending() {
     let mut output = Pinned::<u32>::zeroed(&ctx, N).unwrap();
     let mut graph = Graph::capture(&[&a], || a.download(&device, &mut output)).unwrap();
     ctx.synchronize().unwrap();
-    let held = hold(&a, Duration::from_millis(300));
-    graph.launch(&a).unwrap();
-    // The control of the wait below: the launch is pending, and the non-blocking accessor says so.
-    assert!(
-        output.try_as_slice().unwrap().is_none(),
-        "the host may read what a pending launch writes"
+    // While a graph uses it, the buffer's own accessors refuse: a launch borrows only the graph.
+    refused(output.as_slice().map(drop), "a graph uses this buffer");
+    refused(
+        output.try_as_mut_slice().map(drop),
+        "a graph uses this buffer",
     );
-    drop(held);
+    refused(
+        first_poll(output.readable()).map(drop),
+        "a graph uses this buffer",
+    );
+    // Nor may another graph take it.
+    refused(
+        Graph::capture(&[&a], || a.download(&device, &mut output)).map(drop),
+        "another graph uses this host buffer",
+    );
+    let raw = output.as_ptr();
+    {
+        let _held = hold(&a, Duration::from_millis(300));
+        graph.launch(&a).unwrap();
+        // The control of the wait below: read behind the crate's back, the memory is not written yet.
+        // SAFETY: N initialised elements of live page-locked memory, read while the device may write them,
+        // which is what this control shows.
+        let early = unsafe { std::ptr::read_volatile(raw.add(N - 1)) };
+        assert_eq!(
+            early, 0,
+            "the launch ran before its stream was released: the control shows nothing"
+        );
+    }
+    assert_eq!(
+        graph.host_slice(&output).unwrap(),
+        &values[..],
+        "the graph lent the buffer before its launch had written it"
+    );
+    refused(
+        graph
+            .host_slice(&Pinned::<u32>::zeroed(&ctx, 4).unwrap())
+            .map(drop),
+        "does not use this buffer",
+    );
+    drop(graph);
     assert_eq!(
         output.as_slice().unwrap(),
         &values[..],
-        "the host read before the launch had written"
+        "the buffer's own accessor once the graph has gone"
     );
 }
 
@@ -436,10 +515,13 @@ fn what_cannot_be_captured_is_refused_and_the_capture_goes_on() {
     })
     .unwrap();
     let values = data(N, 7);
-    step.input.as_mut_slice().unwrap().copy_from_slice(&values);
+    graph
+        .host_slice_mut(&mut step.input)
+        .unwrap()
+        .copy_from_slice(&values);
     graph.launch(&b).unwrap();
     assert_eq!(
-        step.output.as_slice().unwrap(),
+        graph.host_slice(&step.output).unwrap(),
         &plus(&values, 3)[..],
         "the graph after refusals"
     );
@@ -447,7 +529,7 @@ fn what_cannot_be_captured_is_refused_and_the_capture_goes_on() {
     a.synchronize().unwrap();
     b.upload(&step.input, &mut step.z).unwrap();
     b.download(&step.z, &mut step.output).unwrap();
-    assert_eq!(step.output.as_slice().unwrap(), &values[..]);
+    assert_eq!(graph.host_slice(&step.output).unwrap(), &values[..]);
 }
 
 #[test]
@@ -515,9 +597,9 @@ fn a_graph_dropped_while_launched_waits_for_nothing_and_frees_after() {
     let baseline = alive();
     let mut step = Step::new(&ctx, &a);
     let mut graph = Graph::capture(&[&a, &b], || step.queue(&kernel, &a, &b)).unwrap();
-    let want = plus(step.input.as_slice().unwrap(), 3);
+    let want = plus(graph.host_slice(&step.input).unwrap(), 3);
     ctx.synchronize().unwrap();
-    let output = step.output.as_slice().unwrap().as_ptr();
+    let output = graph.host_slice(&step.output).unwrap().as_ptr();
     let done = Event::without_timing(&ctx).unwrap();
     {
         let _held = hold(&a, Duration::from_millis(300));
@@ -595,9 +677,12 @@ fn launches_right(declared: bool) -> usize {
     let mut right = 0;
     for round in 0..24 {
         let values = data(N, 200 + round);
-        input.as_mut_slice().unwrap().copy_from_slice(&values);
+        graph
+            .host_slice_mut(&mut input)
+            .unwrap()
+            .copy_from_slice(&values);
         graph.launch(&a).unwrap();
-        if output.as_slice().unwrap() == &plus(&values, 1)[..] {
+        if graph.host_slice(&output).unwrap() == &plus(&values, 1)[..] {
             right += 1;
         }
     }
@@ -642,9 +727,10 @@ fn a_graph_launched_from_one_thread_per_stream_stays_ordered() {
             });
         }
     });
+    let graph = graph.into_inner().unwrap();
     assert_eq!(
-        step.output.as_slice().unwrap(),
-        &plus(step.input.as_slice().unwrap(), 3)[..]
+        graph.host_slice(&step.output).unwrap(),
+        &plus(graph.host_slice(&step.input).unwrap(), 3)[..]
     );
 }
 

@@ -131,8 +131,9 @@ pub enum Mode {
     /// --features gpu, else device copies), every 16th reading a buffer the other stream writes: captured
     /// and instantiated through the crate (Graph::capture) and with raw driver calls (events at the
     /// crossings), replayed 100 times back to back, and issued eagerly through the crate. Medians of 7 rounds
-    /// (3 with --quick): capture plus instantiation, the wall time of a step, the host time of one launch call,
-    /// and the ratios; every way's results are checked against the others'.
+    /// (3 with --quick): capture plus instantiation, the wall time of a step, the host time of one launch call
+    /// (in a loop of launches, and right after a synchronization), and the ratios; every way's results are
+    /// checked against the others'.
     Graphs(FuturesOptions),
 }
 

@@ -108,6 +108,13 @@ impl Recording {
         {
             let mut map = self.uses();
             for &(track, access) in uses {
+                if track.is_host() && track.is_held() && !map.contains_key(&track.key()) {
+                    // The graph that holds it lends it to the host; a second could launch meanwhile.
+                    return Err(Error::invalid(
+                        "another graph uses this host buffer: a host buffer belongs to one graph at a time \
+                         (it lends the buffer to the host); use a copy of it; nothing was enqueued",
+                    ));
+                }
                 let entry = map.entry(track.key()).or_insert_with(|| {
                     track.hold();
                     Use {

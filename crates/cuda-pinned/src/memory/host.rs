@@ -37,7 +37,7 @@ impl<T> HostRegion<T> {
         HostRegion {
             ptr,
             len,
-            track: Track::default(),
+            track: Track::for_host(),
         }
     }
 
@@ -59,6 +59,7 @@ impl<T> HostRegion<T> {
 
     /// Waits for in-flight writes, then lends the elements for reading.
     pub(crate) fn read(&self) -> Result<&[T]> {
+        refuse_if_graphs_use(&self.track)?;
         wait_unlocked(&self.track, Access::Read)?;
         // SAFETY: the elements are valid (`new`); no device work writes them now, and none can be enqueued while
         // the returned borrow of `self` lives (device writes need the owner by `&mut`).
@@ -67,6 +68,7 @@ impl<T> HostRegion<T> {
 
     /// Waits for all in-flight work, then lends the elements for writing.
     pub(crate) fn write(&mut self) -> Result<&mut [T]> {
+        refuse_if_graphs_use(&self.track)?;
         wait_unlocked(&self.track, Access::Write)?;
         // SAFETY: as in `read`, and no device work uses the elements at all now.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
@@ -74,6 +76,7 @@ impl<T> HostRegion<T> {
 
     /// [`HostRegion::read`] without blocking: `None` while device work still writes.
     pub(crate) fn try_read(&self) -> Result<Option<&[T]>> {
+        refuse_if_graphs_use(&self.track)?;
         let ready = lock(&self.track).try_host(&Gpu, Access::Read)?;
         // SAFETY: as in `read`, once the query says the writes are done.
         Ok(ready.then(|| unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }))
@@ -81,10 +84,28 @@ impl<T> HostRegion<T> {
 
     /// [`HostRegion::write`] without blocking: `None` while device work still uses the elements.
     pub(crate) fn try_write(&mut self) -> Result<Option<&mut [T]>> {
+        refuse_if_graphs_use(&self.track)?;
         let ready = lock(&self.track).try_host(&Gpu, Access::Write)?;
         // SAFETY: as in `write`, once the query says all uses are done.
         Ok(ready.then(|| unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }))
     }
+}
+
+/// Fails where a graph uses the buffer: a launch borrows only the graph, so a slice lent here could be in use
+/// while a launch reads or writes the memory. The graph lends it instead ([`crate::Graph::host_slice`]), borrowed
+/// from the graph as a launch is.
+///
+/// # Errors
+/// An invalid-argument error.
+fn refuse_if_graphs_use(track: &Track) -> Result<()> {
+    if track.is_held() {
+        return Err(crate::Error::invalid(
+            "a graph uses this buffer, and a launch of it could use the memory while the host does: reach it \
+             through the graph (Graph::host_slice, Graph::host_slice_mut), or drop the graph first; nothing was \
+             enqueued",
+        ));
+    }
+    Ok(())
 }
 
 /// Blocks until no device work conflicts with a host `access` to the buffer of `track`, waiting for one
@@ -92,7 +113,7 @@ impl<T> HostRegion<T> {
 /// among them, are not held up meanwhile), then asking the tracker again: the entries seen complete are
 /// forgotten, as [`Tracker::host_wait`](crate::track::Tracker::host_wait) does under the lock, and with the same
 /// driver calls (the entry waited for is then known complete, and forgetting it asks the driver nothing).
-fn wait_unlocked(track: &Track, access: Access) -> Result<()> {
+pub(crate) fn wait_unlocked(track: &Track, access: Access) -> Result<()> {
     loop {
         let Some((stream, mark)) = lock(track).first_conflict(access) else {
             return Ok(());
@@ -151,6 +172,7 @@ fn poll_host(
     waiting: &mut Option<Done>,
     cx: &mut TaskContext<'_>,
 ) -> Poll<Result<()>> {
+    refuse_if_graphs_use(track)?;
     loop {
         if let Some(done) = waiting {
             let outcome = std::task::ready!(Pin::new(done).poll(cx));

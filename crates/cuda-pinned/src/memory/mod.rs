@@ -20,6 +20,7 @@ mod view;
 pub(crate) use captured::Recording;
 pub use device::DeviceBuffer;
 pub(crate) use device::Origin;
+pub(crate) use host::wait_unlocked;
 pub use host::{Readable, Writable};
 pub(crate) use layout::byte_len;
 pub use numa::Placement;
@@ -30,7 +31,7 @@ pub use registered::Registered;
 pub(crate) use release::guard_exit;
 pub(crate) use release::release_host;
 pub use tracked::Track;
-pub(crate) use tracked::{Gpu, INLINE, Work, lock, release_after_graphs};
+pub(crate) use tracked::{Gpu, INLINE, Launched, Work, lock, release_after_graphs};
 pub use view::{DeviceView, DeviceViewMut, PinnedView, PinnedViewMut};
 // The pure parts the fuzz targets reach through `crate::fuzzing`.
 #[cfg(any(test, fuzzing))]

@@ -2,6 +2,7 @@
 //! its tracker sees it ([`Gpu`]: marks of streams, waits through pooled events; see `driver/marks.rs`), and how
 //! the crate's operations enqueue work between the tracker's waits and records ([`Stream::tracked`]).
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use smallvec::SmallVec;
@@ -26,16 +27,16 @@ pub struct Track(Arc<Shared>);
 #[derive(Default)]
 struct Shared {
     tracker: Mutex<GpuTracker>,
-    held: Mutex<Held>,
-}
-
-/// What keeps an allocation alive beyond its owner: the graphs (and captures in progress) that use it.
-#[derive(Default)]
-struct Held {
-    graphs: usize,
+    /// Bumped each time the tracker is locked: a graph's launch that finds the count where its previous launch
+    /// left it knows that nothing has looked at the buffer since (`Stream::tracked_launch`).
+    version: AtomicU64,
+    /// The graphs (and captures in progress) that use the allocation; changed under `orphan`'s lock.
+    graphs: AtomicUsize,
+    /// Whether the allocation is host memory (the host reaches it through accessors).
+    host: bool,
     /// The release of the allocation, handed over by its owner's drop while graphs still held it: run when the
     /// last of them lets go (rule 13 of the crate: a graph owns what it uses).
-    orphan: Option<Orphan>,
+    orphan: Mutex<Option<Orphan>>,
 }
 
 /// An allocation's release, deferred by [`Track::adopt`].
@@ -48,6 +49,14 @@ impl std::fmt::Debug for Track {
 }
 
 impl Track {
+    /// The record of host memory, which the host reaches through accessors.
+    pub(crate) fn for_host() -> Track {
+        Track(Arc::new(Shared {
+            host: true,
+            ..Shared::default()
+        }))
+    }
+
     /// Another handle of the same record: the same key, the same tracker. It holds nothing alive by itself.
     pub(crate) fn share(&self) -> Track {
         Track(Arc::clone(&self.0))
@@ -59,33 +68,43 @@ impl Track {
         Arc::as_ptr(&self.0) as usize
     }
 
-    fn held(&self) -> MutexGuard<'_, Held> {
-        self.0.held.lock().unwrap_or_else(PoisonError::into_inner)
+    /// How many times the tracker has been locked.
+    pub(crate) fn version(&self) -> u64 {
+        self.0.version.load(Ordering::Acquire)
+    }
+
+    /// Whether the allocation is host memory.
+    pub(crate) fn is_host(&self) -> bool {
+        self.0.host
+    }
+
+    fn orphan(&self) -> MutexGuard<'_, Option<Orphan>> {
+        self.0.orphan.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Whether a graph (or a capture in progress) uses the allocation: its owner must not release it, nor hand
-    /// it out ([`Track::adopt`] takes the release instead).
+    /// it out ([`Track::adopt`] takes the release instead), nor lend it to the host (the graph does).
     pub(crate) fn is_held(&self) -> bool {
-        self.held().graphs > 0
+        self.0.graphs.load(Ordering::Acquire) > 0
     }
 
     /// Counts a graph (or a capture) that uses the allocation, until [`Track::let_go`].
     pub(crate) fn hold(&self) {
-        self.held().graphs += 1;
+        let _orphan = self.orphan();
+        self.0.graphs.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Ends a [`Track::hold`]; where it was the last and the owner has gone, runs the release it left.
     pub(crate) fn let_go(&self) {
-        let orphan = {
-            let mut held = self.held();
-            held.graphs -= 1;
-            if held.graphs == 0 {
-                held.orphan.take()
+        let release = {
+            let mut orphan = self.orphan();
+            if self.0.graphs.fetch_sub(1, Ordering::AcqRel) == 1 {
+                orphan.take()
             } else {
                 None
             }
         };
-        if let Some(release) = orphan {
+        if let Some(release) = release {
             release();
         }
     }
@@ -94,12 +113,12 @@ impl Track {
     /// when the last lets go; hands it back where none holds it any more (the caller runs it then).
     #[must_use]
     pub(crate) fn adopt(&self, release: Orphan) -> Option<Orphan> {
-        let mut held = self.held();
-        if held.graphs == 0 {
+        let mut orphan = self.orphan();
+        if !self.is_held() {
             return Some(release);
         }
-        debug_assert!(held.orphan.is_none(), "an allocation has one owner");
-        held.orphan = Some(release);
+        debug_assert!(orphan.is_none(), "an allocation has one owner");
+        *orphan = Some(release);
         None
     }
 }
@@ -139,11 +158,13 @@ pub(crate) fn refuse_if_held(track: &Track, what: &str) -> Result<()> {
 /// Locks a buffer's tracker. A panic while it was held (only possible from a bug in the tracker) leaves the
 /// state conservative, so the lock is taken over rather than propagated.
 pub(crate) fn lock(track: &Track) -> MutexGuard<'_, GpuTracker> {
-    track
+    let tracker = track
         .0
         .tracker
         .lock()
-        .unwrap_or_else(PoisonError::into_inner)
+        .unwrap_or_else(PoisonError::into_inner);
+    track.0.version.fetch_add(1, Ordering::AcqRel);
+    tracker
 }
 
 /// What a tracked operation is, for the stream's observer (its ledger).
@@ -419,6 +440,80 @@ impl Stream {
             Ok(value) => Ok(value),
             Err(panic) => std::panic::resume_unwind(panic),
         }
+    }
+}
+
+/// Where a graph's last launch left its buffers (`Stream::tracked_launch`): the stream and segment it joined,
+/// and each buffer's tracker version right after its use was recorded.
+pub(crate) struct Launched {
+    stream: Stream,
+    mark: Mark,
+    versions: Vec<u64>,
+}
+
+impl Stream {
+    /// A graph's launch: `enqueue` queues it on this stream, tracked as one piece of work that uses `uses`
+    /// (one per allocation, in the order of their keys), as [`Stream::tracked_uses`] does, with `last` what
+    /// the graph's previous launch left.
+    ///
+    /// Where that launch was on this stream, the stream's current segment is still the one it joined (open:
+    /// no event, not seen complete) and no buffer's tracker has been locked since (the versions), the trackers
+    /// already say what this launch needs: each holds this stream's entry at that segment, which any wait for
+    /// it resolves under this stream's segment lock (the segment being open), which this holds while it
+    /// queues. So the launch joins the segment and touches no tracker: its cost does not grow with the
+    /// buffers. Otherwise every tracker is locked, waited for and recorded.
+    pub(crate) fn tracked_launch(
+        &self,
+        uses: &[(Track, Access)],
+        last: &mut Option<Launched>,
+        enqueue: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let _enqueue = self.context().enqueue()?;
+        if let Some(previous) = last.take().filter(|l| l.stream == *self) {
+            let segment = self.segment();
+            self.refuse_in_capture("launching a graph")?;
+            let unchanged = *segment.mark() == previous.mark
+                && previous.mark.is_open()
+                && uses
+                    .iter()
+                    .zip(&previous.versions)
+                    .all(|((track, _), &version)| track.version() == version);
+            if unchanged {
+                let enqueued = self.timed(Category::Kernel, "graph", 0, enqueue);
+                *last = Some(previous);
+                return enqueued;
+            }
+            // The previous launch's hold on the segment goes before `begin` counts its holders.
+        }
+        let mut trackers: Vec<MutexGuard<'_, GpuTracker>> = Vec::with_capacity(uses.len());
+        for (track, _) in uses {
+            trackers.push(lock(track));
+        }
+        for (tracker, (_, access)) in trackers.iter_mut().zip(uses) {
+            tracker.prepare(&Gpu, self, *access)?;
+        }
+        let segment = self.begin(|current| {
+            trackers
+                .iter()
+                .zip(uses)
+                .map(|(tracker, (_, access))| tracker.replaced_at(self, current, *access))
+                .sum()
+        })?;
+        // Recorded even if the enqueue failed, as in `tracked_as`.
+        let enqueued = self.timed(Category::Kernel, "graph", 0, enqueue);
+        let mark = segment.mark().clone();
+        for (tracker, (_, access)) in trackers.iter_mut().zip(uses) {
+            tracker.record_use(self, &mark, *access);
+        }
+        if enqueued.is_ok() {
+            *last = Some(Launched {
+                stream: self.clone(),
+                mark,
+                versions: uses.iter().map(|(track, _)| track.version()).collect(),
+            });
+        }
+        drop(segment);
+        enqueued
     }
 }
 
