@@ -1183,8 +1183,13 @@ pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) -> CUresu
     entry("cuMemFreeAsync", |mut state| {
         if !is_default_stream(hStream) {
             let (handle, _) = live_stream(&state, hStream)?;
-            // Memory allocated outside the capture, freed in it.
-            if crate::graph::link(&state, handle).is_some() {
+            // Memory allocated outside the capture, freed in it: refused, and a capture in another mode than
+            // relaxed ended.
+            if let Some(id) = crate::graph::link(&state, handle).map(|l| l.capture) {
+                if state.captures[&id].mode != CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED {
+                    crate::graph::invalidate(&mut state, id);
+                    return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+                }
                 return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
             }
         }

@@ -12,10 +12,12 @@
 //!   `CUDA_ERROR_INVALID_VALUE` to queries and waits until it is recorded again outside a capture.
 //! - In the global mode (from any thread) and the thread-local mode (from the capturing thread), the calls
 //!   that may synchronize (pinning and unpinning, `cuMemAlloc`, `cuMemFree`, stream and event queries and
-//!   synchronizations) fail the same way; a free of any memory, from any thread, invalidates such a capture.
-//!   The relaxed mode forbids none of them.
+//!   synchronizations) fail the same way; a free of any memory from a thread such a capture does not forbid
+//!   succeeds and invalidates it. The relaxed mode forbids none of them. (Every thread is in the default mode
+//!   here: `cuThreadExchangeStreamCaptureMode` is not modelled.)
 //! - A free of memory allocated outside the capture, queued on a capturing stream, is
-//!   `CUDA_ERROR_INVALID_VALUE`. (Stream-ordered allocation inside a capture is not modelled: refused.)
+//!   `CUDA_ERROR_INVALID_VALUE` in the relaxed mode, and ends a capture of another mode. (Stream-ordered
+//!   allocation inside a capture is not modelled: refused.)
 //! - Launches of one executable graph run one after the other, whatever streams they are launched on; an
 //!   executable graph destroyed while launched finishes those launches.
 

@@ -127,6 +127,14 @@ impl Graph {
             Err(e) => Ok(Err(e)),
         };
         let ended = session.end();
+        // Captured work whose place in the graph was lost fails the capture.
+        let ended = match recording.close() {
+            Ok(()) => ended,
+            Err(e) => {
+                destroy_graph(ended);
+                Err(e)
+            }
+        };
         let graph = match ran {
             Ok(Ok(())) => ended?,
             Ok(Err(e)) => {
@@ -342,6 +350,8 @@ impl<'a> Session<'a> {
         let origin = self.streams[0];
         for (i, &stream) in self.streams.iter().enumerate() {
             let _segment = stream.segment();
+            // Checked again under the lock: another thread's capture may have begun since.
+            stream.refuse_in_capture("Graph::capture")?;
             stream.close_segment()?;
             stream.set_capture(Some(self.capture.clone()));
             self.marked = i + 1;
@@ -373,15 +383,16 @@ impl<'a> Session<'a> {
                 }
             }
         }
-        let ended = if self.began {
-            self.began = false;
+        let began = std::mem::take(&mut self.began);
+        let ended = if began {
             end_capture(origin)
         } else {
             Err(Error::invalid("the capture did not begin"))
         };
-        // A stream the driver still takes for capturing stays marked: the crate's work on it is refused rather
-        // than recorded into a capture nobody ends.
-        let stuck = ended.is_err() && calls::stream_is_capturing(origin.as_raw()).unwrap_or(true);
+        // A stream the driver still takes for capturing after this capture's end failed stays marked: the
+        // crate's work on it is refused rather than recorded into a capture nobody ends.
+        let stuck =
+            began && ended.is_err() && calls::stream_is_capturing(origin.as_raw()).unwrap_or(true);
         if !stuck {
             for stream in &self.streams[..self.marked] {
                 stream.set_capture(None);

@@ -76,6 +76,12 @@
 //!     streams write flags in page-locked memory that it reads). A future owns nothing the work uses:
 //!     dropping or forgetting one frees, exposes and blocks nothing, and a context with a sticky error ends
 //!     every pending future of it with the error.
+//! 11. **A graph owns what it uses.** [`Graph::capture`] records the crate's work on some streams into a CUDA
+//!     graph (crossings between them become its edges), and every buffer that work uses lives until the graph is
+//!     dropped, whoever drops it first. Each [`Graph::launch`] is tracked as one piece of work that reads and
+//!     writes those buffers; a host buffer a graph uses is lent by the graph ([`Graph::host_slice`]), borrowed
+//!     from it as a launch is, so no slice is held while a launch runs. What cannot be captured is refused
+//!     with an `Err`, and the capture goes on.
 //!
 //! Errors are values: every failure, from a missing driver to a length mismatch, is an [`Error`] with CUDA's
 //! own words and what the crate was doing, never a panic.

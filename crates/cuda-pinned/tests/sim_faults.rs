@@ -104,7 +104,7 @@ fault_tests! {
         bounded!(graph.launch(&f.a))?;
         bounded!(drop((host, x, y)));
         bounded!(graph.launch(&f.b))?;
-        let last = bounded!(back.as_slice().map(|s| s[4095]))?;
+        let last = bounded!(graph.host_slice(&back).map(|s| s[4095]))?;
         assert_eq!(last, 7, "a launch after a fault computed something else");
         bounded!(drop(graph));
         Ok(())

@@ -23,7 +23,7 @@ fn rust_blocks(text: &str) -> Vec<&str> {
 fn the_repository_readme_shows_the_crates_compiled_examples() {
     let repository = rust_blocks(REPOSITORY);
     let packaged = rust_blocks(CRATE);
-    assert_eq!(repository.len(), 6, "the README's examples");
+    assert_eq!(repository.len(), 7, "the README's examples");
     for block in &repository {
         assert!(
             packaged.contains(block),

@@ -736,8 +736,8 @@ pub(crate) fn stream_end_capture(stream: CUstream) -> Result<CUgraph> {
     Ok(graph)
 }
 
-/// `cuStreamGetCaptureInfo_v3`: the nodes of the capture that work queued on `stream` next will depend on
-/// (empty where the stream is not capturing).
+/// `cuStreamGetCaptureInfo_v3`: the nodes of the capture that work queued on `stream` next will depend on. An
+/// invalid-argument error where the stream is not in an active capture.
 pub(crate) fn stream_capture_dependencies(stream: CUstream) -> Result<Vec<CUgraphNode>> {
     let mut status = crate::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     let mut nodes: *const CUgraphNode = std::ptr::null();
@@ -754,6 +754,11 @@ pub(crate) fn stream_capture_dependencies(stream: CUstream) -> Result<Vec<CUgrap
             &mut count,
         ))
     }?;
+    if status != crate::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
+        return Err(crate::Error::invalid(
+            "the stream is not in an active capture (it ended, or other code's call invalidated it)",
+        ));
+    }
     if nodes.is_null() || count == 0 {
         return Ok(Vec::new());
     }

@@ -230,6 +230,8 @@ impl Reactor {
         // closing to the write, so that no operation of the crate lands in between.
         let _gate = context.enqueue_gate();
         let segment = stream.segment();
+        // Checked under the segment lock, which a capture takes to begin: the flag is never captured.
+        stream.refuse_in_capture("Stream::done")?;
         stream.close_segment()?;
         let on = match self.write_flag(stream) {
             Ok(flag) => On::Flag {

@@ -436,11 +436,12 @@ impl Stream {
     /// The driver's, from closing the segment; `enqueue`'s.
     pub(crate) fn untracked<R>(&self, enqueue: impl FnOnce() -> Result<R>) -> Result<R> {
         let _enqueue = self.context().enqueue()?;
+        // The capture mark is read under the segment lock, which a capture takes to begin.
+        let _segment = self.segment();
         if self.capture()?.is_some() {
             // Captured, not run: no mark of the crate's on this stream is open (`graph.rs` closed them).
             return enqueue();
         }
-        let _segment = self.segment();
         self.close_segment()?;
         enqueue()
     }

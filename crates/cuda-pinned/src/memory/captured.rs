@@ -22,9 +22,18 @@ use crate::track::{Access, Timeline, Tracker};
 
 /// The state of a capture in progress, which its streams carry (`Stream::capture`).
 pub(crate) struct Recording {
+    state: Mutex<State>,
+}
+
+struct State {
     /// The capture's streams, the one that began it first: a stream's index here is its name in the trackers.
+    /// Emptied when the capture ends ([`Recording::close`]), so that a stream still marked with it holds no
+    /// cycle.
     streams: Vec<Stream>,
-    uses: Mutex<HashMap<usize, Use>>,
+    uses: HashMap<usize, Use>,
+    /// Why the capture cannot make a graph: captured work whose place in it could not be read, so that no
+    /// edge would order it.
+    failed: Option<Error>,
 }
 
 /// A buffer the capture uses: held, and how (written if any captured work writes it).
@@ -81,74 +90,110 @@ impl Timeline for InCapture<'_> {
 impl Recording {
     pub(crate) fn new(streams: Vec<Stream>) -> Recording {
         Recording {
-            streams,
-            uses: Mutex::new(HashMap::new()),
+            state: Mutex::new(State {
+                streams,
+                uses: HashMap::new(),
+                failed: None,
+            }),
         }
     }
 
-    fn uses(&self) -> MutexGuard<'_, HashMap<usize, Use>> {
-        // Nothing panics under this lock but a bug; the map stays consistent whatever happened.
-        self.uses.lock().unwrap_or_else(PoisonError::into_inner)
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Nothing panics under this lock but a bug; the state stays consistent whatever happened.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Runs `enqueue`, which queues work on `stream` (a stream of the capture) that uses the buffers of `uses`,
     /// ordered in the capture after the conflicting captured work on the capture's other streams, and records
     /// it. The lock of the capture is not held while `enqueue` runs (it may be a user's, and call the crate).
+    ///
+    /// # Errors
+    /// An invalid-argument error for a host buffer another graph holds, or once the capture has ended or
+    /// failed; the driver's. Where the work was queued but its place in the graph could not be read, the whole
+    /// capture fails.
     pub(crate) fn tracked<R>(
         &self,
         stream: &Stream,
         uses: &[(&Track, Access)],
         enqueue: impl FnOnce() -> Result<R>,
     ) -> Result<R> {
-        let index = self
-            .streams
-            .iter()
-            .position(|s| s == stream)
-            .expect("a stream carries the capture it is in");
-        {
-            let mut map = self.uses();
+        let index = {
+            let mut state = self.state();
+            if let Some(e) = &state.failed {
+                return Err(e.clone());
+            }
+            let Some(index) = state.streams.iter().position(|s| s == stream) else {
+                return Err(Error::invalid(
+                    "the capture this stream was in has ended; nothing was enqueued",
+                ));
+            };
+            let State {
+                streams, uses: map, ..
+            } = &mut *state;
             for &(track, access) in uses {
-                if track.is_host() && track.is_held() && !map.contains_key(&track.key()) {
-                    // The graph that holds it lends it to the host; a second could launch meanwhile.
-                    return Err(Error::invalid(
-                        "another graph uses this host buffer: a host buffer belongs to one graph at a time \
-                         (it lends the buffer to the host); use a copy of it; nothing was enqueued",
-                    ));
-                }
-                let entry = map.entry(track.key()).or_insert_with(|| {
-                    track.hold();
-                    Use {
-                        track: track.share(),
-                        access,
-                        tracker: Tracker::default(),
+                let entry = match map.entry(track.key()) {
+                    std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(entry) => {
+                        if !track.hold() {
+                            // The graph that holds it lends it to the host; a second could launch meanwhile.
+                            return Err(Error::invalid(
+                                "another graph uses this host buffer: a host buffer belongs to one graph at a \
+                                 time (it lends the buffer to the host); use a copy of it; nothing was enqueued",
+                            ));
+                        }
+                        entry.insert(Use {
+                            track: track.share(),
+                            access,
+                            tracker: Tracker::default(),
+                        })
                     }
-                });
+                };
                 if access == Access::Write {
                     entry.access = Access::Write;
                 }
-                entry
-                    .tracker
-                    .prepare(&InCapture(&self.streams), &index, access)?;
+                entry.tracker.prepare(&InCapture(streams), &index, access)?;
             }
-        }
+            index
+        };
         let enqueued = enqueue();
         // Recorded even if the enqueue failed, as in `Stream::tracked_as`.
         let nodes = calls::stream_capture_dependencies(stream.as_raw())
-            .map_err(|e| e.context("reading where captured work stands in its graph"))?;
+            .map_err(|e| e.context("reading where captured work stands in its graph"));
+        let mut state = self.state();
+        let nodes = match nodes {
+            Ok(nodes) => nodes,
+            Err(e) => {
+                // The work may be in the graph with nothing to order it after: no graph from this capture.
+                state.failed = Some(e.clone());
+                return Err(e);
+            }
+        };
         let mark = Nodes(nodes.into());
-        let mut map = self.uses();
         for &(track, access) in uses {
-            if let Some(entry) = map.get_mut(&track.key()) {
+            if let Some(entry) = state.uses.get_mut(&track.key()) {
                 entry.tracker.record_use(&index, &mark, access);
             }
         }
         enqueued
     }
 
+    /// Ends the recording once its capture has: its streams are let go of, and its work refused from now on.
+    ///
+    /// # Errors
+    /// Why the capture cannot make a graph, if it cannot.
+    pub(crate) fn close(&self) -> Result<()> {
+        let mut state = self.state();
+        state.streams.clear();
+        match &state.failed {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
     /// The buffers the capture used, one per allocation with how it was used, in the order of their keys; each
     /// still held, now by the caller (who lets go of them, or whose graph keeps them).
     pub(crate) fn take_uses(&self) -> Vec<(Track, Access)> {
-        let map = std::mem::take(&mut *self.uses());
+        let map = std::mem::take(&mut self.state().uses);
         let mut uses: Vec<(Track, Access)> =
             map.into_values().map(|u| (u.track, u.access)).collect();
         uses.sort_unstable_by_key(|(track, _)| track.key());

@@ -282,26 +282,28 @@ impl<T> DeviceBuffer<T> {
             None if track.is_empty() && !self.stream.is_capturing() => Some(self.stream.clone()),
             None => None,
         };
-        match sole {
-            Some(stream) => {
-                // The free joins the stream's segment if only this buffer's entries hold it, else the segment is
-                // closed first, so that nothing waiting for other buffers' work there waits for the free too.
-                let segment = stream.begin(|current| {
-                    track.replaced_at(&stream, current, crate::track::Access::Write)
-                })?;
-                let freed = free_async(ptr, &stream);
-                drop(segment);
-                freed
-            }
-            None => {
-                let release = Stream::borrowed(context, context.release_stream()?);
-                // Nothing else enqueues on the release stream but other frees, each after waits of its own, and
-                // interleaving those only makes a free wait for more than its own uses.
-                let mut track = track;
-                track.order_before(&Gpu, &release)?;
-                free_async(ptr, &release)
+        if let Some(stream) = sole {
+            // The free joins the stream's segment if only this buffer's entries hold it, else the segment is
+            // closed first, so that nothing waiting for other buffers' work there waits for the free too.
+            match stream
+                .begin(|current| track.replaced_at(&stream, current, crate::track::Access::Write))
+            {
+                Ok(segment) => {
+                    let freed = free_async(ptr, &stream);
+                    drop(segment);
+                    return freed;
+                }
+                // A capture began on the stream since it was chosen: the release stream frees instead.
+                Err(_) if stream.is_capturing() => {}
+                Err(e) => return Err(e),
             }
         }
+        let release = Stream::borrowed(context, context.release_stream()?);
+        // Nothing else enqueues on the release stream but other frees, each after waits of its own, and
+        // interleaving those only makes a free wait for more than its own uses.
+        let mut track = track;
+        track.order_before(&Gpu, &release)?;
+        free_async(ptr, &release)
     }
 }
 

@@ -73,11 +73,6 @@ impl Track {
         self.0.version.load(Ordering::Acquire)
     }
 
-    /// Whether the allocation is host memory.
-    pub(crate) fn is_host(&self) -> bool {
-        self.0.host
-    }
-
     fn orphan(&self) -> MutexGuard<'_, Option<Orphan>> {
         self.0.orphan.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -88,10 +83,17 @@ impl Track {
         self.0.graphs.load(Ordering::Acquire) > 0
     }
 
-    /// Counts a graph (or a capture) that uses the allocation, until [`Track::let_go`].
-    pub(crate) fn hold(&self) {
+    /// Counts a graph (or a capture) that uses the allocation, until [`Track::let_go`]. Host memory is held by
+    /// one at a time (the graph that holds it lends it to the host): `false`, with nothing counted, where another
+    /// holds it already.
+    #[must_use]
+    pub(crate) fn hold(&self) -> bool {
         let _orphan = self.orphan();
+        if self.0.host && self.is_held() {
+            return false;
+        }
         self.0.graphs.fetch_add(1, Ordering::AcqRel);
+        true
     }
 
     /// Ends a [`Track::hold`]; where it was the last and the owner has gone, runs the release it left.
@@ -264,7 +266,7 @@ impl Stream {
             return in_capture(&capture)?.tracked(self, &uses, enqueue);
         }
         // One allocation read and written (two views of it) is a write: lock it once.
-        let read = read.filter(|r| !write.is_some_and(|w| r.key() == w.key()));
+        let read = read.filter(|r| write.is_none_or(|w| r.key() != w.key()));
         // In the order of their keys, as every thread that locks several trackers does (a graph's launch locks
         // those of buffers it does not borrow).
         let (mut write, mut read) = match (write, read) {

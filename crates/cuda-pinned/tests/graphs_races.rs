@@ -1,0 +1,260 @@
+//! Captures against other threads and failing calls: two threads capturing one stream, a future of a stream
+//! racing captures of it, two captures racing for one host buffer, captured work whose place in the graph could
+//! not be read, and a capture that never began. Each race runs for a few seconds; its rule is that whatever
+//! order the threads meet in, every result is right and nothing is left marked, held or pending.
+
+mod common;
+
+use std::future::Future;
+use std::sync::{Barrier, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use common::{data, hold, serial_on_two_devices};
+use cuda_pinned::{DeviceBuffer, Graph, Pinned, Stream};
+
+const N: usize = 1024;
+/// How long each race runs.
+const RACE: Duration = Duration::from_secs(3);
+
+/// Polls `future` on this thread until it is ready or `limit` has passed.
+fn wait_for<F: Future>(future: F, limit: Duration) -> Option<F::Output> {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    let deadline = Instant::now() + limit;
+    loop {
+        if let std::task::Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return Some(out);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return None;
+        }
+        std::thread::park_timeout(deadline - now);
+    }
+}
+
+/// Two threads capture stream `a` at once. One captures; the other is refused (the mark is checked under the
+/// stream's segment lock), and its eager download on `a` is refused while the capture goes on (it would land in
+/// the other thread's graph), and runs once the capture has ended.
+#[test]
+fn of_two_threads_capturing_one_stream_the_other_is_refused_and_its_work_runs() {
+    let _serial = serial_on_two_devices();
+    let ctx = common::device(0);
+    let (a, c) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let want = data(N, 1);
+    let host = Pinned::from_slice(&ctx, &want).unwrap();
+    let mut dev = DeviceBuffer::<u32>::zeroed(&c, N).unwrap();
+    c.upload(&host, &mut dev).unwrap();
+    c.synchronize().unwrap();
+    let started = Instant::now();
+    let (mut rounds, mut refused) = (0, 0);
+    while started.elapsed() < RACE {
+        rounds += 1;
+        let (barrier, ended) = (Barrier::new(2), Barrier::new(2));
+        let (tx, rx) = mpsc::channel::<()>();
+        let rx = Mutex::new(rx);
+        let results: Vec<(bool, Option<Vec<u32>>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2)
+                .map(|_| {
+                    let tx = tx.clone();
+                    let (a, ctx, barrier, ended, rx, dev) = (&a, &ctx, &barrier, &ended, &rx, &dev);
+                    s.spawn(move || {
+                        let mut won = false;
+                        barrier.wait();
+                        let captured = Graph::capture(&[a], || {
+                            won = true;
+                            // Until the other thread is done (it cannot capture `a` meanwhile).
+                            let _ = rx.lock().unwrap().recv_timeout(Duration::from_millis(300));
+                            Ok(())
+                        });
+                        if won {
+                            // The other thread's download may reach the driver just as the capture begins
+                            // (its waits for other streams are queued before it finds the mark): the driver
+                            // then ends the capture, which fails with its error (ARCHITECTURE.md, "Graphs").
+                            if let Err(e) = captured {
+                                assert!(e.to_string().contains("CAPTURE_INVALIDATED"), "{e}");
+                            }
+                            ended.wait();
+                            return (true, None);
+                        }
+                        assert!(captured.is_err(), "two captures of one stream both began");
+                        let mut out = Pinned::<u32>::zeroed(ctx, N).unwrap();
+                        // While the other thread captures `a`, this thread's work there is refused, not recorded
+                        // into that thread's graph.
+                        let during = a.download(dev, &mut out);
+                        let _ = tx.send(());
+                        ended.wait();
+                        let refused = match during {
+                            Ok(()) => None,
+                            Err(e) => Some(e.to_string()),
+                        };
+                        if refused.is_some() {
+                            a.download(dev, &mut out).unwrap();
+                        }
+                        let got = out.as_slice().unwrap().to_vec();
+                        assert!(
+                            refused
+                                .as_ref()
+                                .is_none_or(|e| e.contains("capturing a graph")),
+                            "{refused:?}"
+                        );
+                        (false, Some(got))
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (won, got) in results {
+            if let (false, Some(got)) = (won, got) {
+                refused += 1;
+                assert_eq!(
+                    got, want,
+                    "round {rounds}: the refused thread's eager download did not run"
+                );
+            }
+        }
+    }
+    assert!(refused > 0, "no round raced");
+    // Nothing left marked: the stream captures again.
+    Graph::capture(&[&a], || Ok(())).expect("the stream was left marked as capturing");
+}
+
+/// A thread awaits futures of stream `a` while another captures it again and again: each future completes or
+/// is refused (its flag is checked under the segment lock, which a capture takes to begin), never pending for
+/// good.
+#[test]
+fn futures_of_a_stream_that_other_threads_capture_always_end() {
+    let _serial = serial_on_two_devices();
+    let ctx = common::device(0);
+    let a = Stream::new(&ctx).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let started = Instant::now();
+    let mut futures = 0;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                drop(Graph::capture(&[&a], || Ok(())));
+            }
+        });
+        while started.elapsed() < RACE {
+            futures += 1;
+            let ended = wait_for(a.done(), Duration::from_secs(2));
+            if ended.is_none() {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                panic!("future {futures} of Stream::done still pending after 2 s");
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+}
+
+/// Two threads capture an upload of one host buffer at once: at most one graph holds it (the check and the
+/// hold are one step), so the host buffer is lent by one graph only.
+#[test]
+fn of_two_captures_racing_for_one_host_buffer_one_holds_it() {
+    let _serial = serial_on_two_devices();
+    let ctx = common::device(0);
+    let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let host = Pinned::from_slice(&ctx, &data(N, 2)).unwrap();
+    let mut da = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+    let mut db = DeviceBuffer::<u32>::zeroed(&b, N).unwrap();
+    ctx.synchronize().unwrap();
+    let started = Instant::now();
+    while started.elapsed() < RACE {
+        let barrier = Barrier::new(2);
+        let (ga, gb) = std::thread::scope(|s| {
+            let (host, barrier) = (&host, &barrier);
+            let (a, b, da, db) = (&a, &b, &mut da, &mut db);
+            let ta = s.spawn(move || {
+                barrier.wait();
+                Graph::capture(&[a], || a.upload(host, da))
+            });
+            let tb = s.spawn(move || {
+                barrier.wait();
+                Graph::capture(&[b], || b.upload(host, db))
+            });
+            (ta.join().unwrap(), tb.join().unwrap())
+        });
+        assert!(
+            !(ga.is_ok() && gb.is_ok()),
+            "two graphs hold one host buffer"
+        );
+        assert!(ga.is_ok() || gb.is_ok(), "neither capture held the buffer");
+    }
+    // Once the graphs are gone, the buffer is its owner's again.
+    assert_eq!(host.as_slice().unwrap(), &data(N, 2)[..]);
+}
+
+/// Captured work whose place in the graph cannot be read (a failed `cuStreamGetCaptureInfo_v3`) may be in the
+/// graph with nothing to order it after: the whole capture fails, and its buffers are their owners' again.
+#[cfg(not(feature = "gpu"))]
+#[test]
+fn a_capture_whose_work_lost_its_place_fails() {
+    let _serial = serial_on_two_devices();
+    let sim = common::sim().unwrap();
+    let ctx = common::device(0);
+    let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let mut input = Pinned::from_slice(&ctx, &data(N, 3)).unwrap();
+    let mut x = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+    let mut output = Pinned::<u32>::zeroed(&ctx, N).unwrap();
+    ctx.synchronize().unwrap();
+    sim.fail("cuStreamGetCaptureInfo_v3:1:CUDA_ERROR_UNKNOWN")
+        .unwrap();
+    let mut upload = None;
+    let captured = Graph::capture(&[&a, &b], || {
+        // The closure ignores the upload's error and goes on: the capture fails all the same.
+        upload = Some(a.upload(&input, &mut x));
+        b.download(&x, &mut output)
+    });
+    sim.clear_faults();
+    assert!(
+        upload.is_some_and(|u| u.is_err()),
+        "the upload's lost place was not reported"
+    );
+    let e = captured.expect_err("a capture with work out of the tracking made a graph");
+    assert!(e.to_string().contains("cuStreamGetCaptureInfo_v3"), "{e}");
+    // Eager, the same step computes the input.
+    input.as_mut_slice().unwrap().copy_from_slice(&data(N, 4));
+    a.upload(&input, &mut x).unwrap();
+    b.download(&x, &mut output).unwrap();
+    assert_eq!(output.as_slice().unwrap(), &data(N, 4)[..]);
+}
+
+/// A capture whose begin fails, with the check of the stream's state failing too, leaves its streams
+/// unmarked: eager work on them is tracked, and the device synchronizes.
+#[cfg(not(feature = "gpu"))]
+#[test]
+fn a_capture_that_never_began_leaves_its_streams_usable() {
+    let _serial = serial_on_two_devices();
+    let sim = common::sim().unwrap();
+    let ctx = common::device(0);
+    let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let want = data(N, 5);
+    let host = Pinned::from_slice(&ctx, &want).unwrap();
+    let mut dev = DeviceBuffer::<u32>::zeroed(&b, N).unwrap();
+    let mut out = Pinned::<u32>::zeroed(&ctx, N).unwrap();
+    ctx.synchronize().unwrap();
+    sim.fail(
+        "cuStreamBeginCapture_v2:1:CUDA_ERROR_UNKNOWN,cuStreamIsCapturing:1:CUDA_ERROR_UNKNOWN",
+    )
+    .unwrap();
+    let captured = Graph::capture(&[&a], || Ok(()));
+    sim.clear_faults();
+    assert!(captured.is_err());
+    {
+        let _held = hold(&a, Duration::from_millis(300));
+        // `dev` written on `a` behind the hold, then read on `b`: tracked, the read waits for the write.
+        a.upload(&host, &mut dev).unwrap();
+        b.download(&dev, &mut out).unwrap();
+    }
+    assert_eq!(out.as_slice().unwrap(), &want[..]);
+    drop(a);
+    ctx.synchronize().unwrap();
+}
