@@ -9,7 +9,9 @@ use std::future::Future;
 use std::sync::{Barrier, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use common::{data, hold, serial_on_two_devices};
+#[cfg(not(feature = "gpu"))]
+use common::hold;
+use common::{data, serial_on_two_devices};
 use cuda_pinned::{DeviceBuffer, Graph, Pinned, Stream};
 
 const N: usize = 1024;
