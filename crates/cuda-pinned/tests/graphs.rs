@@ -411,6 +411,42 @@ fn launches_back_to_back_are_all_waited_for() {
     );
 }
 
+/// A loop of a thousand steps, as an inference loop runs them: the input written through the graph, a launch,
+/// the output read through it, while another stream is kept busy with copies of its own. Every step's output is
+/// right, and the page-locked memory the process holds does not grow.
+#[test]
+fn a_thousand_steps_with_another_stream_never_idle() {
+    let _serial = serial_on_two_devices();
+    let ctx = context();
+    let (a, b, busy) = (
+        Stream::new(&ctx).unwrap(),
+        Stream::new(&ctx).unwrap(),
+        Stream::new(&ctx).unwrap(),
+    );
+    let kernel = add_kernel(&ctx);
+    let mut step = Step::new(&ctx, &a);
+    let mut graph = Graph::capture(&[&a, &b], || step.queue(&kernel, &a, &b)).unwrap();
+    let filler = Pinned::from_slice(&ctx, &data(N, 10)).unwrap();
+    let mut scratch = DeviceBuffer::<u32>::zeroed(&busy, N).unwrap();
+    let pinned = || common::sim().map(|s| s.live().pinned_bytes);
+    let mut after_warmup = None;
+    for i in 0..1000u32 {
+        busy.upload(&filler, &mut scratch).unwrap();
+        graph.host_slice_mut(&mut step.input).unwrap().fill(i);
+        graph.launch(if i % 2 == 0 { &a } else { &b }).unwrap();
+        let output = graph.host_slice(&step.output).unwrap();
+        assert!(output.iter().all(|&v| v == i + 3), "step {i}");
+        if i == 10 {
+            after_warmup = pinned();
+        }
+    }
+    assert_eq!(
+        pinned(),
+        after_warmup,
+        "page-locked memory grew over the loop"
+    );
+}
+
 #[test]
 fn the_graph_lends_its_host_buffers_once_its_launches_are_done() {
     let _serial = serial_on_two_devices();

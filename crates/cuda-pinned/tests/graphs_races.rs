@@ -62,57 +62,66 @@ fn of_two_threads_capturing_one_stream_the_other_is_refused_and_its_work_runs() 
         let (barrier, ended) = (Barrier::new(2), Barrier::new(2));
         let (tx, rx) = mpsc::channel::<()>();
         let rx = Mutex::new(rx);
-        let results: Vec<(bool, Option<Vec<u32>>)> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..2)
-                .map(|_| {
-                    let tx = tx.clone();
-                    let (a, ctx, barrier, ended, rx, dev) = (&a, &ctx, &barrier, &ended, &rx, &dev);
-                    s.spawn(move || {
-                        let mut won = false;
-                        barrier.wait();
-                        let captured = Graph::capture(&[a], || {
-                            won = true;
-                            // Until the other thread is done (it cannot capture `a` meanwhile).
-                            let _ = rx.lock().unwrap().recv_timeout(Duration::from_millis(300));
-                            Ok(())
-                        });
-                        if won {
-                            // The other thread's download may reach the driver just as the capture begins
-                            // (its waits for other streams are queued before it finds the mark): the driver
-                            // then ends the capture, which fails with its error (ARCHITECTURE.md, "Graphs").
-                            if let Err(e) = captured {
-                                assert!(e.to_string().contains("CAPTURE_INVALIDATED"), "{e}");
-                            }
-                            ended.wait();
-                            return (true, None);
-                        }
-                        assert!(captured.is_err(), "two captures of one stream both began");
-                        let mut out = Pinned::<u32>::zeroed(ctx, N).unwrap();
-                        // While the other thread captures `a`, this thread's work there is refused, not recorded
-                        // into that thread's graph.
-                        let during = a.download(dev, &mut out);
-                        let _ = tx.send(());
-                        ended.wait();
-                        let refused = match during {
-                            Ok(()) => None,
-                            Err(e) => Some(e.to_string()),
-                        };
-                        if refused.is_some() {
-                            a.download(dev, &mut out).unwrap();
-                        }
-                        let got = out.as_slice().unwrap().to_vec();
-                        assert!(
-                            refused
-                                .as_ref()
-                                .is_none_or(|e| e.contains("capturing a graph")),
-                            "{refused:?}"
-                        );
-                        (false, Some(got))
-                    })
+        // A thread that panics before the second barrier would leave the other waiting there: bounded.
+        let results: Vec<(bool, Option<Vec<u32>>)> =
+            common::bounded("a round of two captures", common::LIMIT, || {
+                std::thread::scope(|s| {
+                    let handles: Vec<_> = (0..2)
+                        .map(|_| {
+                            let tx = tx.clone();
+                            let (a, ctx, barrier, ended, rx, dev) =
+                                (&a, &ctx, &barrier, &ended, &rx, &dev);
+                            s.spawn(move || {
+                                let mut won = false;
+                                barrier.wait();
+                                let captured = Graph::capture(&[a], || {
+                                    won = true;
+                                    // Until the other thread is done (it cannot capture `a` meanwhile).
+                                    let _ =
+                                        rx.lock().unwrap().recv_timeout(Duration::from_millis(300));
+                                    Ok(())
+                                });
+                                if won {
+                                    // The other thread's download may reach the driver just as the capture begins
+                                    // (its waits for other streams are queued before it finds the mark): the driver
+                                    // then ends the capture, which fails with its error (ARCHITECTURE.md, "Graphs").
+                                    if let Err(e) = captured {
+                                        assert!(
+                                            e.to_string().contains("CAPTURE_INVALIDATED"),
+                                            "{e}"
+                                        );
+                                    }
+                                    ended.wait();
+                                    return (true, None);
+                                }
+                                assert!(captured.is_err(), "two captures of one stream both began");
+                                let mut out = Pinned::<u32>::zeroed(ctx, N).unwrap();
+                                // While the other thread captures `a`, this thread's work there is refused, not recorded
+                                // into that thread's graph.
+                                let during = a.download(dev, &mut out);
+                                let _ = tx.send(());
+                                ended.wait();
+                                let refused = match during {
+                                    Ok(()) => None,
+                                    Err(e) => Some(e.to_string()),
+                                };
+                                if refused.is_some() {
+                                    a.download(dev, &mut out).unwrap();
+                                }
+                                let got = out.as_slice().unwrap().to_vec();
+                                assert!(
+                                    refused
+                                        .as_ref()
+                                        .is_none_or(|e| e.contains("capturing a graph")),
+                                    "{refused:?}"
+                                );
+                                (false, Some(got))
+                            })
+                        })
+                        .collect();
+                    handles.into_iter().map(|h| h.join().unwrap()).collect()
                 })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
+            });
         for (won, got) in results {
             if let (false, Some(got)) = (won, got) {
                 refused += 1;

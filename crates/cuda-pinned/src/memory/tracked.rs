@@ -27,8 +27,9 @@ pub struct Track(Arc<Shared>);
 #[derive(Default)]
 struct Shared {
     tracker: Mutex<GpuTracker>,
-    /// Bumped each time the tracker is locked: a graph's launch that finds the count where its previous launch
-    /// left it knows that nothing has looked at the buffer since (`Stream::tracked_launch`).
+    /// Bumped each time the tracker is locked while a graph holds the buffer: a graph's launch that finds the
+    /// count where its previous launch left it knows that nothing has looked at the buffer since
+    /// (`Stream::tracked_launch`).
     version: AtomicU64,
     /// The graphs (and captures in progress) that use the allocation; changed under `orphan`'s lock.
     graphs: AtomicUsize,
@@ -68,7 +69,7 @@ impl Track {
         Arc::as_ptr(&self.0) as usize
     }
 
-    /// How many times the tracker has been locked.
+    /// How many times the tracker has been locked while a graph held the buffer.
     pub(crate) fn version(&self) -> u64 {
         self.0.version.load(Ordering::Acquire)
     }
@@ -165,7 +166,12 @@ pub(crate) fn lock(track: &Track) -> MutexGuard<'_, GpuTracker> {
         .tracker
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
-    track.0.version.fetch_add(1, Ordering::AcqRel);
+    // Counted only while a graph holds the buffer, the one time anyone reads the count (a graph's launch, whose
+    // buffers stay held while it lives): every other lock saves the increment. A lock that finds no hold comes
+    // before the capture that took it, which a graph's first launch, down the full path, follows anyway.
+    if track.0.graphs.load(Ordering::Acquire) > 0 {
+        track.0.version.fetch_add(1, Ordering::AcqRel);
+    }
     tracker
 }
 
