@@ -452,7 +452,7 @@ fn a_thousand_steps_with_another_stream_never_idle() {
         }
     }
     assert_eq!(
-        pinned(),
+        pinned_bytes(),
         after_warmup,
         "page-locked memory grew over the loop"
     );
