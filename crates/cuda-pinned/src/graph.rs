@@ -127,7 +127,9 @@ impl Graph {
             Err(e) => Ok(Err(e)),
         };
         let ended = session.end();
-        // Captured work whose place in the graph was lost fails the capture.
+        // Captured work whose place in the graph was lost fails the capture. After a failure the buffers the
+        // capture held are their owners' again, whether or not a stream stays marked (`Session::end`): the
+        // recording refuses work from now on.
         let ended = match recording.close() {
             Ok(()) => ended,
             Err(e) => {
@@ -135,14 +137,27 @@ impl Graph {
                 Err(e)
             }
         };
+        let let_go = || {
+            for (track, _) in recording.take_uses() {
+                track.let_go();
+            }
+        };
         let graph = match ran {
-            Ok(Ok(())) => ended?,
+            Ok(Ok(())) => match ended {
+                Ok(graph) => graph,
+                Err(e) => {
+                    let_go();
+                    return Err(e);
+                }
+            },
             Ok(Err(e)) => {
                 destroy_graph(ended);
+                let_go();
                 return Err(e);
             }
             Err(panic) => {
                 destroy_graph(ended);
+                let_go();
                 std::panic::resume_unwind(panic);
             }
         };
@@ -150,6 +165,7 @@ impl Graph {
             Ok(exec) => exec,
             Err(e) => {
                 destroy_graph(Ok(graph));
+                let_go();
                 return Err(e.context("instantiating a captured graph"));
             }
         };
@@ -298,7 +314,15 @@ impl fmt::Debug for Graph {
 fn end_capture(origin: &Stream) -> Result<CUgraph> {
     let ended =
         calls::stream_end_capture(origin.as_raw()).map_err(|e| e.context("ending a capture"));
-    if ended.is_err() && calls::stream_is_capturing(origin.as_raw()).unwrap_or(false) {
+    if ended.is_ok() {
+        return ended;
+    }
+    // Until the driver says the stream is out of a capture (a failed question counts as "still in one"), a
+    // few times more.
+    for _ in 0..3 {
+        if matches!(calls::stream_is_capturing(origin.as_raw()), Ok(false)) {
+            break;
+        }
         destroy_graph(calls::stream_end_capture(origin.as_raw()));
     }
     ended
@@ -391,8 +415,9 @@ impl<'a> Session<'a> {
         };
         // A stream the driver still takes for capturing after this capture's end failed stays marked: the
         // crate's work on it is refused rather than recorded into a capture nobody ends.
-        let stuck =
-            began && ended.is_err() && calls::stream_is_capturing(origin.as_raw()).unwrap_or(true);
+        let stuck = began
+            && ended.is_err()
+            && matches!(calls::stream_is_capturing(origin.as_raw()), Ok(true));
         if !stuck {
             for stream in &self.streams[..self.marked] {
                 stream.set_capture(None);

@@ -269,3 +269,34 @@ fn a_capture_that_never_began_leaves_its_streams_usable() {
     drop(a);
     ctx.synchronize().unwrap();
 }
+
+/// A capture whose end fails once, while a look at the stream's state fails too, still ends: the end is tried
+/// again until the driver says the stream is out of a capture, so the stream is usable and the buffers are their
+/// owners' again.
+#[cfg(not(feature = "gpu"))]
+#[test]
+fn a_capture_whose_end_fails_leaves_its_stream_and_buffers_free() {
+    let _serial = serial_on_two_devices();
+    let sim = common::sim().unwrap();
+    let ctx = common::device(0);
+    let a = Stream::new(&ctx).unwrap();
+    let want = data(N, 7);
+    let host = Pinned::from_slice(&ctx, &want).unwrap();
+    let mut dev = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+    ctx.synchronize().unwrap();
+    sim.fail("cuStreamEndCapture:1:CUDA_ERROR_UNKNOWN,cuStreamIsCapturing:1:CUDA_ERROR_UNKNOWN")
+        .unwrap();
+    let captured = Graph::capture(&[&a], || a.upload(&host, &mut dev));
+    sim.clear_faults();
+    assert!(captured.is_err());
+    a.synchronize()
+        .expect("the stream was left marked as capturing");
+    assert_eq!(
+        host.as_slice().expect("the host buffer was left held"),
+        &want[..]
+    );
+    let mut back = Pinned::<u32>::zeroed(&ctx, N).unwrap();
+    a.upload(&host, &mut dev).unwrap();
+    a.download(&dev, &mut back).unwrap();
+    assert_eq!(back.as_slice().unwrap(), &want[..]);
+}

@@ -305,6 +305,8 @@ impl Stream {
     /// The driver's, other than `CUDA_ERROR_NOT_READY` (which is `Ok(false)`).
     #[doc(alias = "cuStreamQuery")]
     pub fn query(&self) -> Result<bool> {
+        // Under the segment lock, which a capture takes to begin: a query of a capturing stream would end it.
+        let _segment = self.segment();
         self.refuse_in_capture("Stream::query")?;
         calls::stream_query(self.0.raw).map_err(|e| e.context("querying a stream"))
     }
@@ -538,10 +540,13 @@ impl Queue for Inner {
 
     fn query(self: Arc<Self>) -> Result<bool> {
         // A capturing stream runs nothing, and a query would end its capture: busy until the capture ends.
-        if self.capturing.load(Ordering::Acquire) {
+        // Asked under the segment lock, which a capture takes to begin.
+        let stream = Stream(self);
+        let _segment = stream.segment();
+        if stream.is_capturing() {
             return Ok(false);
         }
-        Stream(self).query()
+        calls::stream_query(stream.as_raw()).map_err(|e| e.context("querying a stream"))
     }
 
     fn done(self: Arc<Self>) -> super::done::Done {
