@@ -178,34 +178,38 @@ pub(crate) fn add(state: &mut State, handle: usize, op: Op, sync: bool) -> Outco
 /// which invalidates that capture.
 pub(crate) fn prohibited(state: &mut State) -> Outcome {
     let me = std::thread::current().id();
-    let mut refused = false;
-    for capture in state.captures.values_mut() {
-        let forbids = match capture.mode {
-            CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL => true,
-            CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL => capture.thread == me,
-            _ => false,
-        };
-        if forbids {
-            capture.invalidated = true;
-            refused = true;
-        }
-    }
-    if refused {
-        Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
-    } else {
-        Ok(())
-    }
+    refused_if(invalidate_where(state, |c| match c.mode {
+        CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL => true,
+        CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL => c.thread == me,
+        _ => false,
+    }))
 }
 
 /// A free of memory, from any thread: invalidates every capture but relaxed ones (of `device`, or all for
 /// host memory).
 pub(crate) fn freed(state: &mut State, device: Option<i32>) {
-    for capture in state.captures.values_mut() {
-        if capture.mode != CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED
-            && device.is_none_or(|d| d == capture.device)
-        {
-            capture.invalidated = true;
-        }
+    invalidate_where(state, |c| {
+        c.mode != CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED
+            && device.is_none_or(|d| d == c.device)
+    });
+}
+
+/// Invalidates every capture in progress that `which` picks; whether there was one.
+fn invalidate_where(state: &mut State, mut which: impl FnMut(&CaptureData) -> bool) -> bool {
+    let mut any = false;
+    for capture in state.captures.values_mut().filter(|c| which(c)) {
+        capture.invalidated = true;
+        any = true;
+    }
+    any
+}
+
+/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` where a call was `refused`.
+fn refused_if(refused: bool) -> Outcome {
+    if refused {
+        Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+    } else {
+        Ok(())
     }
 }
 
@@ -220,16 +224,7 @@ pub(crate) fn refuse_sync_of(state: &mut State, handle: usize) -> Outcome {
 
 /// A synchronization of `device`'s context: refused while a capture of it is in progress, which it invalidates.
 pub(crate) fn refuse_context_sync(state: &mut State, device: i32) -> Outcome {
-    let mut refused = false;
-    for capture in state.captures.values_mut().filter(|c| c.device == device) {
-        capture.invalidated = true;
-        refused = true;
-    }
-    if refused {
-        Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
-    } else {
-        Ok(())
-    }
+    refused_if(invalidate_where(state, |c| c.device == device))
 }
 
 /// A query, synchronization or wait of an event recorded in a capture: invalidates the capture while it is in
