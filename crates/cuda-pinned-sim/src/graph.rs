@@ -131,6 +131,23 @@ impl GraphLaunch {
     }
 }
 
+impl Link {
+    /// Makes the stream's next work depend on `nodes` too.
+    fn add(&mut self, nodes: Vec<usize>) {
+        for node in nodes {
+            if !self.deps.contains(&node) {
+                self.deps.push(node);
+            }
+        }
+    }
+}
+
+/// The capture of stream `handle`, which the caller found in one.
+fn link_mut(state: &mut State, handle: usize) -> &mut Link {
+    let stream = state.streams.get_mut(&handle).expect("a live stream");
+    stream.capture.as_mut().expect("a stream in a capture")
+}
+
 /// The capture stream `handle` is in, if any.
 pub(crate) fn link(state: &State, handle: usize) -> Option<&Link> {
     state.streams.get(&handle).and_then(|s| s.capture.as_ref())
@@ -281,18 +298,8 @@ pub(crate) fn wait(state: &mut State, handle: usize, event: usize) -> Outcome<bo
             Ok(true)
         }
         (Some((id, deps)), Some(mine)) if id == mine => {
-            let link = state
-                .streams
-                .get_mut(&handle)
-                .expect("checked live")
-                .capture
-                .as_mut()
-                .expect("linked");
-            for d in deps {
-                if !link.deps.contains(&d) {
-                    link.deps.push(d);
-                }
-            }
+            let link = link_mut(state, handle);
+            link.add(deps);
             Ok(true)
         }
         (Some((id, _)), Some(mine)) => {
@@ -463,13 +470,7 @@ pub extern "C" fn cuStreamGetCaptureInfo_v3(
         if !edgeData_out.is_null() {
             put(edgeData_out, std::ptr::null())?;
         }
-        let stream_link = state
-            .streams
-            .get_mut(&handle)
-            .expect("checked live")
-            .capture
-            .as_mut()
-            .expect("linked");
+        let stream_link = link_mut(&mut state, handle);
         stream_link.reported = stream_link.deps.clone();
         if !dependencies_out.is_null() {
             put(
@@ -512,21 +513,11 @@ pub extern "C" fn cuStreamUpdateCaptureDependencies_v2(
         {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        let link = state
-            .streams
-            .get_mut(&handle)
-            .expect("checked live")
-            .capture
-            .as_mut()
-            .expect("linked");
+        let link = link_mut(&mut state, handle);
         if flags == CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES.0 {
             link.deps.clear();
         }
-        for g in given {
-            if !link.deps.contains(&g) {
-                link.deps.push(g);
-            }
-        }
+        link.add(given);
         Ok(())
     })
 }
