@@ -214,11 +214,17 @@ fn control_a_graph_the_crate_does_not_see_runs_on_freed_memory() {
     let host = Pinned::from_slice(&ctx, &data(N, 2)).unwrap();
     let device = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
     a.synchronize().unwrap();
-    let (raw, src, dst) = (
-        a.as_raw(),
-        host.as_slice().unwrap().as_ptr(),
-        device.as_raw(),
-    );
+    // A stream the crate does not know: it queries its own streams (the release thread does, while other work
+    // is pending), and a query of a capturing stream ends the capture.
+    let mut raw = std::ptr::null_mut();
+    // SAFETY: a live context, made current for the creation and popped after; a non-blocking stream,
+    // destroyed below.
+    unsafe {
+        cuda_pinned::driver_call!(cuCtxPushCurrent_v2(ctx.as_raw())).unwrap();
+        cuda_pinned::driver_call!(cuStreamCreate(&mut raw, 1)).unwrap();
+        cuda_pinned::driver_call!(cuCtxPopCurrent_v2(&mut std::ptr::null_mut())).unwrap();
+    }
+    let (src, dst) = (host.as_slice().unwrap().as_ptr(), device.as_raw());
     let mut graph = std::ptr::null_mut();
     let mut exec = std::ptr::null_mut();
     // SAFETY: a live stream; the copy's memory is live while captured (not run).
@@ -243,6 +249,7 @@ fn control_a_graph_the_crate_does_not_see_runs_on_freed_memory() {
         let _ = cuda_pinned::driver_call!(cuStreamQuery(raw));
         cuda_pinned::driver_call!(cuGraphExecDestroy(exec)).unwrap();
         cuda_pinned::driver_call!(cuGraphDestroy(graph)).unwrap();
+        cuda_pinned::driver_call!(cuStreamDestroy_v2(raw)).unwrap();
     }
     let found = serial.take_violations();
     assert!(
@@ -451,10 +458,12 @@ fn a_thousand_steps_with_another_stream_never_idle() {
             after_warmup = pinned_bytes();
         }
     }
-    assert_eq!(
-        pinned_bytes(),
+    // At most what it was: buffers an earlier test dropped with work pending may be freed during the loop.
+    assert!(
+        pinned_bytes() <= after_warmup,
+        "page-locked memory grew over the loop: {:?} bytes after the warmup, {:?} after the loop",
         after_warmup,
-        "page-locked memory grew over the loop"
+        pinned_bytes()
     );
 }
 
