@@ -258,6 +258,61 @@ fn control_a_graph_the_crate_does_not_see_runs_on_freed_memory() {
     );
 }
 
+/// A capture other code begins through a stream's raw handle (a library that captures the stream it is lent)
+/// is not ended by the crate's release thread, which queries every stream of the context while memory waits
+/// to be unpinned: it asks the driver whether the stream is capturing first, and takes it for busy.
+#[test]
+fn a_capture_other_code_begins_on_a_stream_of_the_crate_is_left_alone() {
+    let _serial = serial_on_two_devices();
+    let ctx = context();
+    let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let host = Pinned::from_slice(&ctx, &data(N, 4)).unwrap();
+    let device = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+    a.synchronize().unwrap();
+    let (raw, src, dst) = (
+        a.as_raw(),
+        host.as_slice().unwrap().as_ptr(),
+        device.as_raw(),
+    );
+    // SAFETY: a live stream.
+    unsafe {
+        cuda_pinned::driver_call!(cuStreamBeginCapture_v2(
+            raw,
+            cuda_pinned::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED
+        ))
+    }
+    .unwrap();
+    {
+        // A buffer dropped with its copy still queued: the release thread looks at every stream until it can
+        // unpin it.
+        let _held = hold(&b, Duration::from_millis(50));
+        let dropped = Pinned::from_slice(&ctx, &data(N, 5)).unwrap();
+        let mut scratch = DeviceBuffer::<u32>::zeroed(&b, N).unwrap();
+        b.upload(&dropped, &mut scratch).unwrap();
+    }
+    b.synchronize().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut graph = std::ptr::null_mut();
+    let mut exec = std::ptr::null_mut();
+    // SAFETY: live stream and buffers, kept past the graph's launch and destruction below.
+    unsafe {
+        cuda_pinned::driver_call!(cuMemcpyHtoDAsync_v2(dst, src.cast(), N * 4, raw)).unwrap();
+        cuda_pinned::driver_call!(cuStreamEndCapture(raw, &mut graph))
+            .expect("the capture was ended while it ran");
+        cuda_pinned::driver_call!(cuGraphInstantiateWithFlags(&mut exec, graph, 0)).unwrap();
+        cuda_pinned::driver_call!(cuGraphLaunch(exec, raw)).unwrap();
+    }
+    let mut got = Pinned::<u32>::zeroed(&ctx, N).unwrap();
+    a.download(&device, &mut got).unwrap();
+    // The crate's download is ordered after the launch on the same stream.
+    assert_eq!(got.as_slice().unwrap(), &data(N, 4)[..]);
+    // SAFETY: made above; the launch is complete (the download after it was waited for).
+    unsafe {
+        cuda_pinned::driver_call!(cuGraphExecDestroy(exec)).unwrap();
+        cuda_pinned::driver_call!(cuGraphDestroy(graph)).unwrap();
+    }
+}
+
 #[test]
 fn a_pooled_buffer_stays_out_of_its_pool_while_a_graph_holds_it() {
     let _serial = serial_on_two_devices();

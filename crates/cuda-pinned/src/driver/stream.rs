@@ -274,6 +274,10 @@ impl Stream {
     }
 
     /// The driver's handle, valid while any clone of this stream lives.
+    ///
+    /// Capture the stream through [`Graph::capture`](crate::Graph::capture): a capture begun on the handle
+    /// is left alone by the crate's release thread, but the crate's own work on the stream meanwhile would land
+    /// in it, or end it.
     #[must_use]
     pub fn as_raw(&self) -> CUstream {
         self.0.raw
@@ -540,10 +544,11 @@ impl Queue for Inner {
 
     fn query(self: Arc<Self>) -> Result<bool> {
         // A capturing stream runs nothing, and a query would end its capture: busy until the capture ends.
-        // Asked under the segment lock, which a capture takes to begin.
+        // Asked under the segment lock, which a capture takes to begin; then the driver is asked, for a capture
+        // other code began through the raw handle (asking never ends one).
         let stream = Stream(self);
         let _segment = stream.segment();
-        if stream.is_capturing() {
+        if stream.is_capturing() || calls::stream_is_capturing(stream.as_raw())? {
             return Ok(false);
         }
         calls::stream_query(stream.as_raw()).map_err(|e| e.context("querying a stream"))
