@@ -205,8 +205,13 @@ mod bindings {
         "cuGraphNodeGetType",
         "cuGraphKernelNodeGetParams_v2",
         "cuGraphExecKernelNodeSetParams_v2",
+        "cuGraphKernelNodeSetParams_v2",
         "cuGraphMemcpyNodeGetParams",
+        "cuGraphMemcpyNodeSetParams",
         "cuGraphExecMemcpyNodeSetParams",
+        "cuGraphMemsetNodeGetParams",
+        "cuGraphMemsetNodeSetParams",
+        "cuGraphExecMemsetNodeSetParams",
     ];
 
     /// The runtime's host-memory entry points (libcudart), loaded separately because the runtime is optional.

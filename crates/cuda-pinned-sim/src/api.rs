@@ -197,7 +197,12 @@ fn submit(state: MutexGuard<'static, State>, stream: CUstream, op: Op, sync: boo
 // ---- memory
 
 /// Where a device pointer points: device memory, or (mapped) pinned host memory, `bytes` of it.
-fn device_loc(state: &mut State, address: CUdeviceptr, bytes: usize, what: &str) -> Outcome<Loc> {
+pub(crate) fn device_loc(
+    state: &mut State,
+    address: CUdeviceptr,
+    bytes: usize,
+    what: &str,
+) -> Outcome<Loc> {
     let (id, offset) = state
         .find(address, bytes, true)
         .or_else(|| state.find(address, bytes, false))
@@ -213,7 +218,7 @@ fn device_loc(state: &mut State, address: CUdeviceptr, bytes: usize, what: &str)
 }
 
 /// Where a host pointer points: inside a pinned or registered range, or ordinary pageable memory.
-fn host_loc(state: &State, address: *const c_void, bytes: usize) -> Outcome<Loc> {
+pub(crate) fn host_loc(state: &State, address: *const c_void, bytes: usize) -> Outcome<Loc> {
     if address.is_null() && bytes > 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
@@ -224,7 +229,7 @@ fn host_loc(state: &State, address: *const c_void, bytes: usize) -> Outcome<Loc>
 }
 
 /// Either pointer of a unified-addressing copy.
-fn any_loc(state: &mut State, address: u64, bytes: usize, what: &str) -> Outcome<Loc> {
+pub(crate) fn any_loc(state: &mut State, address: u64, bytes: usize, what: &str) -> Outcome<Loc> {
     if state.find(address, bytes, true).is_some() {
         return device_loc(state, address, bytes, what);
     }
@@ -2068,6 +2073,79 @@ fn live_function(state: &State, f: CUfunction) -> Outcome<usize> {
     }
 }
 
+impl Launch {
+    /// A launch of `f` with the parameters `kernelParams` points to, copied now, as `cuLaunchKernel` and a
+    /// kernel node's parameters take them: `CUDA_ERROR_INVALID_VALUE` for a null function or parameter, or
+    /// dimensions out of range; `extra` is not modelled.
+    pub(crate) fn build(
+        state: &State,
+        f: CUfunction,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: c_uint,
+        kernelParams: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) -> Outcome<Launch> {
+        if f.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let function = live_function(state, f)?;
+        let threads: u64 = block.iter().map(|&d| u64::from(d)).product();
+        let fits =
+            |dims: [u32; 3], most: [u32; 3]| (0..3).all(|i| (1..=most[i]).contains(&dims[i]));
+        if !fits(grid, MAX_GRID)
+            || !fits(block, MAX_BLOCK)
+            || threads > u64::from(MAX_THREADS_PER_BLOCK)
+            || shared > MAX_SHARED
+        {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        if !extra.is_null() {
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        let FunctionData {
+            module,
+            device,
+            ref kernel,
+        } = state.functions[&function];
+        let kernel = Arc::clone(kernel);
+        let count = kernel.sizes.len();
+        if count > 0 && kernelParams.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut params = vec![0u8; kernel.params_len()];
+        for (index, (&offset, &size)) in kernel.offsets.iter().zip(&kernel.sizes).enumerate() {
+            // SAFETY: cuda.h's contract: `kernelParams` holds one pointer per parameter of the kernel (checked
+            // non-null above where there are any).
+            let param = unsafe { kernelParams.add(index).read() };
+            if param.is_null() {
+                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+            }
+            // SAFETY: cuda.h's contract: each pointer is to a value of its parameter's size, readable during
+            // the call; `params` has room for every parameter at its offset.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    param.cast::<u8>(),
+                    params.as_mut_ptr().add(offset),
+                    size,
+                );
+            }
+        }
+        let allocations = Launch::pointed_to(state, &kernel, &params);
+        Ok(Launch {
+            kernel,
+            function,
+            module,
+            device,
+            grid,
+            block,
+            shared,
+            params,
+            allocations,
+        })
+    }
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult {
     entry("cuModuleLoadData", |state| {
@@ -2246,85 +2324,35 @@ pub extern "C" fn cuLaunchKernel(
     extra: *mut *mut c_void,
 ) -> CUresult {
     entry("cuLaunchKernel", |mut state| {
-        if f.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        let function = live_function(&state, f)?;
-        let (grid, block) = (
+        let launch = Launch::build(
+            &state,
+            f,
             [gridDimX, gridDimY, gridDimZ],
             [blockDimX, blockDimY, blockDimZ],
-        );
-        let threads: u64 = block.iter().map(|&d| u64::from(d)).product();
-        let fits =
-            |dims: [u32; 3], most: [u32; 3]| (0..3).all(|i| (1..=most[i]).contains(&dims[i]));
-        if !fits(grid, MAX_GRID)
-            || !fits(block, MAX_BLOCK)
-            || threads > u64::from(MAX_THREADS_PER_BLOCK)
-            || sharedMemBytes > MAX_SHARED
-        {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        if !extra.is_null() {
-            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
-        }
-        let FunctionData {
-            module,
-            device,
-            ref kernel,
-        } = state.functions[&function];
-        let kernel = Arc::clone(kernel);
+            sharedMemBytes,
+            kernelParams,
+            extra,
+        )?;
         let stream_device = if is_default_stream(hStream) {
             current(&state)?
         } else {
             live_stream(&state, hStream)?.1
         };
         // The function and the stream must be of one context.
-        if stream_device != device as usize {
+        if stream_device != launch.device as usize {
             return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
         }
-        let count = kernel.sizes.len();
-        if count > 0 && kernelParams.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        let mut params = vec![0u8; kernel.params_len()];
-        for (index, (&offset, &size)) in kernel.offsets.iter().zip(&kernel.sizes).enumerate() {
-            // SAFETY: cuda.h's contract: `kernelParams` holds one pointer per parameter of the kernel (checked
-            // non-null above where there are any).
-            let param = unsafe { kernelParams.add(index).read() };
-            if param.is_null() {
-                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-            }
-            // SAFETY: cuda.h's contract: each pointer is to a value of its parameter's size, readable during
-            // the call; `params` has room for every parameter at its offset.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    param.cast::<u8>(),
-                    params.as_mut_ptr().add(offset),
-                    size,
-                );
-            }
-        }
-        let allocations = Launch::pointed_to(&state, &kernel, &params);
-        for &id in &allocations {
+        for &id in &launch.allocations {
             let allocation = &state.allocations[&id];
             if allocation.free_queued {
                 let message = format!(
                     "kernel `{}` launched with device memory {:#x} after a stream-ordered free of it was queued",
-                    kernel.name(),
+                    launch.kernel.name(),
                     allocation.base
                 );
                 state.violation(message);
             }
         }
-        let launch = Launch {
-            kernel,
-            module,
-            grid,
-            block,
-            shared: sharedMemBytes,
-            params,
-            allocations,
-        };
         submit(state, hStream, Op::Kernel(Arc::new(launch)), false)
     })
 }
@@ -2456,5 +2484,19 @@ fn signatures(api: &DriverApi) {
         cuGraphLaunch,
         cuGraphExecDestroy,
         cuGraphDestroy,
+    );
+    use crate::nodes::*;
+    check!(
+        cuGraphGetNodes,
+        cuGraphNodeGetType,
+        cuGraphKernelNodeGetParams_v2,
+        cuGraphKernelNodeSetParams_v2,
+        cuGraphExecKernelNodeSetParams_v2,
+        cuGraphMemcpyNodeGetParams,
+        cuGraphMemcpyNodeSetParams,
+        cuGraphExecMemcpyNodeSetParams,
+        cuGraphMemsetNodeGetParams,
+        cuGraphMemsetNodeSetParams,
+        cuGraphExecMemsetNodeSetParams,
     );
 }

@@ -623,10 +623,13 @@ pub extern "C" fn cuGraphExecDestroy(hGraphExec: CUgraphExec) -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuGraphDestroy(hGraph: CUgraph) -> CUresult {
     entry("cuGraphDestroy", |mut state| {
-        state
+        let graph = state
             .graphs
             .remove(&(hGraph as usize))
             .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        for node in graph.nodes.iter() {
+            state.node_params.remove(&node.handle);
+        }
         Ok(())
     })
 }

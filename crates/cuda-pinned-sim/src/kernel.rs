@@ -221,8 +221,12 @@ pub unsafe extern "C" fn cuda_sim_register_kernel(
 #[derive(Debug)]
 pub(crate) struct Launch {
     pub(crate) kernel: Arc<StandIn>,
+    /// The function launched (its `CUfunction` handle).
+    pub(crate) function: usize,
     /// The module of the function launched.
     pub(crate) module: usize,
+    /// The device of the function's context.
+    pub(crate) device: i32,
     pub(crate) grid: [u32; 3],
     pub(crate) block: [u32; 3],
     pub(crate) shared: u32,

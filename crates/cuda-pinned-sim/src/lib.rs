@@ -80,6 +80,7 @@ mod detect;
 mod faults;
 mod graph;
 mod kernel;
+mod nodes;
 mod own_kernels;
 mod runtime;
 mod sim;

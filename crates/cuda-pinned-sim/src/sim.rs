@@ -427,6 +427,9 @@ pub(crate) struct State {
     pub(crate) captures: HashMap<usize, crate::graph::CaptureData>,
     pub(crate) graphs: HashMap<usize, crate::graph::GraphData>,
     pub(crate) execs: HashMap<usize, crate::graph::ExecData>,
+    /// The arrays of pointers to kernel nodes' parameters that `cuGraphKernelNodeGetParams_v2` handed out, by
+    /// node, kept until the next call for the node or its graph's destruction.
+    pub(crate) node_params: HashMap<usize, Vec<usize>>,
 }
 
 /// A memory pool: a device's default pool or one made with `cuMemPoolCreate`.
@@ -498,6 +501,7 @@ impl State {
             captures: HashMap::new(),
             graphs: HashMap::new(),
             execs: HashMap::new(),
+            node_params: HashMap::new(),
             next_handle: 0x5100,
         }
     }

@@ -1351,6 +1351,45 @@ impl Default for CUDA_KERNEL_NODE_PARAMS_v2_st {
 }
 pub type CUDA_KERNEL_NODE_PARAMS_v2 = CUDA_KERNEL_NODE_PARAMS_v2_st;
 pub type CUDA_KERNEL_NODE_PARAMS = CUDA_KERNEL_NODE_PARAMS_v2;
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUDA_MEMSET_NODE_PARAMS_st {
+    pub dst: CUdeviceptr,
+    pub pitch: usize,
+    pub value: ::std::os::raw::c_uint,
+    pub elementSize: ::std::os::raw::c_uint,
+    pub width: usize,
+    pub height: usize,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of CUDA_MEMSET_NODE_PARAMS_st",
+    ][::std::mem::size_of::<CUDA_MEMSET_NODE_PARAMS_st>() - 40usize];
+    [
+        "Alignment of CUDA_MEMSET_NODE_PARAMS_st",
+    ][::std::mem::align_of::<CUDA_MEMSET_NODE_PARAMS_st>() - 8usize];
+    [
+        "Offset of field: CUDA_MEMSET_NODE_PARAMS_st::dst",
+    ][::std::mem::offset_of!(CUDA_MEMSET_NODE_PARAMS_st, dst) - 0usize];
+    [
+        "Offset of field: CUDA_MEMSET_NODE_PARAMS_st::pitch",
+    ][::std::mem::offset_of!(CUDA_MEMSET_NODE_PARAMS_st, pitch) - 8usize];
+    [
+        "Offset of field: CUDA_MEMSET_NODE_PARAMS_st::value",
+    ][::std::mem::offset_of!(CUDA_MEMSET_NODE_PARAMS_st, value) - 16usize];
+    [
+        "Offset of field: CUDA_MEMSET_NODE_PARAMS_st::elementSize",
+    ][::std::mem::offset_of!(CUDA_MEMSET_NODE_PARAMS_st, elementSize) - 20usize];
+    [
+        "Offset of field: CUDA_MEMSET_NODE_PARAMS_st::width",
+    ][::std::mem::offset_of!(CUDA_MEMSET_NODE_PARAMS_st, width) - 24usize];
+    [
+        "Offset of field: CUDA_MEMSET_NODE_PARAMS_st::height",
+    ][::std::mem::offset_of!(CUDA_MEMSET_NODE_PARAMS_st, height) - 32usize];
+};
+pub type CUDA_MEMSET_NODE_PARAMS_v1 = CUDA_MEMSET_NODE_PARAMS_st;
+pub type CUDA_MEMSET_NODE_PARAMS = CUDA_MEMSET_NODE_PARAMS_v1;
 impl CUgraphNodeType_enum {
     pub const CU_GRAPH_NODE_TYPE_KERNEL: CUgraphNodeType_enum = CUgraphNodeType_enum(0);
     pub const CU_GRAPH_NODE_TYPE_MEMCPY: CUgraphNodeType_enum = CUgraphNodeType_enum(1);
@@ -3682,10 +3721,38 @@ pub struct DriverApi {
         ) -> CUresult,
         ::libloading::Error,
     >,
+    pub cuGraphKernelNodeSetParams_v2: Result<
+        unsafe extern "C" fn(
+            hNode: CUgraphNode,
+            nodeParams: *const CUDA_KERNEL_NODE_PARAMS,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
     pub cuGraphMemcpyNodeGetParams: Result<
         unsafe extern "C" fn(
             hNode: CUgraphNode,
             nodeParams: *mut CUDA_MEMCPY3D,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuGraphMemcpyNodeSetParams: Result<
+        unsafe extern "C" fn(
+            hNode: CUgraphNode,
+            nodeParams: *const CUDA_MEMCPY3D,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuGraphMemsetNodeGetParams: Result<
+        unsafe extern "C" fn(
+            hNode: CUgraphNode,
+            nodeParams: *mut CUDA_MEMSET_NODE_PARAMS,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuGraphMemsetNodeSetParams: Result<
+        unsafe extern "C" fn(
+            hNode: CUgraphNode,
+            nodeParams: *const CUDA_MEMSET_NODE_PARAMS,
         ) -> CUresult,
         ::libloading::Error,
     >,
@@ -3725,6 +3792,15 @@ pub struct DriverApi {
             hGraphExec: CUgraphExec,
             hNode: CUgraphNode,
             copyParams: *const CUDA_MEMCPY3D,
+            ctx: CUcontext,
+        ) -> CUresult,
+        ::libloading::Error,
+    >,
+    pub cuGraphExecMemsetNodeSetParams: Result<
+        unsafe extern "C" fn(
+            hGraphExec: CUgraphExec,
+            hNode: CUgraphNode,
+            memsetParams: *const CUDA_MEMSET_NODE_PARAMS,
             ctx: CUcontext,
         ) -> CUresult,
         ::libloading::Error,
@@ -4062,8 +4138,24 @@ impl DriverApi {
             __library.get(b"cuGraphKernelNodeGetParams_v2\0")
         }
             .map(|sym| *sym);
+        let cuGraphKernelNodeSetParams_v2 = unsafe {
+            __library.get(b"cuGraphKernelNodeSetParams_v2\0")
+        }
+            .map(|sym| *sym);
         let cuGraphMemcpyNodeGetParams = unsafe {
             __library.get(b"cuGraphMemcpyNodeGetParams\0")
+        }
+            .map(|sym| *sym);
+        let cuGraphMemcpyNodeSetParams = unsafe {
+            __library.get(b"cuGraphMemcpyNodeSetParams\0")
+        }
+            .map(|sym| *sym);
+        let cuGraphMemsetNodeGetParams = unsafe {
+            __library.get(b"cuGraphMemsetNodeGetParams\0")
+        }
+            .map(|sym| *sym);
+        let cuGraphMemsetNodeSetParams = unsafe {
+            __library.get(b"cuGraphMemsetNodeSetParams\0")
         }
             .map(|sym| *sym);
         let cuGraphNodeGetType = unsafe { __library.get(b"cuGraphNodeGetType\0") }
@@ -4080,6 +4172,10 @@ impl DriverApi {
             .map(|sym| *sym);
         let cuGraphExecMemcpyNodeSetParams = unsafe {
             __library.get(b"cuGraphExecMemcpyNodeSetParams\0")
+        }
+            .map(|sym| *sym);
+        let cuGraphExecMemsetNodeSetParams = unsafe {
+            __library.get(b"cuGraphExecMemsetNodeSetParams\0")
         }
             .map(|sym| *sym);
         let cuGraphUpload = unsafe { __library.get(b"cuGraphUpload\0") }.map(|sym| *sym);
@@ -4221,12 +4317,17 @@ impl DriverApi {
             cuLaunchKernelEx,
             cuLaunchHostFunc,
             cuGraphKernelNodeGetParams_v2,
+            cuGraphKernelNodeSetParams_v2,
             cuGraphMemcpyNodeGetParams,
+            cuGraphMemcpyNodeSetParams,
+            cuGraphMemsetNodeGetParams,
+            cuGraphMemsetNodeSetParams,
             cuGraphNodeGetType,
             cuGraphGetNodes,
             cuGraphInstantiateWithFlags,
             cuGraphExecKernelNodeSetParams_v2,
             cuGraphExecMemcpyNodeSetParams,
+            cuGraphExecMemsetNodeSetParams,
             cuGraphUpload,
             cuGraphLaunch,
             cuGraphExecDestroy,
@@ -5627,6 +5728,18 @@ impl DriverApi {
                 .expect("Expected function, got error."))(hNode, nodeParams)
         }
     }
+    pub unsafe fn cuGraphKernelNodeSetParams_v2(
+        &self,
+        hNode: CUgraphNode,
+        nodeParams: *const CUDA_KERNEL_NODE_PARAMS,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuGraphKernelNodeSetParams_v2
+                .as_ref()
+                .expect("Expected function, got error."))(hNode, nodeParams)
+        }
+    }
     pub unsafe fn cuGraphMemcpyNodeGetParams(
         &self,
         hNode: CUgraphNode,
@@ -5635,6 +5748,42 @@ impl DriverApi {
         unsafe {
             (self
                 .cuGraphMemcpyNodeGetParams
+                .as_ref()
+                .expect("Expected function, got error."))(hNode, nodeParams)
+        }
+    }
+    pub unsafe fn cuGraphMemcpyNodeSetParams(
+        &self,
+        hNode: CUgraphNode,
+        nodeParams: *const CUDA_MEMCPY3D,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuGraphMemcpyNodeSetParams
+                .as_ref()
+                .expect("Expected function, got error."))(hNode, nodeParams)
+        }
+    }
+    pub unsafe fn cuGraphMemsetNodeGetParams(
+        &self,
+        hNode: CUgraphNode,
+        nodeParams: *mut CUDA_MEMSET_NODE_PARAMS,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuGraphMemsetNodeGetParams
+                .as_ref()
+                .expect("Expected function, got error."))(hNode, nodeParams)
+        }
+    }
+    pub unsafe fn cuGraphMemsetNodeSetParams(
+        &self,
+        hNode: CUgraphNode,
+        nodeParams: *const CUDA_MEMSET_NODE_PARAMS,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuGraphMemsetNodeSetParams
                 .as_ref()
                 .expect("Expected function, got error."))(hNode, nodeParams)
         }
@@ -5704,6 +5853,22 @@ impl DriverApi {
                 .expect(
                     "Expected function, got error.",
                 ))(hGraphExec, hNode, copyParams, ctx)
+        }
+    }
+    pub unsafe fn cuGraphExecMemsetNodeSetParams(
+        &self,
+        hGraphExec: CUgraphExec,
+        hNode: CUgraphNode,
+        memsetParams: *const CUDA_MEMSET_NODE_PARAMS,
+        ctx: CUcontext,
+    ) -> CUresult {
+        unsafe {
+            (self
+                .cuGraphExecMemsetNodeSetParams
+                .as_ref()
+                .expect(
+                    "Expected function, got error.",
+                ))(hGraphExec, hNode, memsetParams, ctx)
         }
     }
     pub unsafe fn cuGraphUpload(

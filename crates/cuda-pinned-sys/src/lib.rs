@@ -102,6 +102,8 @@ mod layout {
     assert_eq_size!(CUcontext, *mut std::ffi::c_void);
     assert_eq_size!(CUDA_MEMCPY2D, [u8; 128]);
     assert_eq_size!(CUDA_MEMCPY3D, [u8; 200]);
+    assert_eq_size!(CUDA_KERNEL_NODE_PARAMS_v2, [u8; 72]);
+    assert_eq_size!(CUDA_MEMSET_NODE_PARAMS, [u8; 40]);
     assert_eq_size!(CUmemPoolProps, [u8; 88]);
     assert_eq_size!(CUmemAccessDesc, [u8; 12]);
 

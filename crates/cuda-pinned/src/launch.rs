@@ -245,7 +245,10 @@ fn describe_image(image: &[u8]) -> String {
 /// CUDA 12.4+). With `count` known (from the PTX), exactly those are asked for. Without it (a binary image),
 /// the indices are tried until the driver answers `CUDA_ERROR_INVALID_VALUE`: the driver has no call that
 /// tells the count, and that one failed call is an API error compute-sanitizer reports.
-fn param_sizes(function: CUfunction, count: Option<usize>) -> Result<Option<Vec<usize>>> {
+pub(crate) fn param_sizes(
+    function: CUfunction,
+    count: Option<usize>,
+) -> Result<Option<Vec<usize>>> {
     // The parameters of a kernel fit in 32 KiB, so there are fewer than this many.
     const MOST: usize = 32 * 1024;
     let mut sizes = Vec::new();

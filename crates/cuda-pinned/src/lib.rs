@@ -146,7 +146,7 @@ pub use copy::{DeviceDestination, DeviceSource, PinnedDestination, PinnedSource}
 pub use driver::{Context, DEVICE_MEMORY_KEPT, Device, Done, Event, Stream};
 pub use error::{Error, Result};
 pub use gather::{GatherEngine, GatherOptions, Gatherer, ReadOrder, RowTable};
-pub use graph::Graph;
+pub use graph::{Graph, GraphBuffer};
 pub use launch::{Arg, Kernel, LaunchConfig, Module, Use};
 pub use memory::{
     DeviceBuffer, DeviceView, DeviceViewMut, Pinned, PinnedBuilder, PinnedPool, PinnedView,

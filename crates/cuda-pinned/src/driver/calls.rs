@@ -17,8 +17,9 @@ use std::ffi::{CStr, c_char, c_int, c_void};
 use crate::driver_call;
 use crate::error::Result;
 use crate::sys::{
-    CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUfunction,
-    CUfunction_attribute, CUgraph, CUgraphExec, CUgraphNode, CUmemAccess_flags, CUmemAccessDesc,
+    CUDA_KERNEL_NODE_PARAMS, CUDA_MEMCPY3D, CUDA_MEMSET_NODE_PARAMS, CUcontext, CUdevice,
+    CUdevice_attribute, CUdeviceptr, CUevent, CUfunction, CUfunction_attribute, CUgraph,
+    CUgraphExec, CUgraphNode, CUgraphNodeType, CUmemAccess_flags, CUmemAccessDesc,
     CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation, CUmemLocationType,
     CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUmodule, CUresult, CUstream, CUuuid,
 };
@@ -809,6 +810,108 @@ pub(crate) fn graph_upload(exec: CUgraphExec, stream: CUstream) -> Result<()> {
 pub(crate) unsafe fn graph_launch(exec: CUgraphExec, stream: CUstream) -> Result<()> {
     // SAFETY: live handles; the memory as the caller guarantees.
     unsafe { driver_call!(cuGraphLaunch(exec, stream)) }
+}
+
+/// `cuGraphGetNodes`: the nodes of `graph`.
+pub(crate) fn graph_nodes(graph: CUgraph) -> Result<Vec<CUgraphNode>> {
+    let mut count = 0;
+    // SAFETY: a live graph (see the module docs); a null array asks for the count.
+    unsafe { driver_call!(cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count)) }?;
+    let mut nodes = vec![std::ptr::null_mut(); count];
+    // SAFETY: room for `count` nodes.
+    unsafe { driver_call!(cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count)) }?;
+    nodes.truncate(count);
+    Ok(nodes)
+}
+
+/// `cuGraphNodeGetType`.
+pub(crate) fn graph_node_type(node: CUgraphNode) -> Result<CUgraphNodeType> {
+    let mut kind = CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+    // SAFETY: a node of a live graph; an out-pointer to a local.
+    unsafe { driver_call!(cuGraphNodeGetType(node, &mut kind)) }?;
+    Ok(kind)
+}
+
+/// `cuGraphKernelNodeGetParams_v2`: a kernel node's launch. Its `kernelParams` point into the driver's copy of
+/// the values, valid until the node's parameters are set.
+pub(crate) fn kernel_node_params(node: CUgraphNode) -> Result<CUDA_KERNEL_NODE_PARAMS> {
+    // SAFETY: all zeros is a valid CUDA_KERNEL_NODE_PARAMS (null handles and pointers), which the driver fills.
+    let mut params: CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+    // SAFETY: a kernel node of a live graph; an out-pointer to a local.
+    unsafe { driver_call!(cuGraphKernelNodeGetParams_v2(node, &mut params)) }?;
+    Ok(params)
+}
+
+/// `cuGraphExecKernelNodeSetParams_v2` then `cuGraphKernelNodeSetParams_v2`: sets a kernel node's launch in
+/// `exec` (for its launches from now on) and in its template graph. The driver copies the values.
+///
+/// # Safety
+/// `params` must be a launch whose `kernelParams` hold one pointer per parameter of its function, each to a
+/// value of that parameter's size, readable during the call; the memory the launches touch must stay
+/// allocated and be ordered for them.
+pub(crate) unsafe fn set_kernel_node_params(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    params: &CUDA_KERNEL_NODE_PARAMS,
+) -> Result<()> {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        driver_call!(cuGraphExecKernelNodeSetParams_v2(exec, node, params))?;
+        driver_call!(cuGraphKernelNodeSetParams_v2(node, params))
+    }
+}
+
+/// `cuGraphMemcpyNodeGetParams`: a copy node's copy.
+pub(crate) fn memcpy_node_params(node: CUgraphNode) -> Result<CUDA_MEMCPY3D> {
+    // SAFETY: all zeros is a valid CUDA_MEMCPY3D (null pointers, zero sizes), which the driver fills.
+    let mut params: CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
+    // SAFETY: a copy node of a live graph; an out-pointer to a local.
+    unsafe { driver_call!(cuGraphMemcpyNodeGetParams(node, &mut params)) }?;
+    Ok(params)
+}
+
+/// `cuGraphExecMemcpyNodeSetParams` (in `context`) then `cuGraphMemcpyNodeSetParams`: sets a copy node's copy
+/// in `exec` (for its launches from now on) and in its template graph.
+///
+/// # Safety
+/// The memory the copy touches must stay allocated and be ordered for the graph's launches.
+pub(crate) unsafe fn set_memcpy_node_params(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    params: &CUDA_MEMCPY3D,
+    context: CUcontext,
+) -> Result<()> {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        driver_call!(cuGraphExecMemcpyNodeSetParams(exec, node, params, context))?;
+        driver_call!(cuGraphMemcpyNodeSetParams(node, params))
+    }
+}
+
+/// `cuGraphMemsetNodeGetParams`: a memset node's memset.
+pub(crate) fn memset_node_params(node: CUgraphNode) -> Result<CUDA_MEMSET_NODE_PARAMS> {
+    let mut params = CUDA_MEMSET_NODE_PARAMS::default();
+    // SAFETY: a memset node of a live graph; an out-pointer to a local.
+    unsafe { driver_call!(cuGraphMemsetNodeGetParams(node, &mut params)) }?;
+    Ok(params)
+}
+
+/// `cuGraphExecMemsetNodeSetParams` (in `context`) then `cuGraphMemsetNodeSetParams`: as
+/// [`set_memcpy_node_params`], for a memset node.
+///
+/// # Safety
+/// As [`set_memcpy_node_params`].
+pub(crate) unsafe fn set_memset_node_params(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    params: &CUDA_MEMSET_NODE_PARAMS,
+    context: CUcontext,
+) -> Result<()> {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        driver_call!(cuGraphExecMemsetNodeSetParams(exec, node, params, context))?;
+        driver_call!(cuGraphMemsetNodeSetParams(node, params))
+    }
 }
 
 /// `cuGraphExecDestroy`: the driver finishes launches still in flight, then frees it (returns at once).

@@ -40,6 +40,9 @@ struct State {
 struct Use {
     track: Track,
     access: Access,
+    /// Whether work the crate did not queue itself (declared foreign work) uses it: where that work keeps its
+    /// address is not the crate's to read.
+    declared: bool,
     tracker: Tracker<usize, Nodes>,
 }
 
@@ -106,6 +109,7 @@ impl Recording {
     /// Runs `enqueue`, which queues work on `stream` (a stream of the capture) that uses the buffers of `uses`,
     /// ordered in the capture after the conflicting captured work on the capture's other streams, and records
     /// it. The lock of the capture is not held while `enqueue` runs (it may be a user's, and call the crate).
+    /// `declared`: `enqueue` is a user's, which declared `uses`.
     ///
     /// # Errors
     /// An invalid-argument error for a host buffer another graph holds, or once the capture has ended or
@@ -115,6 +119,7 @@ impl Recording {
         &self,
         stream: &Stream,
         uses: &[(&Track, Access)],
+        declared: bool,
         enqueue: impl FnOnce() -> Result<R>,
     ) -> Result<R> {
         let index = {
@@ -144,6 +149,7 @@ impl Recording {
                         entry.insert(Use {
                             track: track.share(),
                             access,
+                            declared,
                             tracker: Tracker::default(),
                         })
                     }
@@ -151,6 +157,7 @@ impl Recording {
                 if access == Access::Write {
                     entry.access = Access::Write;
                 }
+                entry.declared |= declared;
                 entry.tracker.prepare(&InCapture(streams), &index, access)?;
             }
             index
@@ -188,6 +195,16 @@ impl Recording {
             Some(e) => Err(e.clone()),
             None => Ok(()),
         }
+    }
+
+    /// The keys of the buffers the capture used through declared foreign work, in order.
+    pub(crate) fn declared_keys(&self) -> Vec<usize> {
+        let mut keys: Vec<usize> = (self.state().uses.iter())
+            .filter(|(_, u)| u.declared)
+            .map(|(&key, _)| key)
+            .collect();
+        keys.sort_unstable();
+        keys
     }
 
     /// The buffers the capture used, one per allocation with how it was used, in the order of their keys; each

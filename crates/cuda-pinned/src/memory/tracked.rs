@@ -269,7 +269,7 @@ impl Stream {
                 .into_iter()
                 .chain(write.map(|w| (w, Access::Write)))
                 .collect();
-            return in_capture(&capture)?.tracked(self, &uses, enqueue);
+            return in_capture(&capture)?.tracked(self, &uses, false, enqueue);
         }
         // One allocation read and written (two views of it) is a write: lock it once.
         let read = read.filter(|r| write.is_none_or(|w| r.key() != w.key()));
@@ -381,7 +381,7 @@ impl Stream {
         enqueue: impl FnOnce() -> Result<R>,
     ) -> Result<R> {
         if let Some(capture) = self.capture()? {
-            return in_capture(&capture)?.tracked(self, uses, enqueue);
+            return in_capture(&capture)?.tracked(self, uses, false, enqueue);
         }
         let mut locked = Locked(SmallVec::new());
         locked.lock(uses);
@@ -420,7 +420,7 @@ impl Stream {
     ) -> Result<R> {
         let _enqueue = self.context().enqueue()?;
         if let Some(capture) = self.capture()? {
-            return in_capture(&capture)?.tracked(self, uses, || {
+            return in_capture(&capture)?.tracked(self, uses, true, || {
                 // Captured, not run; a panic unwinds out of the capture, which its owner then ends.
                 Ok(enqueue())
             });

@@ -14,6 +14,8 @@
 //! recorded in it stands for nothing outside it; a copy of pageable memory would be read at every replay;
 //! an allocation would belong to the graph. The driver's rules behind this are in ARCHITECTURE.md ("Graphs").
 
+mod nodes;
+
 use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
@@ -26,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::memory::{Launched, Recording, Track, wait_unlocked};
 use crate::sys::{CUevent, CUevent_flags, CUgraph, CUgraphExec};
 use crate::track::Access;
+use crate::{DeviceBuffer, Pinned, Registered};
 
 /// An executable CUDA graph captured from the crate's streams, which keeps every buffer it uses alive until
 /// it is dropped, and whose launches are tracked like any other work.
@@ -57,6 +60,9 @@ pub struct Graph {
     /// Every buffer the graph's nodes use, one per allocation (written if any node writes it), in the order of
     /// their keys; each held until the graph is dropped.
     uses: Vec<(Track, Access)>,
+    /// The keys of the buffers declared foreign work uses, in order: [`Graph::replace`] cannot see where
+    /// such work keeps their addresses.
+    declared: Vec<usize>,
     /// Where the last launch left the buffers (`Stream::tracked_launch`).
     last: Option<Launched>,
 }
@@ -173,6 +179,7 @@ impl Graph {
             exec,
             graph,
             context: context.clone(),
+            declared: recording.declared_keys(),
             uses: recording.take_uses(),
             last: None,
         };
@@ -257,6 +264,112 @@ impl Graph {
                 "Graph::host_slice: the graph does not use this buffer (its own accessors lend it); nothing was \
                  enqueued",
             )),
+        }
+    }
+
+    /// Makes the graph's launches from now on use `new` wherever they used `old`, a buffer of the same kind and
+    /// length: copies from and to it, memsets of it and kernel parameters holding its address (or one inside
+    /// it) move to the same offset in `new`. Launches queued before keep using `old`, which the graph lets go
+    /// of: its owner's to use and drop again, after them. `new` is held by the graph from now on, as a buffer
+    /// of the capture is (its host accessors refuse; [`Graph::host_slice`] lends it), and is used as `old` was.
+    /// The way to launch one graph on changing inputs and outputs (double buffering), instead of capturing
+    /// one graph per buffer.
+    ///
+    /// Every node of the graph is read first (`cuGraphGetNodes`), and nothing changes where the crate cannot
+    /// move every use of `old`: a kernel parameter wider than 8 bytes (a struct) that holds an address inside it,
+    /// foreign work declared in the capture that uses it (its nodes may keep the address where the crate
+    /// cannot see), a node of a kind the crate cannot read (a host function, a child graph). A kernel
+    /// parameter of 8 bytes whose value lies inside `old` is taken for an address and moved. Blocks for no
+    /// device work: the nodes of the executable graph are changed in place (`cuGraphExec*NodeSetParams`).
+    ///
+    /// # Errors
+    /// An invalid-argument error, with nothing changed, for an `old` the graph does not use, a `new` it uses
+    /// already, buffers of different lengths, a device buffer of another context, a host buffer another graph
+    /// holds, or a use of `old` the crate cannot move (above); the driver's, from reading or changing the
+    /// nodes: the changes made are then undone, or, where the driver refuses that too, the graph holds both
+    /// buffers from then on (the error says so).
+    #[doc(alias = "cuGraphExecKernelNodeSetParams")]
+    #[doc(alias = "cuGraphExecMemcpyNodeSetParams")]
+    pub fn replace<B: GraphBuffer>(&mut self, old: &B, new: &B) -> Result<()> {
+        let (old, new) = (old.whole(), new.whole());
+        let find = |track: &Track| {
+            self.uses
+                .binary_search_by_key(&track.key(), |(t, _)| t.key())
+        };
+        let Ok(at) = find(old.track) else {
+            return Err(Error::invalid(
+                "Graph::replace: the graph does not use the buffer to replace; nothing was changed",
+            ));
+        };
+        if find(new.track).is_ok() {
+            return Err(Error::invalid(
+                "Graph::replace: the graph uses the new buffer already; nothing was changed",
+            ));
+        }
+        if old.bytes != new.bytes {
+            return Err(Error::invalid(format_args!(
+                "Graph::replace: the buffer to replace holds {} bytes and the new one {}: a replacement has the \
+                 same length; nothing was changed",
+                old.bytes, new.bytes
+            )));
+        }
+        if let Some(context) = new.device_context
+            && context != &self.context
+        {
+            return Err(Error::invalid(
+                "Graph::replace: the new buffer is device memory of another context than the graph; nothing \
+                 was changed",
+            ));
+        }
+        if self.declared.binary_search(&old.track.key()).is_ok() {
+            return Err(Error::invalid(
+                "Graph::replace: foreign work declared in the capture uses the buffer to replace, and the crate \
+                 cannot see where its nodes keep the address; capture the graph again; nothing was changed",
+            ));
+        }
+        let _current = self.context.enter()?;
+        let shift = nodes::Shift {
+            from: old.address,
+            to: new.address,
+            bytes: old.bytes as u64,
+        };
+        let mut moved = nodes::Move::plan(self.graph, shift)
+            .map_err(|e| e.context("reading the nodes of a graph"))?;
+        if moved.is_empty() {
+            return Err(Error::invalid(
+                "Graph::replace: no node of the graph holds an address inside the buffer to replace where the \
+                 crate can see it; nothing was changed",
+            ));
+        }
+        if !new.track.hold() {
+            return Err(Error::invalid(
+                "Graph::replace: another graph holds the new buffer: a host buffer belongs to one graph at a \
+                 time (it lends the buffer to the host); nothing was changed",
+            ));
+        }
+        let access = self.uses[at].1;
+        let insert = |uses: &mut Vec<(Track, Access)>| {
+            let to = uses.partition_point(|(t, _)| t.key() < new.track.key());
+            uses.insert(to, (new.track.share(), access));
+        };
+        // The next launch is tracked in full, on the buffers as they are now.
+        self.last = None;
+        match moved.apply(self.exec, self.context.as_raw()) {
+            Ok(()) => {
+                let (old_track, _) = self.uses.remove(at);
+                insert(&mut self.uses);
+                // Its release, if its owner has gone, waits for the launches recorded on it.
+                old_track.let_go();
+                Ok(())
+            }
+            Err(failed) if failed.undone => {
+                new.track.let_go();
+                Err(failed.error)
+            }
+            Err(failed) => {
+                insert(&mut self.uses);
+                Err(failed.error)
+            }
         }
     }
 
@@ -443,6 +556,65 @@ impl Drop for Session<'_> {
         if let Err(e) = unsafe { calls::event_destroy(self.event) } {
             let context = self.streams[0].context();
             context.defer_error(e.context("destroying the event of a capture (leaked)"));
+        }
+    }
+}
+
+/// A whole buffer a graph's launches can be moved to with [`Graph::replace`]: [`DeviceBuffer`], [`Pinned`]
+/// (a pool's blocks too) and [`Registered`]. Sealed.
+pub trait GraphBuffer: sealed::Whole {}
+
+impl<T> GraphBuffer for DeviceBuffer<T> {}
+impl<T> GraphBuffer for Pinned<T> {}
+impl<T: Pod> GraphBuffer for Registered<T> {}
+
+mod sealed {
+    use super::{Context, DeviceBuffer, Pinned, Pod, Registered, Track};
+
+    /// What [`Graph::replace`](super::Graph::replace) needs to know of a buffer.
+    pub struct Extent<'a> {
+        pub(super) track: &'a Track,
+        /// Its first byte's address, as the graph's nodes hold it (device or host).
+        pub(super) address: u64,
+        pub(super) bytes: usize,
+        /// The context of device memory; `None` for host memory.
+        pub(super) device_context: Option<&'a Context>,
+    }
+
+    pub trait Whole {
+        fn whole(&self) -> Extent<'_>;
+    }
+
+    impl<T> Whole for DeviceBuffer<T> {
+        fn whole(&self) -> Extent<'_> {
+            Extent {
+                track: self.track(),
+                address: self.as_raw(),
+                bytes: self.byte_len(),
+                device_context: Some(self.context()),
+            }
+        }
+    }
+
+    impl<T> Whole for Pinned<T> {
+        fn whole(&self) -> Extent<'_> {
+            Extent {
+                track: self.track(),
+                address: self.host_ptr() as u64,
+                bytes: self.len() * std::mem::size_of::<T>(),
+                device_context: None,
+            }
+        }
+    }
+
+    impl<T: Pod> Whole for Registered<T> {
+        fn whole(&self) -> Extent<'_> {
+            Extent {
+                track: self.track(),
+                address: self.host_ptr() as u64,
+                bytes: self.len() * std::mem::size_of::<T>(),
+                device_context: None,
+            }
         }
     }
 }
