@@ -81,7 +81,8 @@
 //!     dropped, whoever drops it first. Each [`Graph::launch`] is tracked as one piece of work that reads and
 //!     writes those buffers; a host buffer a graph uses is lent by the graph ([`Graph::host_slice`]), borrowed
 //!     from it as a launch is, so no slice is held while a launch runs. What cannot be captured is refused
-//!     with an `Err`, and the capture goes on.
+//!     with an `Err`, and the capture goes on. [`Graph::replace`] moves later launches to another buffer through
+//!     the graph's nodes, or changes nothing where it cannot move every use it sees.
 //!
 //! Errors are values: every failure, from a missing driver to a length mismatch, is an [`Error`] with CUDA's
 //! own words and what the crate was doing, never a panic.
