@@ -103,7 +103,7 @@ thread_local! {
 }
 
 /// The device of the calling thread's current context, which must be alive.
-fn current(state: &State) -> Outcome<usize> {
+pub(crate) fn current(state: &State) -> Outcome<usize> {
     let ctx = CURRENT
         .with_borrow(|stack| stack.last().copied())
         .ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;

@@ -20,6 +20,8 @@
 //!   allocation inside a capture is not modelled: refused.)
 //! - Launches of one executable graph run one after the other, whatever streams they are launched on; an
 //!   executable graph destroyed while launched finishes those launches.
+//! - Instantiating a graph needs a current context (`CUDA_ERROR_INVALID_CONTEXT` without one); asking whether
+//!   a stream is capturing (`cuStreamIsCapturing`) never ends a capture, in any mode, from any thread.
 
 #![allow(non_snake_case, reason = "the parameters keep cuda.h's names")]
 
@@ -532,6 +534,8 @@ pub extern "C" fn cuGraphInstantiateWithFlags(
         if flags != 0 {
             return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
         }
+        // As the driver (an H200, driver 580): with no context current, CUDA_ERROR_INVALID_CONTEXT.
+        crate::api::current(&state)?;
         let graph = state
             .graphs
             .get(&(hGraph as usize))

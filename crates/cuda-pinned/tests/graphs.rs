@@ -237,7 +237,9 @@ fn control_a_graph_the_crate_does_not_see_runs_on_freed_memory() {
         .unwrap();
         cuda_pinned::driver_call!(cuMemcpyHtoDAsync_v2(dst, src.cast(), N * 4, raw)).unwrap();
         cuda_pinned::driver_call!(cuStreamEndCapture(raw, &mut graph)).unwrap();
+        cuda_pinned::driver_call!(cuCtxPushCurrent_v2(ctx.as_raw())).unwrap();
         cuda_pinned::driver_call!(cuGraphInstantiateWithFlags(&mut exec, graph, 0)).unwrap();
+        cuda_pinned::driver_call!(cuCtxPopCurrent_v2(&mut std::ptr::null_mut())).unwrap();
     }
     drop((host, device));
     ctx.synchronize().unwrap();
@@ -294,12 +296,15 @@ fn a_capture_other_code_begins_on_a_stream_of_the_crate_is_left_alone() {
     std::thread::sleep(Duration::from_millis(200));
     let mut graph = std::ptr::null_mut();
     let mut exec = std::ptr::null_mut();
-    // SAFETY: live stream and buffers, kept past the graph's launch and destruction below.
+    // SAFETY: live context, stream and buffers, kept past the graph's launch and destruction below; the
+    // context is current for the instantiation, and popped after.
     unsafe {
         cuda_pinned::driver_call!(cuMemcpyHtoDAsync_v2(dst, src.cast(), N * 4, raw)).unwrap();
         cuda_pinned::driver_call!(cuStreamEndCapture(raw, &mut graph))
             .expect("the capture was ended while it ran");
+        cuda_pinned::driver_call!(cuCtxPushCurrent_v2(ctx.as_raw())).unwrap();
         cuda_pinned::driver_call!(cuGraphInstantiateWithFlags(&mut exec, graph, 0)).unwrap();
+        cuda_pinned::driver_call!(cuCtxPopCurrent_v2(&mut std::ptr::null_mut())).unwrap();
         cuda_pinned::driver_call!(cuGraphLaunch(exec, raw)).unwrap();
     }
     let mut got = Pinned::<u32>::zeroed(&ctx, N).unwrap();
