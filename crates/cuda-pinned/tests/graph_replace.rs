@@ -140,38 +140,12 @@ fn launches_after_a_replace_use_the_new_buffers_only() {
     );
 }
 
-/// Double buffering: a launch queued before the replace (behind a busy stream) still writes the old output,
-/// and the old output's own accessor waits for it; the launch after writes the new one.
-#[test]
-fn a_launch_queued_before_a_replace_keeps_the_old_buffers() {
-    let _serial = serial_on_two_devices();
-    let ctx = context();
-    let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
-    let kernel = add_kernel(&ctx);
-    let mut step = Step::new(&ctx, &a, 3);
-    let mut graph = step.capture(&kernel, &a, &b);
-    let next = Pinned::<u32>::zeroed(&ctx, N).unwrap();
-    {
-        let _held = hold(&a, Duration::from_millis(300));
-        graph.launch(&a).unwrap();
-        graph.replace(&step.output, &next).unwrap();
-        graph.launch(&a).unwrap();
-    }
-    assert_eq!(
-        step.output.as_slice().unwrap(),
-        &plus(&data(N, 3), 1)[..],
-        "the old output was lent before the launch queued before the replace wrote it"
-    );
-    assert_eq!(graph.host_slice(&next).unwrap(), &plus(&data(N, 3), 1)[..]);
-}
-
-/// The control: the old output read through the raw pointer, without the wait its accessor makes, is read
-/// before the launch queued behind the hold has written it (on the simulated driver, where the hold is a host
-/// function that blocks the stream until the value drops).
-#[cfg(not(feature = "gpu"))]
-#[test]
-fn control_the_old_output_read_without_the_wait_is_read_too_early() {
-    let _serial = serial_on_two_devices();
+/// A launch queued behind a held stream, then the step's output replaced by a new buffer and the graph
+/// launched again, all before the hold is released; `read` reads the old output right then. Returns what it
+/// read, with the old output and the new one once everything has run.
+fn replace_the_output_behind_a_launch(
+    read: impl FnOnce(&Pinned<u32>) -> Vec<u32>,
+) -> [Vec<u32>; 3] {
     let ctx = context();
     let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
     let kernel = add_kernel(&ctx);
@@ -182,16 +156,44 @@ fn control_the_old_output_read_without_the_wait_is_read_too_early() {
         let _held = hold(&a, Duration::from_millis(300));
         graph.launch(&a).unwrap();
         graph.replace(&step.output, &next).unwrap();
-        let ptr = step.output.as_ptr();
+        graph.launch(&a).unwrap();
+        read(&step.output)
+    };
+    let old = step.output.as_slice().unwrap().to_vec();
+    let new = graph.host_slice(&next).unwrap().to_vec();
+    [early, old, new]
+}
+
+/// Double buffering: a launch queued before the replace (behind a busy stream) still writes the old output,
+/// and the old output's own accessor waits for it; the launch after writes the new one.
+#[test]
+fn a_launch_queued_before_a_replace_keeps_the_old_buffers() {
+    let _serial = serial_on_two_devices();
+    let want = plus(&data(N, 3), 1);
+    let [_, old, new] = replace_the_output_behind_a_launch(|_| Vec::new());
+    assert_eq!(
+        old, want,
+        "the old output was lent before the launch queued before the replace wrote it"
+    );
+    assert_eq!(new, want);
+}
+
+/// The control: the old output read through the raw pointer, without the wait its accessor makes, is read
+/// before the launch queued behind the hold has written it (on the simulated driver, where the hold is a host
+/// function that blocks the stream until the value drops).
+#[cfg(not(feature = "gpu"))]
+#[test]
+fn control_the_old_output_read_without_the_wait_is_read_too_early() {
+    let _serial = serial_on_two_devices();
+    let [early, ..] = replace_the_output_behind_a_launch(|output| {
         // SAFETY: the memory is allocated and its elements initialised (zeroed); the read races the launch
         // on purpose, which the hold keeps from running.
-        unsafe { std::slice::from_raw_parts(ptr, N) }.to_vec()
-    };
+        unsafe { std::slice::from_raw_parts(output.as_ptr(), N) }.to_vec()
+    });
     assert!(
         early.iter().all(|&v| v == 0),
         "the launch ran before the hold was released"
     );
-    ctx.synchronize().unwrap();
 }
 
 /// What `Graph::replace` refuses, with nothing changed: the graph still runs on its buffers afterwards.

@@ -279,8 +279,11 @@ impl Graph {
     /// move every use of `old`: a kernel parameter wider than 8 bytes (a struct) that holds an address inside it,
     /// foreign work declared in the capture that uses it (its nodes may keep the address where the crate
     /// cannot see), a node of a kind the crate cannot read (a host function, a child graph). A kernel
-    /// parameter of 8 bytes whose value lies inside `old` is taken for an address and moved. Blocks for no
-    /// device work: the nodes of the executable graph are changed in place (`cuGraphExec*NodeSetParams`).
+    /// parameter of 8 bytes whose value lies inside `old` is taken for an address and moved (what a kernel
+    /// reaches is what its parameters say: [`Stream::launch`]'s contract). Blocks for no device work: the
+    /// nodes of the executable graph are changed in place (`cuGraphExec*NodeSetParams`). The sizes of a kernel
+    /// node's parameters are asked of the driver as [`Module::kernel`](crate::Module::kernel) asks them: one
+    /// failed call per function of the graph, which compute-sanitizer reports as an API error.
     ///
     /// # Errors
     /// An invalid-argument error, with nothing changed, for an `old` the graph does not use, a `new` it uses

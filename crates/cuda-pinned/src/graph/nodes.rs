@@ -9,13 +9,14 @@
 //! child graph, ...). Each change is made to the executable graph (for the launches from then on: one queued
 //! before keeps its parameters) and to the template (where the next move reads them).
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 
 use crate::driver::calls;
 use crate::error::{Error, Result};
 use crate::sys::{
-    CUDA_KERNEL_NODE_PARAMS, CUDA_MEMCPY3D, CUDA_MEMSET_NODE_PARAMS, CUcontext, CUgraph,
-    CUgraphExec, CUgraphNode, CUgraphNodeType,
+    CUDA_KERNEL_NODE_PARAMS, CUDA_MEMCPY3D, CUDA_MEMSET_NODE_PARAMS, CUcontext, CUfunction,
+    CUgraph, CUgraphExec, CUgraphNode, CUgraphNodeType,
 };
 
 /// Addresses inside `[from, from + bytes)` taken to the same offset from `to`.
@@ -51,9 +52,12 @@ impl Move {
     /// invalid-argument error, before anything is changed, for a use of it the crate cannot move.
     pub(super) fn plan(graph: CUgraph, shift: Shift) -> Result<Move> {
         let mut changes = Vec::new();
+        // The parameters' sizes of each function met: asked once per function, not per node (the last ask is
+        // a failed call: see `param_sizes`).
+        let mut sizes = HashMap::new();
         for node in calls::graph_nodes(graph)? {
             let old = match calls::graph_node_type(node)? {
-                CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL => kernel_params(node)?,
+                CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL => kernel_params(node, &mut sizes)?,
                 CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMCPY => {
                     Params::Copy(calls::memcpy_node_params(node)?)
                 }
@@ -125,10 +129,19 @@ pub(super) struct Failed {
     pub(super) undone: bool,
 }
 
-/// A kernel node's launch and the bytes of each of its parameters.
-fn kernel_params(node: CUgraphNode) -> Result<Params> {
+/// A kernel node's launch and the bytes of each of its parameters, whose sizes `known` keeps by function.
+fn kernel_params(
+    node: CUgraphNode,
+    known: &mut HashMap<CUfunction, Option<Vec<usize>>>,
+) -> Result<Params> {
     let mut p = calls::kernel_node_params(node)?;
-    let Some(sizes) = crate::launch::param_sizes(p.func, None)? else {
+    let sizes = match known.entry(p.func) {
+        std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+        std::collections::hash_map::Entry::Vacant(entry) => {
+            entry.insert(crate::launch::param_sizes(p.func, None)?)
+        }
+    };
+    let Some(sizes) = sizes else {
         return Err(Error::invalid(
             "Graph::replace: the driver cannot tell the sizes of a kernel node's parameters \
              (cuFuncGetParamInfo is CUDA 12.4+); nothing was changed",
@@ -187,23 +200,20 @@ impl Params {
             }
             Params::Copy(p) => {
                 let mut new = *p;
-                let src = shift
-                    .apply(p.srcDevice)
-                    .map(|d| new.srcDevice = d)
-                    .is_some()
-                    | shift
-                        .apply(p.srcHost as u64)
-                        .map(|h| new.srcHost = h as *const c_void)
-                        .is_some();
-                let dst = shift
-                    .apply(p.dstDevice)
-                    .map(|d| new.dstDevice = d)
-                    .is_some()
-                    | shift
-                        .apply(p.dstHost as u64)
-                        .map(|h| new.dstHost = h as *mut c_void)
-                        .is_some();
-                (src || dst).then_some(Params::Copy(new))
+                let mut moved = false;
+                for address in [&mut new.srcDevice, &mut new.dstDevice] {
+                    if let Some(to) = shift.apply(*address) {
+                        (*address, moved) = (to, true);
+                    }
+                }
+                // Host memory is at its host address (unified addressing): the same shift.
+                if let Some(to) = shift.apply(new.srcHost as u64) {
+                    (new.srcHost, moved) = (to as *const c_void, true);
+                }
+                if let Some(to) = shift.apply(new.dstHost as u64) {
+                    (new.dstHost, moved) = (to as *mut c_void, true);
+                }
+                moved.then_some(Params::Copy(new))
             }
             Params::Memset(p) => shift.apply(p.dst).map(|dst| {
                 let mut new = *p;
