@@ -26,6 +26,9 @@ mod declared_use_outlives_buffer;
 #[path = "compile_pass/device_view_outlives_scope.rs"]
 mod device_view_outlives_scope;
 
+#[path = "compile_pass/graph_replace_with_a_slice_lent.rs"]
+mod graph_replace_with_a_slice_lent;
+
 #[path = "compile_pass/graph_slice_held_across_launch.rs"]
 mod graph_slice_held_across_launch;
 

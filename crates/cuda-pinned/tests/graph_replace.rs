@@ -99,11 +99,11 @@ fn launches_after_a_replace_use_the_new_buffers_only() {
     let first = graph.host_slice(&step.output).unwrap().to_vec();
     assert_eq!(first, plus(&data(N, 1), 1));
 
-    let other = Step::new(&ctx, &a, 2);
-    graph.replace(&step.input, &other.input).unwrap();
-    graph.replace(&step.x, &other.x).unwrap();
-    graph.replace(&step.y, &other.y).unwrap();
-    graph.replace(&step.output, &other.output).unwrap();
+    let mut other = Step::new(&ctx, &a, 2);
+    graph.replace(&step.input, &mut other.input).unwrap();
+    graph.replace(&step.x, &mut other.x).unwrap();
+    graph.replace(&step.y, &mut other.y).unwrap();
+    graph.replace(&step.output, &mut other.output).unwrap();
     assert_eq!(graph.buffers(), 4);
     graph.launch(&b).unwrap();
     assert_eq!(
@@ -119,8 +119,8 @@ fn launches_after_a_replace_use_the_new_buffers_only() {
     assert_eq!(back.as_slice().unwrap(), &first[..]);
     // And replaced back, the graph runs on them once more.
     step.input.as_mut_slice().unwrap().fill(7);
-    graph.replace(&other.input, &step.input).unwrap();
-    graph.replace(&other.output, &step.output).unwrap();
+    graph.replace(&other.input, &mut step.input).unwrap();
+    graph.replace(&other.output, &mut step.output).unwrap();
     graph.launch(&a).unwrap();
     assert!(
         graph
@@ -151,11 +151,11 @@ fn replace_the_output_behind_a_launch(
     let kernel = add_kernel(&ctx);
     let mut step = Step::new(&ctx, &a, 3);
     let mut graph = step.capture(&kernel, &a, &b);
-    let next = Pinned::<u32>::zeroed(&ctx, N).unwrap();
+    let mut next = Pinned::<u32>::zeroed(&ctx, N).unwrap();
     let early = {
         let _held = hold(&a, Duration::from_millis(300));
         graph.launch(&a).unwrap();
-        graph.replace(&step.output, &next).unwrap();
+        graph.replace(&step.output, &mut next).unwrap();
         graph.launch(&a).unwrap();
         read(&step.output)
     };
@@ -206,23 +206,23 @@ fn replace_refuses_what_it_cannot_move() {
     let mut step = Step::new(&ctx, &a, 4);
     let mut graph = step.capture(&kernel, &a, &b);
     let stranger = Pinned::<u32>::zeroed(&ctx, N).unwrap();
-    let short = Pinned::<u32>::zeroed(&ctx, N / 2).unwrap();
-    refused(graph.replace(&stranger, &step.input), "does not use");
+    let mut short = Pinned::<u32>::zeroed(&ctx, N / 2).unwrap();
+    refused(graph.replace(&stranger, &mut step.input), "does not use");
     refused(
-        graph.replace(&step.input, &step.output),
+        graph.replace(&step.input, &mut step.output),
         "uses the new buffer already",
     );
-    refused(graph.replace(&step.input, &short), "same length");
+    refused(graph.replace(&step.input, &mut short), "same length");
     let far = common::device(1);
     let far_stream = Stream::new(&far).unwrap();
-    let elsewhere = DeviceBuffer::<u32>::zeroed(&far_stream, N).unwrap();
-    refused(graph.replace(&step.x, &elsewhere), "another context");
+    let mut elsewhere = DeviceBuffer::<u32>::zeroed(&far_stream, N).unwrap();
+    refused(graph.replace(&step.x, &mut elsewhere), "another context");
 
     // A host buffer another graph holds: it lends it to the host, so it belongs to that graph alone.
     let mut held = Step::new(&ctx, &a, 5);
     let other = held.capture(&kernel, &a, &b);
     refused(
-        graph.replace(&step.input, &held.input),
+        graph.replace(&step.input, &mut held.input),
         "another graph holds",
     );
 
@@ -238,8 +238,8 @@ fn replace_refuses_what_it_cannot_move() {
         }?
     })
     .unwrap();
-    let spare = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
-    refused(foreign.replace(&foreign_out, &spare), "foreign work");
+    let mut spare = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+    refused(foreign.replace(&foreign_out, &mut spare), "foreign work");
     foreign.launch(&a).unwrap();
 
     graph.launch(&a).unwrap();
@@ -264,10 +264,10 @@ fn a_replace_the_driver_refuses_half_way_is_undone() {
     let mut step = Step::new(&ctx, &a, 6);
     let mut graph = step.capture(&kernel, &a, &b);
     // `y` is used by the kernel node and the download's copy node: the copy's update fails.
-    let y2 = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+    let mut y2 = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
     sim.fail("cuGraphExecMemcpyNodeSetParams:1:CUDA_ERROR_UNKNOWN")
         .unwrap();
-    let replaced = graph.replace(&step.y, &y2);
+    let replaced = graph.replace(&step.y, &mut y2);
     sim.clear_faults();
     assert!(replaced.is_err(), "{replaced:?}");
     graph.launch(&a).unwrap();
@@ -306,7 +306,7 @@ fn launch_after_an_eager_write_to_the_new_buffer(
     {
         let _held = hold(&c, Duration::from_millis(300));
         c.upload(&eager, &mut x2).unwrap();
-        graph.replace(&step.x, &x2).unwrap();
+        graph.replace(&step.x, &mut x2).unwrap();
         launch(&mut graph, &a);
     }
     ctx.synchronize().unwrap();

@@ -271,7 +271,9 @@ impl Graph {
     /// length: copies from and to it, memsets of it and kernel parameters holding its address (or one inside
     /// it) move to the same offset in `new`. Launches queued before keep using `old`, which the graph lets go
     /// of: its owner's to use and drop again, after them. `new` is held by the graph from now on, as a buffer
-    /// of the capture is (its host accessors refuse; [`Graph::host_slice`] lends it), and is used as `old` was.
+    /// of the capture is (its host accessors refuse; [`Graph::host_slice`] lends it), and is used as `old` was;
+    /// it is borrowed exclusively here, so that no slice of it lent before is still read when a launch writes
+    /// it.
     /// The way to launch one graph on changing inputs and outputs (double buffering), instead of capturing
     /// one graph per buffer.
     ///
@@ -293,8 +295,8 @@ impl Graph {
     /// buffers from then on (the error says so).
     #[doc(alias = "cuGraphExecKernelNodeSetParams")]
     #[doc(alias = "cuGraphExecMemcpyNodeSetParams")]
-    pub fn replace<B: GraphBuffer>(&mut self, old: &B, new: &B) -> Result<()> {
-        let (old, new) = (old.whole(), new.whole());
+    pub fn replace<B: GraphBuffer>(&mut self, old: &B, new: &mut B) -> Result<()> {
+        let (old, new) = (old.whole(), (*new).whole());
         let find = |track: &Track| {
             self.uses
                 .binary_search_by_key(&track.key(), |(t, _)| t.key())
