@@ -347,3 +347,37 @@ fn control_an_untracked_launch_after_a_replace_is_overwritten_by_the_eager_work(
         "the untracked launch waited for the eager write"
     );
 }
+
+/// A kernel parameter holding the address just past the end of the buffer to replace is refused, with
+/// nothing changed: it may be the buffer's end pointer (which, left behind, would end past the new buffer) or
+/// the start of the memory after it, and the crate cannot tell which.
+#[test]
+fn an_address_just_past_the_end_is_refused() {
+    let _serial = serial_on_two_devices();
+    let ctx = context();
+    let a = Stream::new(&ctx).unwrap();
+    let kernel = common::test_kernels(&ctx).unwrap().kernel("scale").unwrap();
+    let mut y = DeviceBuffer::<f32>::zeroed(&a, N).unwrap();
+    let end = y.as_raw() + (N * 4) as u64;
+    let mut graph = Graph::capture(&[&a], || {
+        // SAFETY: scale(const float* x, float* y, float a, unsigned n) with n = 0 touches no element: `end`
+        // stands for an end pointer the kernel is handed and does not dereference.
+        unsafe {
+            a.launch(
+                &kernel,
+                LaunchConfig::new(1, 1),
+                &[
+                    Arg::value(&end),
+                    Arg::write(&mut y),
+                    Arg::value(&2.0f32),
+                    Arg::value(&0u32),
+                ],
+            )
+        }
+    })
+    .unwrap();
+    let mut y2 = DeviceBuffer::<f32>::zeroed(&a, N).unwrap();
+    refused(graph.replace(&y, &mut y2), "just past the end");
+    graph.launch(&a).unwrap();
+    a.synchronize().unwrap();
+}

@@ -279,9 +279,12 @@ impl Graph {
     ///
     /// Every node of the graph is read first (`cuGraphGetNodes`), and nothing changes where the crate cannot
     /// move every use of `old`: a kernel parameter wider than 8 bytes (a struct) that holds an address inside it,
+    /// one of 8 bytes that holds the address just past its end (its end pointer, or the start of what lies
+    /// next: the crate cannot tell which),
     /// foreign work declared in the capture that uses it (its nodes may keep the address where the crate
     /// cannot see), a node of a kind the crate cannot read (a host function, a child graph). A kernel
-    /// parameter of 8 bytes whose value lies inside `old` is taken for an address and moved (what a kernel
+    /// parameter of 8 bytes whose value lies inside `old` is taken for an address and moved (host memory also
+    /// at the device address it is mapped at, where that differs; what a kernel
     /// reaches is what its parameters say: [`Stream::launch`]'s contract). Blocks for no device work: the
     /// nodes of the executable graph are changed in place (`cuGraphExec*NodeSetParams`). The sizes of a kernel
     /// node's parameters are asked of the driver as [`Module::kernel`](crate::Module::kernel) asks them: one
@@ -333,12 +336,24 @@ impl Graph {
             ));
         }
         let _current = self.context.enter()?;
+        let mut ranges = vec![(old.address, new.address)];
+        if old.device_context.is_none() {
+            // A kernel reaches host memory at the device address it is mapped at (`Arg::read_host`), which
+            // differs from the host address where the device cannot use that (registered memory on some
+            // devices). Where the driver has no such address for one of them, no kernel was given it.
+            let mapped =
+                |address| calls::mem_host_get_device_pointer(address as *mut std::ffi::c_void);
+            if let (Ok(from), Ok(to)) = (mapped(old.address), mapped(new.address))
+                && from != old.address
+            {
+                ranges.push((from, to));
+            }
+        }
         let shift = nodes::Shift {
-            from: old.address,
-            to: new.address,
+            ranges,
             bytes: old.bytes as u64,
         };
-        let mut moved = nodes::Move::plan(self.graph, shift)
+        let mut moved = nodes::Move::plan(self.graph, &shift)
             .map_err(|e| e.context("reading the nodes of a graph"))?;
         if moved.is_empty() {
             return Err(Error::invalid(

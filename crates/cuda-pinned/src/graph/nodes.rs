@@ -19,18 +19,30 @@ use crate::sys::{
     CUgraph, CUgraphExec, CUgraphNode, CUgraphNodeType,
 };
 
-/// Addresses inside `[from, from + bytes)` taken to the same offset from `to`.
-#[derive(Clone, Copy, Debug)]
+/// Addresses inside the old allocation taken to the same offset in the new one: each `(from, to)` is one way
+/// the nodes may hold them (the host address, and for host memory the device address it is mapped at where
+/// that differs), `bytes` long.
+#[derive(Clone, Debug)]
 pub(super) struct Shift {
-    pub(super) from: u64,
-    pub(super) to: u64,
+    pub(super) ranges: Vec<(u64, u64)>,
     pub(super) bytes: u64,
 }
 
 impl Shift {
     /// `address` moved, where it lies inside the old allocation.
-    fn apply(self, address: u64) -> Option<u64> {
-        (address.wrapping_sub(self.from) < self.bytes).then(|| address - self.from + self.to)
+    fn apply(&self, address: u64) -> Option<u64> {
+        self.ranges
+            .iter()
+            .find(|&&(from, _)| address.wrapping_sub(from) < self.bytes)
+            .map(|&(from, to)| address - from + to)
+    }
+
+    /// Whether `address` is just past the end of the old allocation: an end pointer of it, or the first byte
+    /// of whatever lies next, which the crate cannot tell apart.
+    fn is_end(&self, address: u64) -> bool {
+        self.ranges
+            .iter()
+            .any(|&(from, _)| from.checked_add(self.bytes) == Some(address))
     }
 }
 
@@ -50,7 +62,7 @@ pub(super) struct Move {
 impl Move {
     /// Reads every node of `graph` and plans `shift` for each that uses the old allocation. An
     /// invalid-argument error, before anything is changed, for a use of it the crate cannot move.
-    pub(super) fn plan(graph: CUgraph, shift: Shift) -> Result<Move> {
+    pub(super) fn plan(graph: CUgraph, shift: &Shift) -> Result<Move> {
         let mut changes = Vec::new();
         // The parameters' sizes of each function met: asked once per function, not per node (the last ask is
         // a failed call: see `param_sizes`).
@@ -172,16 +184,24 @@ fn kernel_params(
 impl Params {
     /// These parameters with `shift` made, or `None` where they do not use the old allocation; an
     /// invalid-argument error for a use of it that cannot be moved.
-    fn shifted(&self, shift: Shift) -> Result<Option<Params>> {
+    fn shifted(&self, shift: &Shift) -> Result<Option<Params>> {
         Ok(match self {
             Params::Kernel(p, values) => {
                 let mut moved = false;
                 let mut new = values.clone();
                 for (i, value) in new.iter_mut().enumerate() {
                     if let Ok(bytes) = <[u8; 8]>::try_from(value.as_slice()) {
-                        if let Some(to) = shift.apply(u64::from_ne_bytes(bytes)) {
+                        let address = u64::from_ne_bytes(bytes);
+                        if let Some(to) = shift.apply(address) {
                             value.copy_from_slice(&to.to_ne_bytes());
                             moved = true;
+                        } else if shift.is_end(address) {
+                            // Moved, an end pointer stays right; not moved, it would end past the new buffer.
+                            return Err(Error::invalid(format_args!(
+                                "Graph::replace: parameter {i} of a kernel node holds the address just past the \
+                                 end of the buffer to replace, which may be its end or the start of the memory \
+                                 after it: the crate cannot tell which; nothing was changed"
+                            )));
                         }
                     } else if value.windows(8).any(|w| {
                         shift
