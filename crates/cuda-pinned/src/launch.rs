@@ -821,7 +821,21 @@ impl Stream {
             }
         }
         let work = Work::Timed(Category::Kernel, "kernel", 0);
-        self.tracked_uses_holding(context.enqueue_launch(), work, &mut uses, || {
+        // What each parameter is, for a capture (`Graph::replace` moves only the pointers to the buffer it
+        // replaces, and values); read only while the stream captures.
+        let capturing = self.is_capturing();
+        let kinds: SmallVec<[Option<usize>; INLINE]> = if capturing {
+            args.iter()
+                .map(|arg| match &arg.0 {
+                    ArgKind::Value(_) => None,
+                    ArgKind::Memory(used) => Some(used.track.key()),
+                })
+                .collect()
+        } else {
+            SmallVec::new()
+        };
+        let kinds = capturing.then_some(&kinds[..]);
+        self.tracked_uses_holding(context.enqueue_launch(), work, &mut uses, kinds, || {
             // SAFETY: one pointer per parameter, each to a value of its size (checked against the driver's
             // parameter info where it has it) that outlives the call; the kernel's types and footprint are the
             // caller's promise; the trackers ordered the launch after conflicting work and keep its buffers

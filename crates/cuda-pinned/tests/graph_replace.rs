@@ -348,32 +348,103 @@ fn control_an_untracked_launch_after_a_replace_is_overwritten_by_the_eager_work(
     );
 }
 
-/// A kernel parameter holding the address just past the end of the buffer to replace is refused, with
-/// nothing changed: it may be the buffer's end pointer (which, left behind, would end past the new buffer) or
-/// the start of the memory after it, and the crate cannot tell which.
+/// Registers, on the simulated driver, `fill_to_end(unsigned* begin, unsigned long long end, unsigned value)`:
+/// writes `value` to every element of `[begin, end)`, an end pointer passed by value as C++ ranges pass it.
+#[cfg(not(feature = "gpu"))]
+fn fill_to_end(context: &Context) -> Kernel {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    REGISTERED.call_once(|| {
+        common::sim()
+            .unwrap()
+            .register_kernel("fill_to_end", &[8, 8, 4], |call| {
+                let (begin, end, value) =
+                    (call.arg::<u64>(0), call.arg::<u64>(1), call.arg::<u32>(2));
+                let n = (end.saturating_sub(begin) / 4) as usize;
+                call.write(begin, &vec![value; n]);
+            })
+            .unwrap();
+    });
+    cuda_pinned::Module::load(context, b"// fill_to_end stand-in\n")
+        .unwrap()
+        .kernel("fill_to_end")
+        .unwrap()
+}
+
+/// An end pointer passed by value (the address just past the buffer) moves with the buffer: the kernel fills
+/// the new buffer, all of it and nothing past it (the simulated driver reports a write out of bounds). A
+/// pointer to another buffer that starts there, passed as memory, does not move: the other tests, on a GPU
+/// whose allocations lie end to end.
+#[cfg(not(feature = "gpu"))]
 #[test]
-fn an_address_just_past_the_end_is_refused() {
+fn an_end_pointer_passed_by_value_moves_with_the_buffer() {
     let _serial = serial_on_two_devices();
     let ctx = context();
     let a = Stream::new(&ctx).unwrap();
-    let kernel = common::test_kernels(&ctx).unwrap().kernel("scale").unwrap();
-    let mut y = DeviceBuffer::<f32>::zeroed(&a, N).unwrap();
+    let kernel = fill_to_end(&ctx);
+    let mut y = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
     let end = y.as_raw() + (N * 4) as u64;
     let mut graph = Graph::capture(&[&a], || {
-        // SAFETY: scale(const float* x, float* y, float a, unsigned n) with n = 0 touches no element: `end`
-        // stands for an end pointer the kernel is handed and does not dereference.
+        // SAFETY: fill_to_end(unsigned*, unsigned long long, unsigned) writes exactly y[..N] (end = y + N).
         unsafe {
             a.launch(
                 &kernel,
                 LaunchConfig::new(1, 1),
-                &[
-                    Arg::value(&end),
-                    Arg::write(&mut y),
-                    Arg::value(&2.0f32),
-                    Arg::value(&0u32),
-                ],
+                &[Arg::write(&mut y), Arg::value(&end), Arg::value(&7u32)],
             )
         }
+    })
+    .unwrap();
+    let mut y2 = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+    graph.replace(&y, &mut y2).unwrap();
+    drop(y);
+    graph.launch(&a).unwrap();
+    let mut back = Pinned::<u32>::zeroed(&ctx, N).unwrap();
+    a.download(&y2, &mut back).unwrap();
+    assert!(back.as_slice().unwrap().iter().all(|&v| v == 7));
+}
+
+/// Of a kernel the crate did not launch (other code's, declared with `enqueue_foreign`), a parameter holding
+/// the address just past the end of the buffer to replace is refused, with nothing changed: it may be an end
+/// pointer of it or the start of the memory after it, and the crate cannot tell which.
+#[test]
+fn a_foreign_kernel_holding_the_address_just_past_the_end_is_refused() {
+    let _serial = serial_on_two_devices();
+    let ctx = context();
+    let a = Stream::new(&ctx).unwrap();
+    let module = common::test_kernels(&ctx).unwrap();
+    let kernel = module.kernel("scale").unwrap();
+    let mut y = DeviceBuffer::<f32>::zeroed(&a, N).unwrap();
+    let mut z = DeviceBuffer::<f32>::zeroed(&a, N).unwrap();
+    let x = Pinned::<f32>::zeroed(&ctx, N).unwrap();
+    let (end, z_raw) = (y.as_raw() + (N * 4) as u64, z.as_raw());
+    let mut graph = Graph::capture(&[&a], || {
+        a.upload(&x, &mut y)?;
+        // SAFETY: scale(const float* x, float* y, float a, unsigned n) with n = 0 touches no element: `end`
+        // stands for a pointer the kernel is handed and does not dereference; `z` is declared written.
+        unsafe {
+            a.enqueue_foreign(&[Use::write(&mut z), Use::module(&module)], |raw| {
+                let (scale, n) = (2.0f32, 0u32);
+                let mut params = [
+                    (&raw const end).cast_mut().cast::<std::ffi::c_void>(),
+                    (&raw const z_raw).cast_mut().cast(),
+                    (&raw const scale).cast_mut().cast(),
+                    (&raw const n).cast_mut().cast(),
+                ];
+                cuda_pinned::driver_call!(cuLaunchKernel(
+                    kernel.as_raw(),
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    0,
+                    raw,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut()
+                ))
+            })
+        }?
     })
     .unwrap();
     let mut y2 = DeviceBuffer::<f32>::zeroed(&a, N).unwrap();

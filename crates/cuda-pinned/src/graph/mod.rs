@@ -63,6 +63,9 @@ pub struct Graph {
     /// The keys of the buffers declared foreign work uses, in order: [`Graph::replace`] cannot see where
     /// such work keeps their addresses.
     declared: Vec<usize>,
+    /// What each parameter of the kernels launched through `Stream::launch` is, by node (kept by
+    /// [`Graph::replace`], which moves a pointer only to the buffer it replaces).
+    kernels: nodes::Kernels,
     /// Where the last launch left the buffers (`Stream::tracked_launch`).
     last: Option<Launched>,
 }
@@ -180,6 +183,7 @@ impl Graph {
             graph,
             context: context.clone(),
             declared: recording.declared_keys(),
+            kernels: recording.take_kernels(),
             uses: recording.take_uses(),
             last: None,
         };
@@ -268,27 +272,28 @@ impl Graph {
     }
 
     /// Makes the graph's launches from now on use `new` wherever they used `old`, a buffer of the same kind and
-    /// length: copies from and to it, memsets of it and kernel parameters holding its address (or one inside
-    /// it) move to the same offset in `new`. Launches queued before keep using `old`, which the graph lets go
-    /// of: its owner's to use and drop again, after them. `new` is held by the graph from now on, as a buffer
-    /// of the capture is (its host accessors refuse; [`Graph::host_slice`] lends it), and is used as `old` was;
-    /// it is borrowed exclusively here, so that no slice of it lent before is still read when a launch writes
-    /// it.
-    /// The way to launch one graph on changing inputs and outputs (double buffering), instead of capturing
-    /// one graph per buffer.
+    /// length: copies from and to it, memsets of it and kernel parameters holding its address move to the same
+    /// offset in `new`. Launches queued before keep using `old`, which the graph lets go of: its owner's to use
+    /// and drop again, after them. `new` is held by the graph from now on, as a buffer of the capture is (its
+    /// host accessors refuse; [`Graph::host_slice`] lends it), and is used as `old` was; it is borrowed
+    /// exclusively here, so that no slice of it lent before is still read when a launch writes it. The way to
+    /// launch one graph on changing inputs and outputs (double buffering), instead of capturing one graph per
+    /// buffer.
     ///
-    /// Every node of the graph is read first (`cuGraphGetNodes`), and nothing changes where the crate cannot
-    /// move every use of `old`: a kernel parameter wider than 8 bytes (a struct) that holds an address inside it,
-    /// one of 8 bytes that holds the address just past its end (its end pointer, or the start of what lies
-    /// next: the crate cannot tell which),
-    /// foreign work declared in the capture that uses it (its nodes may keep the address where the crate
-    /// cannot see), a node of a kind the crate cannot read (a host function, a child graph). A kernel
-    /// parameter of 8 bytes whose value lies inside `old` is taken for an address and moved (host memory also
-    /// at the device address it is mapped at, where that differs; what a kernel
-    /// reaches is what its parameters say: [`Stream::launch`]'s contract). Blocks for no device work: the
-    /// nodes of the executable graph are changed in place (`cuGraphExec*NodeSetParams`). The sizes of a kernel
-    /// node's parameters are asked of the driver as [`Module::kernel`](crate::Module::kernel) asks them: one
-    /// failed call per function of the graph, which compute-sanitizer reports as an API error.
+    /// Every node of the graph is read first (`cuGraphGetNodes`). Of a kernel launched with
+    /// [`Stream::launch`], a parameter given as memory ([`Arg::read`](crate::Arg::read), ...) moves where it is
+    /// `old`, and one given as a value of 8 bytes moves where it lies inside `old` or just past its end (an end
+    /// pointer; the contract of [`Stream::launch`] leaves a value no other buffer to stand for). Host memory
+    /// moves at its host address and at the device address it is mapped at, where that differs. Nothing
+    /// changes where the crate cannot move every use of `old`: a kernel parameter wider than 8 bytes (a struct)
+    /// that holds an address inside it; foreign work declared in the capture that uses it (its nodes may keep
+    /// the address where the crate cannot see); in a kernel the crate did not launch, a parameter of 8 bytes
+    /// holding the address just past its end (an end pointer, or the start of what lies next: the crate
+    /// cannot tell which); a node of a kind the crate cannot read (a host function, a child graph). Blocks for
+    /// no device work: the nodes of the executable graph are changed in place (`cuGraphExec*NodeSetParams`).
+    /// The sizes of a kernel node's parameters are asked of the driver as
+    /// [`Module::kernel`](crate::Module::kernel) asks them: one failed call per function of the graph, which
+    /// compute-sanitizer reports as an API error.
     ///
     /// # Errors
     /// An invalid-argument error, with nothing changed, for an `old` the graph does not use, a `new` it uses
@@ -353,7 +358,7 @@ impl Graph {
             ranges,
             bytes: old.bytes as u64,
         };
-        let mut moved = nodes::Move::plan(self.graph, &shift)
+        let mut moved = nodes::Move::plan(self.graph, &shift, &self.kernels, old.track.key())
             .map_err(|e| e.context("reading the nodes of a graph"))?;
         if moved.is_empty() {
             return Err(Error::invalid(
@@ -378,6 +383,14 @@ impl Graph {
             Ok(()) => {
                 let (old_track, _) = self.uses.remove(at);
                 insert(&mut self.uses);
+                // The kernels' pointers to it are pointers to `new` now (and its key may name another buffer
+                // once it is released).
+                let (from, to) = (old_track.key(), new.track.key());
+                for kinds in self.kernels.values_mut() {
+                    for kind in kinds.iter_mut().filter(|k| **k == Some(from)) {
+                        *kind = Some(to);
+                    }
+                }
                 // Its release, if its owner has gone, waits for the launches recorded on it.
                 old_track.let_go();
                 Ok(())
@@ -388,6 +401,11 @@ impl Graph {
             }
             Err(failed) => {
                 insert(&mut self.uses);
+                // Some kernels' pointers moved and some did not: what the crate knew of those kernels is not
+                // sure any more, and a later replace reads them as it reads kernels it did not launch.
+                let keys = [old.track.key(), new.track.key()];
+                self.kernels
+                    .retain(|_, kinds| !kinds.iter().any(|k| k.is_some_and(|k| keys.contains(&k))));
                 Err(failed.error)
             }
         }

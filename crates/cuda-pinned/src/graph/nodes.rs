@@ -37,14 +37,18 @@ impl Shift {
             .map(|&(from, to)| address - from + to)
     }
 
-    /// Whether `address` is just past the end of the old allocation: an end pointer of it, or the first byte
-    /// of whatever lies next, which the crate cannot tell apart.
-    fn is_end(&self, address: u64) -> bool {
+    /// `address` moved, where it lies inside the old allocation or just past its end (an end pointer).
+    fn apply_to_end(&self, address: u64) -> Option<u64> {
         self.ranges
             .iter()
-            .any(|&(from, _)| from.checked_add(self.bytes) == Some(address))
+            .find(|&&(from, _)| address.wrapping_sub(from) <= self.bytes)
+            .map(|&(from, to)| address - from + to)
     }
 }
+
+/// What the crate knows of the kernel nodes it launched (`Stream::launch`): by node, what each parameter is
+/// (the key of the buffer it points to, or `None` for a value).
+pub(super) type Kernels = HashMap<usize, Vec<Option<usize>>>;
 
 /// A node's parameters, as the driver takes them.
 enum Params {
@@ -60,15 +64,20 @@ pub(super) struct Move {
 }
 
 impl Move {
-    /// Reads every node of `graph` and plans `shift` for each that uses the old allocation. An
-    /// invalid-argument error, before anything is changed, for a use of it the crate cannot move.
-    pub(super) fn plan(graph: CUgraph, shift: &Shift) -> Result<Move> {
+    /// Reads every node of `graph` and plans `shift` for each that uses the old allocation (whose key is
+    /// `old`). An invalid-argument error, before anything is changed, for a use of it the crate cannot move.
+    pub(super) fn plan(
+        graph: CUgraph,
+        shift: &Shift,
+        kernels: &Kernels,
+        old: usize,
+    ) -> Result<Move> {
         let mut changes = Vec::new();
         // The parameters' sizes of each function met: asked once per function, not per node (the last ask is
         // a failed call: see `param_sizes`).
         let mut sizes = HashMap::new();
         for node in calls::graph_nodes(graph)? {
-            let old = match calls::graph_node_type(node)? {
+            let params = match calls::graph_node_type(node)? {
                 CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL => kernel_params(node, &mut sizes)?,
                 CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMCPY => {
                     Params::Copy(calls::memcpy_node_params(node)?)
@@ -87,8 +96,9 @@ impl Move {
                     )));
                 }
             };
-            if let Some(new) = old.shifted(shift)? {
-                changes.push((node, old, new));
+            let known = kernels.get(&(node as usize)).map(|k| (&k[..], old));
+            if let Some(new) = params.shifted(shift, known)? {
+                changes.push((node, params, new));
             }
         }
         Ok(Move { changes })
@@ -183,19 +193,38 @@ fn kernel_params(
 
 impl Params {
     /// These parameters with `shift` made, or `None` where they do not use the old allocation; an
-    /// invalid-argument error for a use of it that cannot be moved.
-    fn shifted(&self, shift: &Shift) -> Result<Option<Params>> {
+    /// invalid-argument error for a use of it that cannot be moved. `known`: for a kernel the crate launched,
+    /// what each parameter is, and the old allocation's key.
+    ///
+    /// A parameter that points to a buffer moves where that buffer is the old one. A value moves where it lies
+    /// inside the old allocation or just past its end (an end pointer: a value cannot stand for another
+    /// buffer, which the launch would have been given as memory). Of a kernel the crate did not launch, a
+    /// parameter of 8 bytes moves where it lies inside, and one just past the end is refused: it may be an end
+    /// pointer or the start of the memory after it.
+    fn shifted(
+        &self,
+        shift: &Shift,
+        known: Option<(&[Option<usize>], usize)>,
+    ) -> Result<Option<Params>> {
         Ok(match self {
             Params::Kernel(p, values) => {
                 let mut moved = false;
                 let mut new = values.clone();
+                let known = known.filter(|(kinds, _)| kinds.len() == values.len());
                 for (i, value) in new.iter_mut().enumerate() {
                     if let Ok(bytes) = <[u8; 8]>::try_from(value.as_slice()) {
                         let address = u64::from_ne_bytes(bytes);
-                        if let Some(to) = shift.apply(address) {
+                        let to = match known {
+                            Some((kinds, old)) => match kinds[i] {
+                                Some(buffer) if buffer != old => None,
+                                _ => shift.apply_to_end(address),
+                            },
+                            None => shift.apply(address),
+                        };
+                        if let Some(to) = to {
                             value.copy_from_slice(&to.to_ne_bytes());
                             moved = true;
-                        } else if shift.is_end(address) {
+                        } else if known.is_none() && shift.apply_to_end(address).is_some() {
                             // Moved, an end pointer stays right; not moved, it would end past the new buffer.
                             return Err(Error::invalid(format_args!(
                                 "Graph::replace: parameter {i} of a kernel node holds the address just past the \

@@ -31,9 +31,24 @@ struct State {
     /// cycle.
     streams: Vec<Stream>,
     uses: HashMap<usize, Use>,
+    /// The kernel nodes launched through `Stream::launch`, with what each parameter is ([`How::Kernel`]).
+    kernels: HashMap<usize, Vec<Option<usize>>>,
     /// Why the capture cannot make a graph: captured work whose place in it could not be read, so that no
     /// edge would order it.
     failed: Option<Error>,
+}
+
+/// Who queued captured work, and what the crate knows of it.
+#[derive(Clone, Copy)]
+pub(crate) enum How<'a> {
+    /// The crate's own copies and kernels.
+    Crate,
+    /// Declared foreign work (`Stream::enqueue_foreign`): where it keeps its buffers' addresses is not the
+    /// crate's to read.
+    Declared,
+    /// A kernel launched through `Stream::launch`, one node: for each parameter, the key of the buffer it
+    /// points to (an `Arg` of memory), or `None` for a value passed by copy.
+    Kernel(&'a [Option<usize>]),
 }
 
 /// A buffer the capture uses: held, and how (written if any captured work writes it).
@@ -96,6 +111,7 @@ impl Recording {
             state: Mutex::new(State {
                 streams,
                 uses: HashMap::new(),
+                kernels: HashMap::new(),
                 failed: None,
             }),
         }
@@ -109,7 +125,7 @@ impl Recording {
     /// Runs `enqueue`, which queues work on `stream` (a stream of the capture) that uses the buffers of `uses`,
     /// ordered in the capture after the conflicting captured work on the capture's other streams, and records
     /// it. The lock of the capture is not held while `enqueue` runs (it may be a user's, and call the crate).
-    /// `declared`: `enqueue` is a user's, which declared `uses`.
+    /// `how` says who queued the work.
     ///
     /// # Errors
     /// An invalid-argument error for a host buffer another graph holds, or once the capture has ended or
@@ -119,9 +135,10 @@ impl Recording {
         &self,
         stream: &Stream,
         uses: &[(&Track, Access)],
-        declared: bool,
+        how: How<'_>,
         enqueue: impl FnOnce() -> Result<R>,
     ) -> Result<R> {
+        let declared = matches!(how, How::Declared);
         let index = {
             let mut state = self.state();
             if let Some(e) = &state.failed {
@@ -175,6 +192,9 @@ impl Recording {
                 return Err(e);
             }
         };
+        if let (How::Kernel(params), [node]) = (how, nodes.as_slice()) {
+            state.kernels.insert(*node as usize, params.to_vec());
+        }
         let mark = Nodes(nodes.into());
         for &(track, access) in uses {
             if let Some(entry) = state.uses.get_mut(&track.key()) {
@@ -205,6 +225,11 @@ impl Recording {
             .collect();
         keys.sort_unstable();
         keys
+    }
+
+    /// The kernel nodes launched through `Stream::launch` (by node handle), with what each parameter is.
+    pub(crate) fn take_kernels(&self) -> HashMap<usize, Vec<Option<usize>>> {
+        std::mem::take(&mut self.state().kernels)
     }
 
     /// The buffers the capture used, one per allocation with how it was used, in the order of their keys; each

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use smallvec::SmallVec;
 
-use super::captured::Recording;
+use super::captured::{How, Recording};
 use crate::driver::calls;
 use crate::driver::context::Enqueue;
 use crate::driver::marks::Mark;
@@ -269,7 +269,7 @@ impl Stream {
                 .into_iter()
                 .chain(write.map(|w| (w, Access::Write)))
                 .collect();
-            return in_capture(&capture)?.tracked(self, &uses, false, enqueue);
+            return in_capture(&capture)?.tracked(self, &uses, How::Crate, enqueue);
         }
         // One allocation read and written (two views of it) is a write: lock it once.
         let read = read.filter(|r| write.is_none_or(|w| r.key() != w.key()));
@@ -365,12 +365,13 @@ impl Stream {
         uses: &mut [(&Track, Access)],
         enqueue: impl FnOnce() -> Result<R>,
     ) -> Result<R> {
-        self.tracked_uses_holding(self.context().enqueue()?, work, uses, enqueue)
+        self.tracked_uses_holding(self.context().enqueue()?, work, uses, None, enqueue)
     }
 
     /// [`Stream::tracked_uses`] for a caller that chose what the work holds while it is queued (as
     /// [`Stream::tracked_holding`]; a launch through `cuLaunchKernel` needs only the gate:
-    /// [`Context::enqueue_launch`]).
+    /// [`Context::enqueue_launch`]). `kernel`: the work is one kernel launch, and this is what each of its
+    /// parameters is (the key of the buffer it points to, or `None` for a value), for a capture to keep.
     ///
     /// [`Context::enqueue_launch`]: crate::driver::Context::enqueue_launch
     pub(crate) fn tracked_uses_holding<R>(
@@ -378,10 +379,12 @@ impl Stream {
         _held: Enqueue<'_>,
         work: Work,
         uses: &mut [(&Track, Access)],
+        kernel: Option<&[Option<usize>]>,
         enqueue: impl FnOnce() -> Result<R>,
     ) -> Result<R> {
         if let Some(capture) = self.capture()? {
-            return in_capture(&capture)?.tracked(self, uses, false, enqueue);
+            let how = kernel.map_or(How::Crate, How::Kernel);
+            return in_capture(&capture)?.tracked(self, uses, how, enqueue);
         }
         let mut locked = Locked(SmallVec::new());
         locked.lock(uses);
@@ -420,7 +423,7 @@ impl Stream {
     ) -> Result<R> {
         let _enqueue = self.context().enqueue()?;
         if let Some(capture) = self.capture()? {
-            return in_capture(&capture)?.tracked(self, uses, true, || {
+            return in_capture(&capture)?.tracked(self, uses, How::Declared, || {
                 // Captured, not run; a panic unwinds out of the capture, which its owner then ends.
                 Ok(enqueue())
             });
