@@ -14,8 +14,8 @@ use crate::codes;
 use crate::detect::{self, DeviceSync};
 use crate::kernel::{self, Launch};
 use crate::sim::{
-    Allocation, DEVICE_GAP, EventData, FunctionData, HostCall, Kind, Loc, ModuleData, Op, PoolData,
-    Primary, SIM, State, Storage,
+    Allocation, EventData, FunctionData, HostCall, Kind, Loc, ModuleData, Op, PoolData, Primary,
+    SIM, State, Storage,
 };
 use crate::stream;
 use crate::sys::*;
@@ -401,7 +401,7 @@ fn device_alloc(
         data.kept -= kept;
     }
     let base = state.next_device_address;
-    state.next_device_address += (bytes as u64).next_multiple_of(512) + DEVICE_GAP;
+    state.next_device_address += (bytes as u64).next_multiple_of(512) + state.device_gap;
     state.add_allocation(Allocation {
         kind,
         base,

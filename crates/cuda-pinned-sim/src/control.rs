@@ -103,6 +103,12 @@ pub extern "C" fn cuda_sim_fault_device(device: c_int) {
     SIM.changed.notify_all();
 }
 
+/// Whether device allocations from now on lie end to end (see [`Control::lay_device_allocations_end_to_end`]).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuda_sim_end_to_end(on: c_int) {
+    SIM.lock().device_gap = if on != 0 { 0 } else { crate::sim::DEVICE_GAP };
+}
+
 /// Ends device `device`'s sticky error (see [`Control::recover_device`]).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuda_sim_recover_device(device: c_int) {
@@ -479,6 +485,14 @@ impl Control {
     pub fn recover_device(&self, device: i32) {
         let f: extern "C" fn(c_int) = self.function("cuda_sim_recover_device");
         f(device);
+    }
+
+    /// Whether device allocations from now on lie end to end, as a driver's may (an H200's `cuMemAlloc`s of 16
+    /// KiB did), so that the address just past one buffer is the next buffer's; by default a gap of unused
+    /// addresses follows each, so that an overrun is not found inside the next allocation.
+    pub fn lay_device_allocations_end_to_end(&self, on: bool) {
+        let f: extern "C" fn(c_int) = self.function("cuda_sim_end_to_end");
+        f(c_int::from(on));
     }
 
     /// The driver calls made so far (all but those that describe errors).

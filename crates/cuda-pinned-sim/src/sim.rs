@@ -95,7 +95,8 @@ impl Sim {
 /// Device addresses start here: non-canonical on x86-64 and far from any host mapping, so a device pointer
 /// used as a host pointer faults, and a host pointer passed as a device pointer is not found.
 pub(crate) const DEVICE_BASE: u64 = 0xD000_0000_0000_0000;
-/// Unused addresses left after each device allocation, so an overrun is not found inside the next one.
+/// Unused addresses left after each device allocation by default, so an overrun is not found inside the next
+/// one ([`crate::Control::lay_device_allocations_end_to_end`] takes them away).
 pub(crate) const DEVICE_GAP: u64 = 1 << 16;
 
 /// What kind of memory an allocation is.
@@ -404,6 +405,9 @@ pub(crate) struct State {
     pub(crate) host_map: BTreeMap<u64, u64>,
     pub(crate) next_id: u64,
     pub(crate) next_device_address: u64,
+    /// The unused addresses left after each device allocation ([`DEVICE_GAP`], or none: a driver's
+    /// allocations may lie end to end).
+    pub(crate) device_gap: u64,
     pub(crate) pinned_used: usize,
     pub(crate) primaries: Vec<Primary>,
     pub(crate) streams: HashMap<usize, StreamData>,
@@ -487,6 +491,7 @@ impl State {
             host_map: BTreeMap::new(),
             next_id: 1,
             next_device_address: DEVICE_BASE,
+            device_gap: DEVICE_GAP,
             pinned_used: 0,
             primaries: Vec::new(),
             streams: HashMap::new(),

@@ -452,3 +452,56 @@ fn a_foreign_kernel_holding_the_address_just_past_the_end_is_refused() {
     graph.launch(&a).unwrap();
     a.synchronize().unwrap();
 }
+
+/// Device allocations laid end to end (as a GPU's may be): the kernel's pointer to the buffer after the one
+/// replaced, which is the address just past it, is a pointer to that other buffer (given as memory), and stays.
+#[cfg(not(feature = "gpu"))]
+#[test]
+fn a_pointer_to_the_next_buffer_stays_where_allocations_lie_end_to_end() {
+    let _serial = serial_on_two_devices();
+    let sim = common::sim().unwrap();
+    struct Gaps<'a>(&'a cuda_pinned_sim::Control);
+    impl Drop for Gaps<'_> {
+        fn drop(&mut self) {
+            self.0.lay_device_allocations_end_to_end(false);
+        }
+    }
+    sim.lay_device_allocations_end_to_end(true);
+    let _gaps = Gaps(sim);
+    let ctx = context();
+    let a = Stream::new(&ctx).unwrap();
+    let kernel = add_kernel(&ctx);
+    let host = Pinned::from_slice(&ctx, &data(N, 10)).unwrap();
+    let mut x = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+    let mut y = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+    assert_eq!(
+        y.as_raw(),
+        x.as_raw() + (N * 4) as u64,
+        "not laid end to end"
+    );
+    let mut graph = Graph::capture(&[&a], || {
+        let n = u32::try_from(N).unwrap();
+        // SAFETY: add_u32(const unsigned*, unsigned*, unsigned, unsigned) reads x[..n], writes y[..n].
+        unsafe {
+            a.launch(
+                &kernel,
+                LaunchConfig::for_elements(N, 256).unwrap(),
+                &[
+                    Arg::read(&x),
+                    Arg::write(&mut y),
+                    Arg::value(&1u32),
+                    Arg::value(&n),
+                ],
+            )
+        }
+    })
+    .unwrap();
+    let mut x2 = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+    a.upload(&host, &mut x2).unwrap();
+    graph.replace(&x, &mut x2).unwrap();
+    graph.launch(&a).unwrap();
+    let mut back = Pinned::<u32>::zeroed(&ctx, N).unwrap();
+    a.download(&y, &mut back).unwrap();
+    assert_eq!(back.as_slice().unwrap(), &plus(&data(N, 10), 1)[..]);
+    drop(x);
+}
