@@ -472,7 +472,7 @@ fn a_pointer_to_the_next_buffer_stays_where_allocations_lie_end_to_end() {
     let a = Stream::new(&ctx).unwrap();
     let kernel = add_kernel(&ctx);
     let host = Pinned::from_slice(&ctx, &data(N, 10)).unwrap();
-    let mut x = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+    let x = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
     let mut y = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
     assert_eq!(
         y.as_raw(),
