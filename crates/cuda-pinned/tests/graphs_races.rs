@@ -300,3 +300,37 @@ fn a_capture_whose_end_fails_leaves_its_stream_and_buffers_free() {
     a.download(&dev, &mut back).unwrap();
     assert_eq!(back.as_slice().unwrap(), &want[..]);
 }
+
+/// `Context::synchronize` looks at every stream of the context for a capture while another thread drops its
+/// streams: a stream whose last other handle goes while it is looked at is dropped by the look, which must not
+/// hold the list of streams then (the stream's drop takes it to leave: it deadlocked, found by fuzzing). Five
+/// seconds of synchronizations beside a thread that makes and drops streams, with a watchdog.
+#[test]
+fn a_synchronization_beside_streams_being_dropped_never_deadlocks() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _serial = serial_on_two_devices();
+    let ctx = common::device(0);
+    let (done, finished) = std::sync::mpsc::channel();
+    let looking = ctx.clone();
+    std::thread::spawn(move || {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (stopped, churned) = (stop.clone(), looking.clone());
+        let churn = std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                drop(Stream::new(&churned).unwrap());
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        });
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(5) {
+            looking.synchronize().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        churn.join().unwrap();
+        done.send(()).unwrap();
+    });
+    finished
+        .recv_timeout(Duration::from_secs(60))
+        .expect("Context::synchronize deadlocked beside a stream's drop");
+}

@@ -696,7 +696,10 @@ impl Context {
             .map(Known::alive)
             .unwrap_or_default();
         let capturing = handles.iter().any(|handle| {
-            lock(&handle.0.streams)
+            // A copy of the list: a stream upgraded from it may lose its last other handle meanwhile, and its
+            // drop takes the list's lock to leave it.
+            let streams = lock(&handle.0.streams).clone();
+            streams
                 .iter()
                 .filter_map(Weak::upgrade)
                 .any(|stream| stream.is_capturing())
