@@ -490,6 +490,70 @@ fn launches_back_to_back_are_all_waited_for() {
     );
 }
 
+/// How the host learns that a graph's launch is done: the ways a loop waits between launches.
+type Synchronize = fn(&Context, &Stream, &Graph, &Pinned<u32>);
+
+/// A graph that adds 1 to `x` at each launch (through `y`) and downloads `x` into a host buffer, launched on `a`,
+/// then waited for by `synchronize`, then launched again behind a hold: the second launch finds its buffers as
+/// the first left them, with the first launch's segment closed (and done), and joins the stream's next segment
+/// without touching their trackers. Eager work on `b` and the host must still wait for it. Returns what a
+/// download of `x` on `b` got, what the host read through the graph, and what the second launch writes.
+fn launch_after_a_synchronization(synchronize: Synchronize) -> [Vec<u32>; 3] {
+    let ctx = context();
+    let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let kernel = add_kernel(&ctx);
+    let values = data(N, 11);
+    let host = Pinned::from_slice(&ctx, &values).unwrap();
+    let mut x = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+    let mut y = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+    let mut output = Pinned::<u32>::zeroed(&ctx, N).unwrap();
+    a.upload(&host, &mut x).unwrap();
+    let mut graph = Graph::capture(&[&a], || {
+        add(&a, &kernel, &x, &mut y, 1)?;
+        add(&a, &kernel, &y, &mut x, 0)?;
+        a.download(&x, &mut output)
+    })
+    .unwrap();
+    graph.launch(&a).unwrap();
+    synchronize(&ctx, &a, &graph, &output);
+    let mut got = Pinned::<u32>::zeroed(&ctx, N).unwrap();
+    {
+        let _held = hold(&a, Duration::from_millis(300));
+        graph.launch(&a).unwrap();
+        b.download(&x, &mut got).unwrap();
+    }
+    let read = graph.host_slice(&output).unwrap().to_vec();
+    b.synchronize().unwrap();
+    let got = got.as_slice().unwrap().to_vec();
+    [got, read, plus(&values, 2)]
+}
+
+#[test]
+fn a_launch_right_after_a_synchronization_is_waited_for() {
+    let _serial = serial_on_two_devices();
+    let stream: Synchronize = |_, a, _, _| a.synchronize().unwrap();
+    let context: Synchronize = |ctx, _, _, _| ctx.synchronize().unwrap();
+    let read: Synchronize = |_, _, graph, output| drop(graph.host_slice(output).unwrap());
+    for (synchronize, how) in [
+        (stream, "a synchronization of the stream"),
+        (context, "a synchronization of the context"),
+        (read, "a read of the result through the graph"),
+    ] {
+        let [got, read, want] = launch_after_a_synchronization(synchronize);
+        let wrong = |values: &[u32]| values.iter().zip(&want).filter(|(v, w)| v != w).count();
+        assert_eq!(
+            wrong(&got),
+            0,
+            "after {how}, a download on another stream did not wait for the next launch (elements wrong)"
+        );
+        assert_eq!(
+            wrong(&read),
+            0,
+            "after {how}, the graph lent its host buffer before the next launch wrote it (elements wrong)"
+        );
+    }
+}
+
 /// A loop of a thousand steps, as an inference loop runs them: the input written through the graph, a launch,
 /// the output read through it, while another stream is kept busy with copies of its own. Every step's output is
 /// right, and the page-locked memory the process holds does not grow.

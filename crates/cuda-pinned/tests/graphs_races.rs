@@ -334,3 +334,86 @@ fn a_synchronization_beside_streams_being_dropped_never_deadlocks() {
         .recv_timeout(Duration::from_secs(60))
         .expect("Context::synchronize deadlocked beside a stream's drop");
 }
+
+/// One thread launches a graph that adds 1 to `x` (through `y`), synchronizing its stream every few launches
+/// (so the next launch, finding its buffers as the last one left them, moves the graph's point to a new
+/// segment without touching their trackers), while another thread downloads `x` on its own stream. Every
+/// download sees whole launches (`x` plus one number for every element) and never fewer than the one before.
+#[test]
+fn downloads_beside_launches_and_synchronizations_see_whole_launches() {
+    use cuda_pinned::{Arg, LaunchConfig};
+    let _serial = serial_on_two_devices();
+    let ctx = common::device(0);
+    let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let kernel = common::test_kernels(&ctx)
+        .unwrap()
+        .kernel("add_u32")
+        .unwrap();
+    let add = |x: &DeviceBuffer<u32>, y: &mut DeviceBuffer<u32>, n: u32| {
+        let len = u32::try_from(N).unwrap();
+        // SAFETY: add_u32(const unsigned*, unsigned*, unsigned, unsigned) reads x[..len] and writes y[..len].
+        unsafe {
+            a.launch(
+                &kernel,
+                LaunchConfig::for_elements(N, 256).unwrap(),
+                &[
+                    Arg::read(x),
+                    Arg::write(y),
+                    Arg::value(&n),
+                    Arg::value(&len),
+                ],
+            )
+        }
+    };
+    let values = data(N, 12);
+    let host = Pinned::from_slice(&ctx, &values).unwrap();
+    let mut x = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+    let mut y = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+    a.upload(&host, &mut x).unwrap();
+    let mut graph = Graph::capture(&[&a], || {
+        add(&x, &mut y, 1)?;
+        add(&y, &mut x, 0)
+    })
+    .unwrap();
+    let (mut launches, mut downloads) = (0u32, 0);
+    common::bounded("launches beside downloads", common::LIMIT, || {
+        std::thread::scope(|s| {
+            let launcher = s.spawn(|| {
+                let started = Instant::now();
+                while started.elapsed() < RACE {
+                    graph.launch(&a).unwrap();
+                    launches += 1;
+                    match launches % 4 {
+                        0 => a.synchronize().unwrap(),
+                        2 => ctx.synchronize().unwrap(),
+                        _ => {}
+                    }
+                }
+            });
+            let mut got = Pinned::<u32>::zeroed(&ctx, N).unwrap();
+            let mut seen = 0;
+            while !launcher.is_finished() {
+                b.download(&x, &mut got).unwrap();
+                let got = got.as_slice().unwrap();
+                let k = got[0].wrapping_sub(values[0]);
+                assert!(
+                    got.iter()
+                        .zip(&values)
+                        .all(|(g, v)| g.wrapping_sub(*v) == k),
+                    "a download saw part of a launch"
+                );
+                assert!(
+                    k >= seen,
+                    "a download saw {k} launches after one saw {seen}"
+                );
+                seen = k;
+                downloads += 1;
+            }
+            launcher.join().unwrap();
+        });
+    });
+    assert!(
+        launches > 10 && downloads > 10,
+        "{launches} launches, {downloads} downloads"
+    );
+}

@@ -22,6 +22,12 @@
 //! the stream, so while the lock is held the count can only fall (entries dropped elsewhere), which at worst
 //! records an event that turns out unneeded.
 //!
+//! A graph's launches (`Stream::tracked_launch`) leave entries that hold no segment but the graph's
+//! [`Launches`] on the stream: a forwarding point whose segment each launch moves to its own. So a launch that
+//! finds the graph's buffers untouched since the previous one touches none of their trackers, whether or not
+//! that one's segment has been closed since (by a synchronization, say), and its cost does not grow with the
+//! buffers. The graph's hold on its segment counts as one holder.
+//!
 //! Work enqueued on a stream through its raw handle (`Stream::as_raw`) is invisible: an entry whose segment is
 //! still open when such work follows gets an event behind that work. Enqueue other code's work through
 //! [`Stream::profile`] to keep marks precise.
@@ -32,9 +38,10 @@
 //! [`Stream::wait`]: crate::Stream::wait
 //! [`Stream::profile`]: crate::Stream::profile
 
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell, RefMut};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use super::calls;
 use super::context::Context;
@@ -101,6 +108,70 @@ impl Mark {
     /// event it has.
     pub(crate) fn set_event(&self, event: PooledEvent) {
         let _ = self.0.event.set(event);
+    }
+}
+
+/// Where a tracker entry's work ends on its stream: a segment of the stream's work, or a graph's latest launch
+/// there ([`Launches`]). Equal when it is the same segment, or the same graph's launches.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub(crate) enum Point {
+    /// The end of a segment.
+    Segment(Mark),
+    /// The end of a graph's latest launch on the entry's stream.
+    Launches(Launches),
+}
+
+impl Point {
+    /// The segment this point ends in now: for a graph's launches, the latest one's (read under its lock, so
+    /// never half-way through a launch).
+    pub(crate) fn segment(&self) -> Cow<'_, Mark> {
+        match self {
+            Point::Segment(mark) => Cow::Borrowed(mark),
+            Point::Launches(launches) => Cow::Owned(launches.latest().clone()),
+        }
+    }
+}
+
+/// A segment entry is replaced by work joining the same segment; a graph's entries only by its own launches,
+/// which count its hold themselves (`Stream::tracked_launch`).
+impl PartialEq<Mark> for Point {
+    fn eq(&self, mark: &Mark) -> bool {
+        matches!(self, Point::Segment(own) if own == mark)
+    }
+}
+
+/// The launches of one graph on one stream, as the trackers of the graph's buffers hold them: the segment of
+/// the latest one, which each launch moves to its own under the lock, so that a launch that finds its buffers'
+/// trackers untouched since the previous one (`Stream::tracked_launch`) needs to touch none of them: their
+/// entries already end wherever the graph's latest launch does. Lock order: a buffer's tracker, then this,
+/// then the stream's segment lock. Cheap to clone; equal when it is the same graph's on the same stream.
+#[derive(Clone)]
+pub(crate) struct Launches(Arc<Mutex<Mark>>);
+
+impl Launches {
+    /// The launches of a graph whose first one (here) joins `segment`.
+    pub(crate) fn new(segment: Mark) -> Launches {
+        Launches(Arc::new(Mutex::new(segment)))
+    }
+
+    /// The segment of the latest launch, locked: a launch moves it, a resolver reads it.
+    pub(crate) fn latest(&self) -> MutexGuard<'_, Mark> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl PartialEq for Launches {
+    fn eq(&self, other: &Launches) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Launches {}
+
+impl std::fmt::Debug for Launches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not locked: a tracker printed under it must not wait.
+        write!(f, "Launches({:p})", Arc::as_ptr(&self.0))
     }
 }
 

@@ -25,7 +25,7 @@ use bytemuck::Pod;
 use crate::copy::{PinnedDestination, PinnedSource};
 use crate::driver::{Capture, Context, Stream, calls};
 use crate::error::{Error, Result};
-use crate::memory::{Launched, Recording, Track, wait_unlocked};
+use crate::memory::{Launched, Recording, Track, wait_lent};
 use crate::sys::{CUevent, CUevent_flags, CUgraph, CUgraphExec};
 use crate::track::Access;
 use crate::{DeviceBuffer, Pinned, Registered};
@@ -231,7 +231,7 @@ impl Graph {
     /// An invalid-argument error for a buffer the graph does not use; the driver's, from the wait.
     pub fn host_slice<'a, T: Pod>(&'a self, buffer: &'a impl PinnedSource<T>) -> Result<&'a [T]> {
         let track = self.held_host(buffer.track())?;
-        wait_unlocked(track, Access::Read)?;
+        wait_lent(track, Access::Read)?;
         // SAFETY: `buffer` holds `elements()` initialised `T`s at `host_ptr()`, page-locked and aligned; no
         // device work writes them now, and none can be queued while the borrows live: eager work that writes
         // them needs `buffer` by `&mut`, a launch of this graph needs the graph by `&mut`, and no other graph
@@ -249,7 +249,7 @@ impl Graph {
         buffer: &'a mut impl PinnedDestination<T>,
     ) -> Result<&'a mut [T]> {
         let track = self.held_host(buffer.track())?;
-        wait_unlocked(track, Access::Write)?;
+        wait_lent(track, Access::Write)?;
         // SAFETY: as in `host_slice`, with no device work using the elements at all now, and both borrows
         // exclusive.
         Ok(unsafe {

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::ptr::NonNull;
 use std::task::{Context as TaskContext, Poll};
 
-use super::tracked::{Gpu, Track, lock};
+use super::tracked::{Gpu, Track, lock, peek};
 use crate::driver::Done;
 use crate::error::Result;
 use crate::track::Access;
@@ -125,6 +125,20 @@ pub(crate) fn wait_unlocked(track: &Track, access: Access) -> Result<()> {
     }
 }
 
+/// Blocks until no device work conflicts with a host `access` to the buffer of `track`, which a graph holds and
+/// lends to the host (`Graph::host_slice`), changing nothing in its tracker: the entries are waited for and
+/// stay recorded, and the tracker's version stays, so the graph's next launch may still find the trackers as
+/// its last one left them (`Stream::tracked_launch`). One look is enough: the lender's borrows keep every work
+/// that would conflict from being queued meanwhile (a write needs the buffer by `&mut`, and a launch of the
+/// graph needs the graph by `&mut`), and work queued before records its use under the lock the look takes.
+pub(crate) fn wait_lent(track: &Track, access: Access) -> Result<()> {
+    let conflicts = peek(track).conflicts(access);
+    for (stream, point) in conflicts {
+        Gpu.synchronize(&stream, &point)?;
+    }
+    Ok(())
+}
+
 /// The awaited form of `as_slice`: a future of a buffer's elements for reading, from
 /// [`Pinned::readable`](crate::Pinned::readable) and [`Registered::readable`](crate::Registered::readable).
 ///
@@ -184,7 +198,9 @@ fn poll_host(
             match tracker.first_conflict(access) {
                 // A segment still open on a stream still busy: its stream's point (a flag, written after the
                 // segment is closed) is awaited. (On a stream found idle, the tracker sees it complete below.)
-                Some((stream, mark)) if mark.is_open() && !stream.query()? => Some((stream, mark)),
+                Some((stream, mark)) if mark.segment().is_open() && !stream.query()? => {
+                    Some((stream, mark))
+                }
                 _ => {
                     if tracker.try_host(&Gpu, access)? {
                         return Poll::Ready(Ok(()));
@@ -197,7 +213,7 @@ fn poll_host(
             // Seen complete by another thread since: ask again.
             continue;
         };
-        *waiting = Some(Done::mark(&stream, mark));
+        *waiting = Some(Done::mark(&stream, mark.segment().into_owned()));
     }
 }
 

@@ -20,7 +20,7 @@ mod view;
 pub(crate) use captured::Recording;
 pub use device::DeviceBuffer;
 pub(crate) use device::Origin;
-pub(crate) use host::wait_unlocked;
+pub(crate) use host::wait_lent;
 pub use host::{Readable, Writable};
 pub(crate) use layout::byte_len;
 pub use numa::Placement;

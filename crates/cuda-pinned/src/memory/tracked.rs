@@ -10,13 +10,13 @@ use smallvec::SmallVec;
 use super::captured::{How, Recording};
 use crate::driver::calls;
 use crate::driver::context::Enqueue;
-use crate::driver::marks::Mark;
+use crate::driver::marks::{Launches, Point};
 use crate::driver::{Capture, Category, Stream};
 use crate::error::Result;
 use crate::track::{Access, Timeline, Tracker};
 
 /// The tracker of a buffer on the real device.
-pub(crate) type GpuTracker = Tracker<Stream, Mark>;
+pub(crate) type GpuTracker = Tracker<Stream, Point>;
 
 /// A buffer's record of the work in flight on it, shared by the buffer, its views and the graphs that use it
 /// (see `graph.rs`). (`pub` only so that the sealed copy traits can name it; the module is private, so users
@@ -161,11 +161,7 @@ pub(crate) fn refuse_if_held(track: &Track, what: &str) -> Result<()> {
 /// Locks a buffer's tracker. A panic while it was held (only possible from a bug in the tracker) leaves the
 /// state conservative, so the lock is taken over rather than propagated.
 pub(crate) fn lock(track: &Track) -> MutexGuard<'_, GpuTracker> {
-    let tracker = track
-        .0
-        .tracker
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
+    let tracker = peek(track);
     // Counted only while a graph holds the buffer, the one time anyone reads the count (a graph's launch, whose
     // buffers stay held while it lives): every other lock saves the increment. A lock that finds no hold comes
     // before the capture that took it, which a graph's first launch, down the full path, follows anyway.
@@ -173,6 +169,16 @@ pub(crate) fn lock(track: &Track) -> MutexGuard<'_, GpuTracker> {
         track.0.version.fetch_add(1, Ordering::AcqRel);
     }
     tracker
+}
+
+/// Locks a buffer's tracker without counting a version (see [`lock`]): for a caller that only reads the entries
+/// and changes nothing, at a time no launch of a graph can be queued (see `wait_lent`).
+pub(crate) fn peek(track: &Track) -> MutexGuard<'_, GpuTracker> {
+    track
+        .0
+        .tracker
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
 }
 
 /// What a tracked operation is, for the stream's observer (its ledger).
@@ -189,21 +195,23 @@ pub(crate) struct Gpu;
 
 impl Timeline for Gpu {
     type Stream = Stream;
-    type Mark = Mark;
+    type Mark = Point;
     type Error = crate::error::Error;
 
-    fn wait(&self, stream: &Stream, on: &Stream, mark: &Mark) -> Result<()> {
+    fn wait(&self, stream: &Stream, on: &Stream, point: &Point) -> Result<()> {
         // No stream query first: a wait for an event that has completed costs the device nothing, and the
         // query would cost the host as much as the record it might save.
-        let Some(event) = on.event_of(mark, false)? else {
+        let mark = point.segment();
+        let Some(event) = on.event_of(&mark, false)? else {
             return Ok(());
         };
         calls::stream_wait_event(stream.as_raw(), event.as_raw())
             .map_err(|e| e.context("making a stream wait for another stream's work"))
     }
 
-    fn is_complete(&self, on: &Stream, mark: &Mark) -> Result<bool> {
-        let Some(event) = on.event_of(mark, true)? else {
+    fn is_complete(&self, on: &Stream, point: &Point) -> Result<bool> {
+        let mark = point.segment();
+        let Some(event) = on.event_of(&mark, true)? else {
             return Ok(true);
         };
         let complete = event.query()?;
@@ -213,8 +221,9 @@ impl Timeline for Gpu {
         Ok(complete)
     }
 
-    fn synchronize(&self, on: &Stream, mark: &Mark) -> Result<()> {
-        let Some(event) = on.event_of(mark, true)? else {
+    fn synchronize(&self, on: &Stream, point: &Point) -> Result<()> {
+        let mark = point.segment();
+        let Some(event) = on.event_of(&mark, true)? else {
             return Ok(());
         };
         event.synchronize()?;
@@ -303,12 +312,12 @@ impl Stream {
             Work::Timed(category, name, bytes) => self.timed(category, name, bytes, enqueue),
             Work::Untimed => enqueue(),
         };
-        let mark = segment.mark();
+        let point = Point::Segment(segment.mark().clone());
         if let Some(r) = read.as_mut() {
-            r.record_use(self, &mark, Access::Read);
+            r.record_use(self, &point, Access::Read);
         }
         if let Some(w) = write.as_mut() {
-            w.record_use(self, &mark, Access::Write);
+            w.record_use(self, &point, Access::Write);
         }
         enqueued
     }
@@ -402,9 +411,9 @@ impl Stream {
             Work::Timed(category, name, bytes) => self.timed(category, name, bytes, enqueue),
             Work::Untimed => enqueue(),
         };
-        let mark = segment.mark();
+        let point = Point::Segment(segment.mark().clone());
         for (tracker, access) in locked.iter_mut() {
-            tracker.record_use(self, &mark, *access);
+            tracker.record_use(self, &point, *access);
         }
         enqueued
     }
@@ -442,9 +451,9 @@ impl Stream {
             let mut locked = Locked(SmallVec::new());
             locked.lock(uses);
             let segment = self.segment();
-            let mark = segment.mark();
+            let point = Point::Segment(segment.mark().clone());
             for (tracker, access) in locked.iter_mut() {
-                tracker.record_use(self, &mark, *access);
+                tracker.record_use(self, &point, *access);
             }
         }
         match ran {
@@ -454,11 +463,12 @@ impl Stream {
     }
 }
 
-/// Where a graph's last launch left its buffers (`Stream::tracked_launch`): the stream and segment it joined,
-/// and each buffer's tracker version right after its use was recorded.
+/// Where a graph's last launch left its buffers (`Stream::tracked_launch`): the stream it was on, the graph's
+/// launches there as its buffers' entries hold them, and each buffer's tracker version right after its use was
+/// recorded.
 pub(crate) struct Launched {
     stream: Stream,
-    mark: Mark,
+    launches: Launches,
     versions: Vec<u64>,
 }
 
@@ -467,12 +477,14 @@ impl Stream {
     /// (one per allocation, in the order of their keys), as [`Stream::tracked_uses`] does, with `last` what
     /// the graph's previous launch left.
     ///
-    /// Where that launch was on this stream, the stream's current segment is still the one it joined (open:
-    /// no event, not seen complete) and no buffer's tracker has been locked since (the versions), the trackers
-    /// already say what this launch needs: each holds this stream's entry at that segment, which any wait for
-    /// it resolves under this stream's segment lock (the segment being open), which this holds while it
-    /// queues. So the launch joins the segment and touches no tracker: its cost does not grow with the
-    /// buffers. Otherwise every tracker is locked, waited for and recorded.
+    /// The entries a launch records end at the graph's [`Launches`] on the stream, not at a segment. Where the
+    /// previous launch was on this stream and no buffer's tracker has been locked since (the versions), those
+    /// entries already say what this launch needs, once the launches' segment is moved to the stream's current
+    /// one, which this launch joins: so it touches no tracker, and its cost does not grow with the buffers,
+    /// whether or not the previous launch's segment has been closed since. It holds the launches' lock from the
+    /// look at the versions until it has queued, and whoever resolves an entry (under its tracker's lock, which
+    /// changes the version first) reads the segment under that lock: either the look sees the new version, or the
+    /// resolver sees this launch. Otherwise every tracker is locked, waited for and recorded.
     pub(crate) fn tracked_launch(
         &self,
         uses: &[(Track, Access)],
@@ -480,21 +492,28 @@ impl Stream {
         enqueue: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
         let _enqueue = self.context().enqueue()?;
-        if let Some(previous) = last.take().filter(|l| l.stream == *self) {
+        let previous = last.take().filter(|l| l.stream == *self);
+        if let Some(same) = previous.as_ref() {
+            let mut latest = same.launches.latest();
             let segment = self.segment();
             self.refuse_in_capture("launching a graph")?;
-            let unchanged = *segment.mark() == previous.mark
-                && previous.mark.is_open()
-                && uses
-                    .iter()
-                    .zip(&previous.versions)
-                    .all(|((track, _), &version)| track.version() == version);
+            let unchanged = uses
+                .iter()
+                .zip(&same.versions)
+                .all(|((track, _), &version)| track.version() == version);
             if unchanged {
+                {
+                    let current = segment.mark();
+                    if *latest != *current {
+                        *latest = current.clone();
+                    }
+                }
                 let enqueued = self.timed(Category::Kernel, "graph", 0, enqueue);
-                *last = Some(previous);
+                drop(segment);
+                drop(latest);
+                *last = previous;
                 return enqueued;
             }
-            // The previous launch's hold on the segment goes before `begin` counts its holders.
         }
         let mut trackers: Vec<MutexGuard<'_, GpuTracker>> = Vec::with_capacity(uses.len());
         for (track, _) in uses {
@@ -503,23 +522,33 @@ impl Stream {
         for (tracker, (_, access)) in trackers.iter_mut().zip(uses) {
             tracker.prepare(&Gpu, self, *access)?;
         }
+        let launches = previous.map(|l| l.launches);
+        let mut latest = launches.as_ref().map(Launches::latest);
         let segment = self.begin(|current| {
+            // The graph's hold on the segment, if its latest launch here joined it, goes with this launch too.
+            let graph = latest.as_deref().is_some_and(|mark| mark == current);
             trackers
                 .iter()
                 .zip(uses)
                 .map(|(tracker, (_, access))| tracker.replaced_at(self, current, *access))
-                .sum()
+                .sum::<usize>()
+                + usize::from(graph)
         })?;
         // Recorded even if the enqueue failed, as in `tracked_as`.
         let enqueued = self.timed(Category::Kernel, "graph", 0, enqueue);
-        let mark = segment.mark().clone();
+        if let Some(mark) = latest.as_deref_mut() {
+            *mark = segment.mark().clone();
+        }
+        drop(latest);
+        let launches = launches.unwrap_or_else(|| Launches::new(segment.mark().clone()));
+        let point = Point::Launches(launches.clone());
         for (tracker, (_, access)) in trackers.iter_mut().zip(uses) {
-            tracker.record_use(self, &mark, *access);
+            tracker.record_use(self, &point, *access);
         }
         if enqueued.is_ok() {
             *last = Some(Launched {
                 stream: self.clone(),
-                mark,
+                launches,
                 versions: uses.iter().map(|(track, _)| track.version()).collect(),
             });
         }

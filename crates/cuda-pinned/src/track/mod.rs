@@ -154,6 +154,20 @@ impl<S: Clone + Eq, M: Clone + Eq> Tracker<S, M> {
             .collect()
     }
 
+    /// The stream and mark of every entry that conflicts with a host `access` (as in [`Tracker::host_wait`]),
+    /// cloned: for a caller that waits for them without the lock and leaves them recorded.
+    pub(crate) fn conflicts(&self, access: Access) -> Vec<(S, M)> {
+        let reads = match access {
+            Access::Read => &[][..],
+            Access::Write => &self.reads[..],
+        };
+        self.write
+            .iter()
+            .chain(reads)
+            .map(|entry| (entry.stream.clone(), entry.mark.clone()))
+            .collect()
+    }
+
     /// The stream and mark of one entry that conflicts with a host `access` (as in [`Tracker::host_wait`]), if
     /// any: the write first. For a caller that waits for it without holding the lock the tracker is behind, then
     /// asks again.
@@ -170,7 +184,10 @@ impl<S: Clone + Eq, M: Clone + Eq> Tracker<S, M> {
 
     /// How many entries [`Tracker::record_use`] of `access` on `stream` would replace that are at `mark`: the
     /// caller's way to know whether anything else still needs the work before `mark` (see `driver/marks.rs`).
-    pub(crate) fn replaced_at(&self, stream: &S, mark: &M, access: Access) -> usize {
+    pub(crate) fn replaced_at<Q: ?Sized>(&self, stream: &S, mark: &Q, access: Access) -> usize
+    where
+        M: PartialEq<Q>,
+    {
         let at = |entry: &Entry<S, M>| entry.stream == *stream && entry.mark == *mark;
         let read = self.reads.iter().filter(|read| at(read)).count();
         match access {

@@ -39,7 +39,7 @@ use super::pinned::{Pinned, PinnedBuilder};
 use super::release::{retire, reuse};
 use super::tracked::{Gpu, GpuTracker};
 use crate::driver::Stream;
-use crate::driver::marks::Mark;
+use crate::driver::marks::Point;
 use crate::driver::{Context, Done};
 use crate::error::{Error, Result};
 use crate::track::Timeline;
@@ -112,7 +112,7 @@ struct Shared {
     max_wait: Duration,
     pinning: Pinning,
     placement: Placement,
-    state: Mutex<PoolState<Block, Stream, Mark>>,
+    state: Mutex<PoolState<Block, Stream, Point>>,
     /// Signalled whenever room may have been made (a buffer given back, a pin that failed), for the requests
     /// waiting for room.
     room: Condvar,
@@ -404,7 +404,7 @@ impl PinnedPool {
     /// blocks to the release thread and pins a block of the reservation's class, without the lock.
     fn pin<T>(
         &self,
-        mut state: MutexGuard<'_, PoolState<Block, Stream, Mark>>,
+        mut state: MutexGuard<'_, PoolState<Block, Stream, Point>>,
         reservation: Reservation,
         evict: Vec<Block>,
         len: usize,
@@ -553,13 +553,13 @@ impl Shared {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, PoolState<Block, Stream, Mark>> {
+    fn lock(&self) -> MutexGuard<'_, PoolState<Block, Stream, Point>> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn exhausted(
         &self,
-        state: &PoolState<Block, Stream, Mark>,
+        state: &PoolState<Block, Stream, Point>,
         requested: usize,
         waited: Duration,
     ) -> Error {
@@ -697,7 +697,7 @@ impl<T: Pod> PoolAlloc<'_, T> {
                         .into_iter()
                         .next()
                         .expect("a pending block has work recorded");
-                    self.device = Some(Done::mark(&stream, mark));
+                    self.device = Some(Done::mark(&stream, mark.segment().into_owned()));
                     continue;
                 }
                 if self.waits == Waits::ForDevice {
