@@ -554,6 +554,34 @@ fn a_launch_right_after_a_synchronization_is_waited_for() {
     }
 }
 
+/// Eager work on the launch stream between two launches of a graph keeps an event of its own: the second
+/// launch, which finds the graph's buffers as the first left them and touches none of their trackers, still
+/// closes the segment that work joined before it queues, so that waiting for that work never waits for the
+/// launch too (a false dependency, which the simulated driver reports as the test ends). The stream is held
+/// from before that work, so that the launch is still queued when another stream waits for the work.
+#[test]
+fn eager_work_between_two_launches_is_waited_for_without_the_second() {
+    let _serial = serial_on_two_devices();
+    let ctx = context();
+    let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let kernel = add_kernel(&ctx);
+    let x = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+    let mut y = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+    let mut graph = Graph::capture(&[&a], || add(&a, &kernel, &x, &mut y, 1)).unwrap();
+    let values = data(N, 13);
+    let host = Pinned::from_slice(&ctx, &values).unwrap();
+    let mut z = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+    let mut got = Pinned::<u32>::zeroed(&ctx, N).unwrap();
+    graph.launch(&a).unwrap();
+    {
+        let _held = hold(&a, Duration::from_millis(300));
+        a.upload(&host, &mut z).unwrap();
+        graph.launch(&a).unwrap();
+        b.download(&z, &mut got).unwrap();
+    }
+    assert_eq!(got.as_slice().unwrap(), &values[..]);
+}
+
 /// A loop of a thousand steps, as an inference loop runs them: the input written through the graph, a launch,
 /// the output read through it, while another stream is kept busy with copies of its own. Every step's output is
 /// right, and the page-locked memory the process holds does not grow.

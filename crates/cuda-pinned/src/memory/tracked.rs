@@ -480,11 +480,12 @@ impl Stream {
     /// The entries a launch records end at the graph's [`Launches`] on the stream, not at a segment. Where the
     /// previous launch was on this stream and no buffer's tracker has been locked since (the versions), those
     /// entries already say what this launch needs, once the launches' segment is moved to the stream's current
-    /// one, which this launch joins: so it touches no tracker, and its cost does not grow with the buffers,
-    /// whether or not the previous launch's segment has been closed since. It holds the launches' lock from the
-    /// look at the versions until it has queued, and whoever resolves an entry (under its tracker's lock, which
-    /// changes the version first) reads the segment under that lock: either the look sees the new version, or the
-    /// resolver sees this launch. Otherwise every tracker is locked, waited for and recorded.
+    /// one, which this launch joins (closed first where other work's entries hold it, as `begin` does for any
+    /// operation): so it touches no tracker, and its cost does not grow with the buffers, whether or not the
+    /// previous launch's segment has been closed since (by a synchronization, say). It holds the launches' lock
+    /// from the look at the versions until it has queued, and whoever resolves an entry (under its tracker's
+    /// lock, which changes the version first) reads the segment under that lock: either the look sees the new
+    /// version, or the resolver sees this launch. Otherwise every tracker is locked, waited for and recorded.
     pub(crate) fn tracked_launch(
         &self,
         uses: &[(Track, Access)],
@@ -495,13 +496,14 @@ impl Stream {
         let previous = last.take().filter(|l| l.stream == *self);
         if let Some(same) = previous.as_ref() {
             let mut latest = same.launches.latest();
-            let segment = self.segment();
-            self.refuse_in_capture("launching a graph")?;
             let unchanged = uses
                 .iter()
                 .zip(&same.versions)
                 .all(|((track, _), &version)| track.version() == version);
             if unchanged {
+                // Closed first where other entries hold the current segment (work queued since the last
+                // launch), so that their event comes before this launch, as for any operation (`begin`).
+                let segment = self.begin(|current| usize::from(*latest == *current))?;
                 {
                     let current = segment.mark();
                     if *latest != *current {
