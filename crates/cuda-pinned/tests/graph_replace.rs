@@ -12,7 +12,9 @@ mod common;
 use std::time::Duration;
 
 use common::{data, hold, serial_on_two_devices};
-use cuda_pinned::{Arg, Context, DeviceBuffer, Graph, Kernel, LaunchConfig, Pinned, Stream, Use};
+use cuda_pinned::{
+    Arg, Context, DeviceBuffer, Graph, Kernel, LaunchConfig, Pinned, PinnedBuilder, Stream, Use,
+};
 
 const N: usize = 1 << 12;
 
@@ -137,6 +139,43 @@ fn launches_after_a_replace_use_the_new_buffers_only() {
             .unwrap()
             .iter()
             .eq(plus(&data(N, 2), 1).iter())
+    );
+}
+
+/// Host memory of another device's context replaces the step's input and output: page-locked memory serves
+/// every context's copies (under unified addressing, whatever the portable flag says), so the graph's copies
+/// move to it and the launches read and write it. Where the machine has one device, there is nothing to show.
+#[test]
+fn host_buffers_of_another_context_replace_the_graphs_own() {
+    let _serial = serial_on_two_devices();
+    if common::device_count() < 2 {
+        return;
+    }
+    let ctx = context();
+    let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let kernel = add_kernel(&ctx);
+    let mut step = Step::new(&ctx, &a, 4);
+    let mut graph = step.capture(&kernel, &a, &b);
+    let other = common::device(1);
+    for portable in [true, false] {
+        let build = || PinnedBuilder::new(&other).portable(portable);
+        let mut input = build().from_slice(&data(N, 5)).unwrap();
+        let mut output = build().zeroed::<u32>(N).unwrap();
+        graph.replace(&step.input, &mut input).unwrap();
+        graph.replace(&step.output, &mut output).unwrap();
+        graph.launch(&a).unwrap();
+        assert_eq!(
+            graph.host_slice(&output).unwrap(),
+            &plus(&data(N, 5), 1)[..],
+            "the launch after a replace by host memory of another context (portable: {portable})"
+        );
+        graph.replace(&input, &mut step.input).unwrap();
+        graph.replace(&output, &mut step.output).unwrap();
+    }
+    graph.launch(&a).unwrap();
+    assert_eq!(
+        graph.host_slice(&step.output).unwrap(),
+        &plus(&data(N, 4), 1)[..]
     );
 }
 
