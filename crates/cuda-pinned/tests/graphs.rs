@@ -533,7 +533,9 @@ fn a_launch_right_after_a_synchronization_is_waited_for() {
     let _serial = serial_on_two_devices();
     let stream: Synchronize = |_, a, _, _| a.synchronize().unwrap();
     let context: Synchronize = |ctx, _, _, _| ctx.synchronize().unwrap();
-    let read: Synchronize = |_, _, graph, output| drop(graph.host_slice(output).unwrap());
+    let read: Synchronize = |_, _, graph, output| {
+        graph.host_slice(output).unwrap();
+    };
     for (synchronize, how) in [
         (stream, "a synchronization of the stream"),
         (context, "a synchronization of the context"),

@@ -284,7 +284,8 @@ impl Graph {
     /// [`Stream::launch`], a parameter given as memory ([`Arg::read`](crate::Arg::read), ...) moves where it is
     /// `old`, and one given as a value of 8 bytes moves where it lies inside `old` or just past its end (an end
     /// pointer; the contract of [`Stream::launch`] leaves a value no other buffer to stand for). Host memory
-    /// moves at its host address and at the device address it is mapped at, where that differs. Nothing
+    /// moves at its host address and at the device address it is mapped at, where that differs; a host `new`
+    /// may be of another device's context (page-locked memory serves every context's copies). Nothing
     /// changes where the crate cannot move every use of `old`: a kernel parameter wider than 8 bytes (a struct)
     /// that holds an address inside it; foreign work declared in the capture that uses it (its nodes may keep
     /// the address where the crate cannot see); in a kernel the crate did not launch, a parameter of 8 bytes
