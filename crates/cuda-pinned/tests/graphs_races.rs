@@ -417,3 +417,97 @@ fn downloads_beside_launches_and_synchronizations_see_whole_launches() {
         "{launches} launches, {downloads} downloads"
     );
 }
+
+/// A launch on the short path looks at its buffers' versions under its stream's segment lock: work of the
+/// crate on that stream replaces the graph's entries under the same lock. Here a `Stream::profile` closure on
+/// `a` (which holds `a`'s segment lock while it runs) keeps the launch of another thread waiting, then writes
+/// `p`, a buffer the graph writes, eagerly on `a`, and holds `a`. The launch, let through next, must see that
+/// `p`'s tracker changed and record itself there: the graph's read of `p` then waits for it, and reads what
+/// the launch wrote, not what the eager work did. (Had it looked at the versions before taking the lock, it
+/// would have queued without a trace in `p`'s tracker.)
+#[test]
+fn a_launch_let_through_after_eager_work_on_its_stream_still_records_itself() {
+    use std::sync::mpsc;
+    let _serial = serial_on_two_devices();
+    let (got, _) = common::on_a_thread("a launch beside a profiled closure", common::LIMIT, || {
+        let ctx = common::device(0);
+        let a = Stream::new(&ctx).unwrap();
+        let (launched, eager) = (data(N, 1), data(N, 2));
+        // Kept to the end: a release of page-locked memory meanwhile would hold the launch back elsewhere.
+        let hosts = [&launched, &eager].map(|values| Pinned::from_slice(&ctx, values).unwrap());
+        let [x, y] = hosts.each_ref().map(|host| {
+            let mut buffer = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+            a.upload(host, &mut buffer).unwrap();
+            buffer
+        });
+        let mut p = Pinned::<u32>::zeroed(&ctx, N).unwrap();
+        let mut graph = Graph::capture(&[&a], || a.download(&x, &mut p)).unwrap();
+        graph.launch(&a).unwrap();
+        a.synchronize().unwrap();
+        let (go, wait) = mpsc::channel::<()>();
+        let held = std::thread::scope(|s| {
+            let (a, graph) = (&a, &mut graph);
+            s.spawn(move || {
+                wait.recv().unwrap();
+                graph.launch(a).unwrap();
+            });
+            a.profile("user work", 0, || {
+                go.send(()).unwrap();
+                // The launch is waiting for `a` by now.
+                std::thread::sleep(Duration::from_millis(300));
+                a.download(&y, &mut p)?;
+                Ok(common::hold(a, Duration::from_secs(5)))
+            })
+            .unwrap()
+        });
+        // The hold ends on another thread a while later: the read must wait for the launch behind it.
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(held);
+        });
+        let read = graph.host_slice(&p).unwrap().to_vec();
+        release.join().unwrap();
+        (read == launched, read == eager)
+    });
+    assert!(
+        got.0,
+        "the graph lent `p` before the launch queued after the eager work had written it (the eager \
+         write read: {})",
+        got.1
+    );
+}
+
+/// A launch on the short path holds no lock while it waits for its stream's segment lock: a `Stream::profile`
+/// closure on that stream (holding the lock) may read the graph's buffers on another stream, whose trackers'
+/// entries it resolves through the graph's point. It deadlocked when the launch took the point's lock first.
+#[test]
+fn a_launch_beside_a_profiled_closure_reading_its_buffers_never_deadlocks() {
+    use std::sync::mpsc;
+    let _serial = serial_on_two_devices();
+    let (got, _) = common::on_a_thread("a launch beside a profiled read", common::LIMIT, || {
+        let ctx = common::device(0);
+        let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+        let want = data(N, 3);
+        let host = Pinned::from_slice(&ctx, &want).unwrap();
+        let mut x = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+        let mut graph = Graph::capture(&[&a], || a.upload(&host, &mut x)).unwrap();
+        graph.launch(&a).unwrap();
+        let mut got = Pinned::<u32>::zeroed(&ctx, N).unwrap();
+        let (go, wait) = mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            let (a, graph) = (&a, &mut graph);
+            s.spawn(move || {
+                wait.recv().unwrap();
+                graph.launch(a).unwrap();
+            });
+            a.profile("user work", 0, || {
+                go.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(300));
+                b.download(&x, &mut got)
+            })
+            .unwrap();
+        });
+        got.as_slice().unwrap().to_vec() == want
+    });
+    assert!(got, "the download on another stream read `x` before a launch wrote it");
+}

@@ -143,8 +143,9 @@ impl PartialEq<Mark> for Point {
 /// The launches of one graph on one stream, as the trackers of the graph's buffers hold them: the segment of
 /// the latest one, which each launch moves to its own under the lock, so that a launch that finds its buffers'
 /// trackers untouched since the previous one (`Stream::tracked_launch`) needs to touch none of them: their
-/// entries already end wherever the graph's latest launch does. Lock order: a buffer's tracker, then this,
-/// then the stream's segment lock. Cheap to clone; equal when it is the same graph's on the same stream.
+/// entries already end wherever the graph's latest launch does. Lock order: a buffer's tracker, then the
+/// stream's segment lock, then this; whoever holds it takes no other lock of the tracking but a segment lock
+/// it holds already. Cheap to clone; equal when it is the same graph's on the same stream.
 #[derive(Clone)]
 pub(crate) struct Launches(Arc<Mutex<Mark>>);
 

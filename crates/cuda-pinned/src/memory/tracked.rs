@@ -482,10 +482,16 @@ impl Stream {
     /// entries already say what this launch needs, once the launches' segment is moved to the stream's current
     /// one, which this launch joins (closed first where other work's entries hold it, as `begin` does for any
     /// operation): so it touches no tracker, and its cost does not grow with the buffers, whether or not the
-    /// previous launch's segment has been closed since (by a synchronization, say). It holds the launches' lock
-    /// from the look at the versions until it has queued, and whoever resolves an entry (under its tracker's
-    /// lock, which changes the version first) reads the segment under that lock: either the look sees the new
-    /// version, or the resolver sees this launch. Otherwise every tracker is locked, waited for and recorded.
+    /// previous launch's segment has been closed since (by a synchronization, say).
+    ///
+    /// Why that is sound: whoever changes or resolves an entry first locks its tracker, which changes the
+    /// version. Work on this stream replaces an entry under this stream's segment lock, which the launch holds
+    /// from the look at the versions until it has queued: either the look sees the new version, or that work
+    /// comes after the launch. A resolver on another stream reads the segment of the launches under their
+    /// lock, which the launch holds from the look until it has moved the segment to the current one: either
+    /// the look sees the new version, or the resolver sees the current segment, whose event (recorded under
+    /// the segment lock, so after the launch) it waits for. Otherwise every tracker is locked, waited for and
+    /// recorded.
     pub(crate) fn tracked_launch(
         &self,
         uses: &[(Track, Access)],
@@ -495,6 +501,7 @@ impl Stream {
         let _enqueue = self.context().enqueue()?;
         let previous = last.take().filter(|l| l.stream == *self);
         if let Some(same) = previous.as_ref() {
+            let segment = self.segment();
             let mut latest = same.launches.latest();
             let unchanged = uses
                 .iter()
@@ -502,7 +509,7 @@ impl Stream {
                 .all(|((track, _), &version)| track.version() == version);
             if unchanged {
                 // Closed first where other entries hold the current segment (work queued since the last
-                // launch), so that their event comes before this launch, as for any operation (`begin`).
+                // launch), so that their event comes before this launch, as for any operation.
                 let segment = self.begin(|current| usize::from(*latest == *current))?;
                 {
                     let current = segment.mark();
@@ -510,12 +517,14 @@ impl Stream {
                         *latest = current.clone();
                     }
                 }
+                drop(latest);
                 let enqueued = self.timed(Category::Kernel, "graph", 0, enqueue);
                 drop(segment);
-                drop(latest);
                 *last = previous;
                 return enqueued;
             }
+            drop(latest);
+            drop(segment);
         }
         let mut trackers: Vec<MutexGuard<'_, GpuTracker>> = Vec::with_capacity(uses.len());
         for (track, _) in uses {
@@ -525,10 +534,11 @@ impl Stream {
             tracker.prepare(&Gpu, self, *access)?;
         }
         let launches = previous.map(|l| l.launches);
-        let mut latest = launches.as_ref().map(Launches::latest);
         let segment = self.begin(|current| {
             // The graph's hold on the segment, if its latest launch here joined it, goes with this launch too.
-            let graph = latest.as_deref().is_some_and(|mark| mark == current);
+            let graph = launches
+                .as_ref()
+                .is_some_and(|launches| *launches.latest() == *current);
             trackers
                 .iter()
                 .zip(uses)
@@ -538,11 +548,13 @@ impl Stream {
         })?;
         // Recorded even if the enqueue failed, as in `tracked_as`.
         let enqueued = self.timed(Category::Kernel, "graph", 0, enqueue);
-        if let Some(mark) = latest.as_deref_mut() {
-            *mark = segment.mark().clone();
-        }
-        drop(latest);
-        let launches = launches.unwrap_or_else(|| Launches::new(segment.mark().clone()));
+        let launches = match launches {
+            Some(launches) => {
+                *launches.latest() = segment.mark().clone();
+                launches
+            }
+            None => Launches::new(segment.mark().clone()),
+        };
         let point = Point::Launches(launches.clone());
         for (tracker, (_, access)) in trackers.iter_mut().zip(uses) {
             tracker.record_use(self, &point, *access);
