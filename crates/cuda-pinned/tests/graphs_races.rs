@@ -456,7 +456,7 @@ fn a_launch_let_through_after_eager_work_on_its_stream_still_records_itself() {
                 // The launch is waiting for `a` by now.
                 std::thread::sleep(Duration::from_millis(300));
                 a.download(&y, &mut p)?;
-                Ok(common::hold(a, Duration::from_secs(5)))
+                Ok(common::hold(a, Duration::from_secs(1)))
             })
             .unwrap()
         });
@@ -509,5 +509,66 @@ fn a_launch_beside_a_profiled_closure_reading_its_buffers_never_deadlocks() {
         });
         got.as_slice().unwrap().to_vec() == want
     });
-    assert!(got, "the download on another stream read `x` before a launch wrote it");
+    assert!(
+        got,
+        "the download on another stream read `x` before a launch wrote it"
+    );
+}
+
+/// Other code's work declared on a graph's buffer by another thread (`Stream::enqueue_foreign`), its closure
+/// still running when the graph is launched: the launch (which uses the buffer without borrowing it) waits
+/// for the closure to return and then, on the device, for that work; the buffer's tracker then keeps the
+/// launch. A launch that did not wait queued without waiting for the foreign work, whose use, recorded when its
+/// closure returned, then replaced the launch's: a read of the buffer waited for the foreign work only, and
+/// read it while the launch was still held back.
+#[test]
+fn a_launch_beside_a_declared_closure_on_its_buffer_waits_for_it() {
+    use cuda_pinned::Use;
+    use std::sync::mpsc;
+    let _serial = serial_on_two_devices();
+    let (got, _) = common::on_a_thread("a launch beside declared work", common::LIMIT, || {
+        let ctx = common::device(0);
+        let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+        let values = data(N, 21);
+        let host = Pinned::from_slice(&ctx, &values).unwrap();
+        let mut x = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+        let mut graph = Graph::capture(&[&a], || a.upload(&host, &mut x)).unwrap();
+        graph.launch(&a).unwrap();
+        a.synchronize().unwrap();
+        let address = x.as_raw();
+        let (go, wait) = mpsc::channel::<()>();
+        let held = std::thread::scope(|s| {
+            let (b, x) = (&b, &mut x);
+            s.spawn(move || {
+                // SAFETY: a memset of the N elements of `x`, declared written, on the stream given.
+                unsafe {
+                    b.enqueue_foreign(&[Use::write(x)], |raw| {
+                        go.send(()).unwrap();
+                        std::thread::sleep(Duration::from_millis(300));
+                        cuda_pinned::driver_call!(cuMemsetD32Async(address, 7, N, raw)).unwrap();
+                    })
+                }
+                .unwrap();
+            });
+            wait.recv().unwrap();
+            let held = common::hold(&a, Duration::from_secs(1));
+            graph.launch(&a).unwrap();
+            held
+        });
+        // The launch is held back a while longer: a read that waits for it gets what it wrote.
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(held);
+        });
+        let mut got = Pinned::<u32>::zeroed(&ctx, N).unwrap();
+        b.download(&x, &mut got).unwrap();
+        let got = got.as_slice().unwrap().to_vec();
+        release.join().unwrap();
+        (got == values, got.iter().all(|&v| v == 7))
+    });
+    assert!(
+        got.0,
+        "a read after the launch did not get what the launch wrote (it got the foreign work's: {})",
+        got.1
+    );
 }

@@ -3,7 +3,7 @@
 //! the crate's operations enqueue work between the tracker's waits and records ([`Stream::tracked`]).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use smallvec::SmallVec;
 
@@ -33,6 +33,9 @@ struct Shared {
     version: AtomicU64,
     /// The graphs (and captures in progress) that use the allocation; changed under `orphan`'s lock.
     graphs: AtomicUsize,
+    /// Other code's work declared on the buffer, reading and writing it, whose closure is running
+    /// (`Stream::declared`): waited for, and recorded, only once it returns. Changed under the tracker's lock.
+    declaring: [AtomicUsize; 2],
     /// Whether the allocation is host memory (the host reaches it through accessors).
     host: bool,
     /// The release of the allocation, handed over by its owner's drop while graphs still held it: run when the
@@ -72,6 +75,25 @@ impl Track {
     /// How many times the tracker has been locked while a graph held the buffer.
     pub(crate) fn version(&self) -> u64 {
         self.0.version.load(Ordering::Acquire)
+    }
+
+    /// Counts declared work of `access` whose closure runs from now on (`Stream::declared`), or (`ended`) no
+    /// longer runs. Call it under the tracker's lock.
+    fn declaring(&self, access: Access, ended: bool) {
+        let count = &self.0.declaring[usize::from(access == Access::Write)];
+        if ended {
+            count.fetch_sub(1, Ordering::AcqRel);
+        } else {
+            count.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Whether declared work whose closure is running conflicts with a use of `access`: its use is not recorded
+    /// yet. Ask it under the tracker's lock.
+    fn declared_conflict(&self, access: Access) -> bool {
+        let [reading, writing] = &self.0.declaring;
+        writing.load(Ordering::Acquire) > 0
+            || (access == Access::Write && reading.load(Ordering::Acquire) > 0)
     }
 
     fn orphan(&self) -> MutexGuard<'_, Option<Orphan>> {
@@ -422,9 +444,11 @@ impl Stream {
     /// the waits for conflicting work and the record of the uses, as [`Stream::tracked_uses`] does, but with no
     /// lock of the crate held while it runs (it may call the crate, and block), only the device's gate for
     /// reading. That is sound because the uses borrow their buffers: nobody writes a declared buffer meanwhile
-    /// and nobody frees one. The uses are recorded at the stream's end after `enqueue` returns (possibly later
-    /// than the work itself: never earlier), and also if it unwinds, so that work it enqueued before a panic is
-    /// still waited for.
+    /// and nobody frees one, but for a graph's launch, which uses its buffers without borrowing them: the
+    /// buffers count the closure as running (`Track::declaring`), and a launch that would conflict with it
+    /// waits for it to return (`Stream::tracked_launch`). The uses are recorded at the stream's end after
+    /// `enqueue` returns (possibly later than the work itself: never earlier), and also if it unwinds, so that
+    /// work it enqueued before a panic is still waited for.
     pub(crate) fn declared<R>(
         &self,
         uses: &mut [(&Track, Access)],
@@ -445,6 +469,11 @@ impl Stream {
             }
             // The crate's earlier work on this stream keeps an event of its own, not delayed by what follows.
             self.close_segment()?;
+            // A graph's launch, which uses the buffers without borrowing them, waits until the uses are
+            // recorded below.
+            for (track, access) in uses.iter() {
+                track.declaring(*access, false);
+            }
         }
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(enqueue));
         {
@@ -455,7 +484,11 @@ impl Stream {
             for (tracker, access) in locked.iter_mut() {
                 tracker.record_use(self, &point, *access);
             }
+            for (track, access) in uses.iter() {
+                track.declaring(*access, true);
+            }
         }
+        DECLARED.ended();
         match ran {
             Ok(value) => Ok(value),
             Err(panic) => std::panic::resume_unwind(panic),
@@ -526,10 +559,22 @@ impl Stream {
             drop(latest);
             drop(segment);
         }
-        let mut trackers: Vec<MutexGuard<'_, GpuTracker>> = Vec::with_capacity(uses.len());
-        for (track, _) in uses {
-            trackers.push(lock(track));
-        }
+        let mut trackers = loop {
+            let seen = DECLARED.seen();
+            let trackers: Vec<MutexGuard<'_, GpuTracker>> =
+                uses.iter().map(|(track, _)| lock(track)).collect();
+            if !uses
+                .iter()
+                .any(|(track, access)| track.declared_conflict(*access))
+            {
+                break trackers;
+            }
+            // Other code's work declared on a buffer (another thread's `enqueue_foreign`), whose closure is
+            // still running: its use, recorded when it returns, would replace this launch's without having
+            // waited for it. Waited for with no lock held: the closure may call the crate.
+            drop(trackers);
+            DECLARED.wait_past(seen);
+        };
         for (tracker, (_, access)) in trackers.iter_mut().zip(uses) {
             tracker.prepare(&Gpu, self, *access)?;
         }
@@ -568,6 +613,55 @@ impl Stream {
         }
         drop(segment);
         enqueued
+    }
+}
+
+/// Where a graph's launch waits for declared work on its buffers (`Stream::declared`) to be recorded: a count
+/// of the declared closures that have returned, and a condition variable for the launches waiting, told only
+/// where there is one (the count and `waiting` are sequentially consistent against each other, as in
+/// `SegmentLock`: a launch that counts itself waiting before it reads the count is either seen and told, or
+/// reads the new count).
+struct Declared {
+    ended: AtomicU64,
+    waiting: AtomicUsize,
+    sleep: Mutex<()>,
+    told: Condvar,
+}
+
+static DECLARED: Declared = Declared {
+    ended: AtomicU64::new(0),
+    waiting: AtomicUsize::new(0),
+    sleep: Mutex::new(()),
+    told: Condvar::new(),
+};
+
+impl Declared {
+    /// The count now: read before looking at the buffers, so that an end after the look is not missed.
+    fn seen(&self) -> u64 {
+        self.ended.load(Ordering::SeqCst)
+    }
+
+    /// Counts a declared closure returned, its uses recorded, and wakes the launches waiting.
+    fn ended(&self) {
+        self.ended.fetch_add(1, Ordering::SeqCst);
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            let _sleep = self.sleep.lock().unwrap_or_else(PoisonError::into_inner);
+            self.told.notify_all();
+        }
+    }
+
+    /// Blocks until a declared closure has returned since the count was `seen`.
+    #[cold]
+    fn wait_past(&self, seen: u64) {
+        let mut asleep = self.sleep.lock().unwrap_or_else(PoisonError::into_inner);
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        while self.ended.load(Ordering::SeqCst) == seen {
+            asleep = self
+                .told
+                .wait(asleep)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
