@@ -918,9 +918,9 @@ impl Stream {
     /// and with no lock of the crate held: it may call the crate (the declared buffers are borrowed by `uses`,
     /// so only reads of those declared read). The uses are recorded once it returns, or
     /// unwinds: work it enqueued before a panic is waited for all the same. A [`Graph`](crate::Graph) that
-    /// uses a declared buffer (without borrowing it) and is launched meanwhile on another thread, where the
-    /// launch would conflict with a declared use, waits for `enqueue` to return: so `enqueue` must not wait
-    /// for such a launch. They are recorded even where
+    /// uses a declared buffer (without borrowing it) and whose launch would conflict with a declared use is
+    /// refused with an `Err` until `enqueue` has returned, on any thread: where that work will stand on the
+    /// stream is not known before. They are recorded even where
     /// `enqueue` enqueued nothing (it failed before its first call, say): the crate cannot tell, so later work
     /// on those buffers, their frees and host access then wait for this stream's work up to this point, which
     /// may be more than they needed (never less). A stream's ledger ([`Stream::with_ledger`]) does not time

@@ -516,13 +516,12 @@ fn a_launch_beside_a_profiled_closure_reading_its_buffers_never_deadlocks() {
 }
 
 /// Other code's work declared on a graph's buffer by another thread (`Stream::enqueue_foreign`), its closure
-/// still running when the graph is launched: the launch (which uses the buffer without borrowing it) waits
-/// for the closure to return and then, on the device, for that work; the buffer's tracker then keeps the
-/// launch. A launch that did not wait queued without waiting for the foreign work, whose use, recorded when its
-/// closure returned, then replaced the launch's: a read of the buffer waited for the foreign work only, and
-/// read it while the launch was still held back.
+/// still running when the graph is launched: the launch (which uses the buffer without borrowing it) is
+/// refused, since that work's place on its stream is known only once the closure returns; launched after, it
+/// waits on the device for that work, and the buffer's tracker keeps it. A launch let through queued without
+/// waiting for the foreign work, whose use, recorded when its closure returned, then replaced the launch's.
 #[test]
-fn a_launch_beside_a_declared_closure_on_its_buffer_waits_for_it() {
+fn a_launch_beside_a_declared_closure_on_its_buffer_is_refused_until_it_returns() {
     use cuda_pinned::Use;
     use std::sync::mpsc;
     let _serial = serial_on_two_devices();
@@ -537,7 +536,7 @@ fn a_launch_beside_a_declared_closure_on_its_buffer_waits_for_it() {
         a.synchronize().unwrap();
         let address = x.as_raw();
         let (go, wait) = mpsc::channel::<()>();
-        let held = std::thread::scope(|s| {
+        let refusal = std::thread::scope(|s| {
             let (b, x) = (&b, &mut x);
             s.spawn(move || {
                 // SAFETY: a memset of the N elements of `x`, declared written, on the stream given.
@@ -551,11 +550,12 @@ fn a_launch_beside_a_declared_closure_on_its_buffer_waits_for_it() {
                 .unwrap();
             });
             wait.recv().unwrap();
-            let held = common::hold(&a, Duration::from_secs(1));
-            graph.launch(&a).unwrap();
-            held
+            graph.launch(&a).err().map(|e| e.to_string())
         });
-        // The launch is held back a while longer: a read that waits for it gets what it wrote.
+        // The closure has returned: the launch waits for the memset on the device, and the read for the launch,
+        // held back a while.
+        let held = common::hold(&a, Duration::from_secs(1));
+        graph.launch(&a).unwrap();
         let release = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(300));
             drop(held);
@@ -564,11 +564,33 @@ fn a_launch_beside_a_declared_closure_on_its_buffer_waits_for_it() {
         b.download(&x, &mut got).unwrap();
         let got = got.as_slice().unwrap().to_vec();
         release.join().unwrap();
-        (got == values, got.iter().all(|&v| v == 7))
+        (refusal, got == values)
     });
+    let refusal = got
+        .0
+        .expect("the launch beside the running declared closure was let through");
+    assert!(refusal.contains("enqueue_foreign"), "{refusal}");
     assert!(
-        got.0,
-        "a read after the launch did not get what the launch wrote (it got the foreign work's: {})",
-        got.1
+        got.1,
+        "a read after the launch did not get what the launch wrote"
     );
+}
+
+/// A declared closure that launches a graph using one of its declared buffers is refused at once (its own
+/// use is recorded only once it returns), rather than left waiting for itself.
+#[test]
+fn a_declared_closure_launching_a_graph_on_its_buffer_is_refused() {
+    use cuda_pinned::Use;
+    let _serial = serial_on_two_devices();
+    let (refusal, _) = common::on_a_thread("a launch inside declared work", common::LIMIT, || {
+        let ctx = common::device(0);
+        let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+        let host = Pinned::from_slice(&ctx, &data(N, 22)).unwrap();
+        let mut x = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+        let mut graph = Graph::capture(&[&a], || a.upload(&host, &mut x)).unwrap();
+        // SAFETY: the closure enqueues nothing.
+        unsafe { b.enqueue_foreign(&[Use::read(&x)], |_| graph.launch(&a)) }.unwrap()
+    });
+    let refusal = refusal.expect_err("a launch inside a declared closure on its buffer");
+    assert!(refusal.to_string().contains("enqueue_foreign"), "{refusal}");
 }

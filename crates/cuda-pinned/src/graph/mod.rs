@@ -203,7 +203,10 @@ impl Graph {
     /// Returns at once.
     ///
     /// # Errors
-    /// An invalid-argument error for a stream of another context or one in a capture; the driver's.
+    /// An invalid-argument error, with nothing enqueued, for a stream of another context or one in a capture,
+    /// and while other code's work declared on one of the graph's buffers, in a way the launch conflicts with
+    /// ([`Stream::enqueue_foreign`]), has not been recorded yet (its closure still runs, on any thread); the
+    /// driver's.
     #[doc(alias = "cuGraphLaunch")]
     pub fn launch(&mut self, stream: &Stream) -> Result<()> {
         if stream.context() != &self.context {

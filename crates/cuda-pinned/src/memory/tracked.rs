@@ -3,7 +3,7 @@
 //! the crate's operations enqueue work between the tracker's waits and records ([`Stream::tracked`]).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use smallvec::SmallVec;
 
@@ -445,8 +445,8 @@ impl Stream {
     /// lock of the crate held while it runs (it may call the crate, and block), only the device's gate for
     /// reading. That is sound because the uses borrow their buffers: nobody writes a declared buffer meanwhile
     /// and nobody frees one, but for a graph's launch, which uses its buffers without borrowing them: the
-    /// buffers count the closure as running (`Track::declaring`), and a launch that would conflict with it
-    /// waits for it to return (`Stream::tracked_launch`). The uses are recorded at the stream's end after
+    /// buffers count the closure as running (`Track::declaring`), and a launch that would conflict with it is
+    /// refused until it has returned (`Stream::tracked_launch`). The uses are recorded at the stream's end after
     /// `enqueue` returns (possibly later than the work itself: never earlier), and also if it unwinds, so that
     /// work it enqueued before a panic is still waited for.
     pub(crate) fn declared<R>(
@@ -469,7 +469,7 @@ impl Stream {
             }
             // The crate's earlier work on this stream keeps an event of its own, not delayed by what follows.
             self.close_segment()?;
-            // A graph's launch, which uses the buffers without borrowing them, waits until the uses are
+            // A graph's launch, which uses the buffers without borrowing them, is refused until the uses are
             // recorded below.
             for (track, access) in uses.iter() {
                 track.declaring(*access, false);
@@ -488,7 +488,6 @@ impl Stream {
                 track.declaring(*access, true);
             }
         }
-        DECLARED.ended();
         match ran {
             Ok(value) => Ok(value),
             Err(panic) => std::panic::resume_unwind(panic),
@@ -559,22 +558,22 @@ impl Stream {
             drop(latest);
             drop(segment);
         }
-        let mut trackers = loop {
-            let seen = DECLARED.seen();
-            let trackers: Vec<MutexGuard<'_, GpuTracker>> =
-                uses.iter().map(|(track, _)| lock(track)).collect();
-            if !uses
-                .iter()
-                .any(|(track, access)| track.declared_conflict(*access))
-            {
-                break trackers;
-            }
-            // Other code's work declared on a buffer (another thread's `enqueue_foreign`), whose closure is
-            // still running: its use, recorded when it returns, would replace this launch's without having
-            // waited for it. Waited for with no lock held: the closure may call the crate.
-            drop(trackers);
-            DECLARED.wait_past(seen);
-        };
+        let mut trackers: Vec<MutexGuard<'_, GpuTracker>> =
+            uses.iter().map(|(track, _)| lock(track)).collect();
+        if uses
+            .iter()
+            .any(|(track, access)| track.declared_conflict(*access))
+        {
+            // Other code's work declared on a buffer (`enqueue_foreign`), whose closure is still running: its
+            // place on its stream is not known until the closure returns, and its use, recorded then, would
+            // replace this launch's without having waited for it. Refused, not waited for: the closure may be
+            // this thread's, or wait for something this thread holds.
+            return Err(crate::error::Error::invalid(
+                "Graph::launch: a buffer the graph uses is declared by other code's work whose closure is still \
+                 running (Stream::enqueue_foreign, on this thread or another): its place on its stream is not \
+                 known yet; launch once that call has returned; nothing was enqueued",
+            ));
+        }
         for (tracker, (_, access)) in trackers.iter_mut().zip(uses) {
             tracker.prepare(&Gpu, self, *access)?;
         }
@@ -613,55 +612,6 @@ impl Stream {
         }
         drop(segment);
         enqueued
-    }
-}
-
-/// Where a graph's launch waits for declared work on its buffers (`Stream::declared`) to be recorded: a count
-/// of the declared closures that have returned, and a condition variable for the launches waiting, told only
-/// where there is one (the count and `waiting` are sequentially consistent against each other, as in
-/// `SegmentLock`: a launch that counts itself waiting before it reads the count is either seen and told, or
-/// reads the new count).
-struct Declared {
-    ended: AtomicU64,
-    waiting: AtomicUsize,
-    sleep: Mutex<()>,
-    told: Condvar,
-}
-
-static DECLARED: Declared = Declared {
-    ended: AtomicU64::new(0),
-    waiting: AtomicUsize::new(0),
-    sleep: Mutex::new(()),
-    told: Condvar::new(),
-};
-
-impl Declared {
-    /// The count now: read before looking at the buffers, so that an end after the look is not missed.
-    fn seen(&self) -> u64 {
-        self.ended.load(Ordering::SeqCst)
-    }
-
-    /// Counts a declared closure returned, its uses recorded, and wakes the launches waiting.
-    fn ended(&self) {
-        self.ended.fetch_add(1, Ordering::SeqCst);
-        if self.waiting.load(Ordering::SeqCst) > 0 {
-            let _sleep = self.sleep.lock().unwrap_or_else(PoisonError::into_inner);
-            self.told.notify_all();
-        }
-    }
-
-    /// Blocks until a declared closure has returned since the count was `seen`.
-    #[cold]
-    fn wait_past(&self, seen: u64) {
-        let mut asleep = self.sleep.lock().unwrap_or_else(PoisonError::into_inner);
-        self.waiting.fetch_add(1, Ordering::SeqCst);
-        while self.ended.load(Ordering::SeqCst) == seen {
-            asleep = self
-                .told
-                .wait(asleep)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
