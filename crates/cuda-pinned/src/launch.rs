@@ -920,7 +920,7 @@ impl Stream {
     /// unwinds: work it enqueued before a panic is waited for all the same. A [`Graph`](crate::Graph) that
     /// uses a declared buffer (without borrowing it) and whose launch would conflict with a declared use is
     /// refused with an `Err` until `enqueue` has returned, on any thread: where that work will stand on the
-    /// stream is not known before. They are recorded even where
+    /// stream is not known before. The uses are recorded even where
     /// `enqueue` enqueued nothing (it failed before its first call, say): the crate cannot tell, so later work
     /// on those buffers, their frees and host access then wait for this stream's work up to this point, which
     /// may be more than they needed (never less). A stream's ledger ([`Stream::with_ledger`]) does not time

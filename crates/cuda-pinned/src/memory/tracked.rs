@@ -34,7 +34,8 @@ struct Shared {
     /// The graphs (and captures in progress) that use the allocation; changed under `orphan`'s lock.
     graphs: AtomicUsize,
     /// Other code's work declared on the buffer, reading and writing it, whose closure is running
-    /// (`Stream::declared`): waited for, and recorded, only once it returns. Changed under the tracker's lock.
+    /// (`Stream::declared`): recorded only once it returns, so a graph's launch that conflicts with it is
+    /// refused meanwhile. Changed under the tracker's lock.
     declaring: [AtomicUsize; 2],
     /// Whether the allocation is host memory (the host reaches it through accessors).
     host: bool,

@@ -147,11 +147,8 @@ impl<S: Clone + Eq, M: Clone + Eq> Tracker<S, M> {
     /// Every entry's stream and mark, cloned: for a caller that waits for them (with [`Timeline::synchronize`])
     /// without holding the lock the tracker is behind. The entries stay recorded.
     pub(crate) fn marks(&self) -> Vec<(S, M)> {
-        self.write
-            .iter()
-            .chain(&self.reads)
-            .map(|entry| (entry.stream.clone(), entry.mark.clone()))
-            .collect()
+        // A host write conflicts with every entry.
+        self.conflicts(Access::Write)
     }
 
     /// The stream and mark of every entry that conflicts with a host `access` (as in [`Tracker::host_wait`]),
