@@ -477,6 +477,38 @@ fn a_launch_let_through_after_eager_work_on_its_stream_still_records_itself() {
     );
 }
 
+/// Two streams `a` and `b` of device 0, and a graph on `a` that uploads `values` (data of `seed`, returned too)
+/// into `x`: the graph's host buffer, `x` and the graph.
+struct Upload {
+    ctx: cuda_pinned::Context,
+    a: Stream,
+    b: Stream,
+    values: Vec<u32>,
+    _host: Pinned<u32>,
+    x: DeviceBuffer<u32>,
+    graph: Graph,
+}
+
+impl Upload {
+    fn new(seed: u64) -> Upload {
+        let ctx = common::device(0);
+        let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+        let values = data(N, seed);
+        let host = Pinned::from_slice(&ctx, &values).unwrap();
+        let mut x = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+        let graph = Graph::capture(&[&a], || a.upload(&host, &mut x)).unwrap();
+        Upload {
+            ctx,
+            a,
+            b,
+            values,
+            _host: host,
+            x,
+            graph,
+        }
+    }
+}
+
 /// A launch on the short path holds no lock while it waits for its stream's segment lock: a `Stream::profile`
 /// closure on that stream (holding the lock) may read the graph's buffers on another stream, whose trackers'
 /// entries it resolves through the graph's point. It deadlocked when the launch took the point's lock first.
@@ -485,12 +517,15 @@ fn a_launch_beside_a_profiled_closure_reading_its_buffers_never_deadlocks() {
     use std::sync::mpsc;
     let _serial = serial_on_two_devices();
     let (got, _) = common::on_a_thread("a launch beside a profiled read", common::LIMIT, || {
-        let ctx = common::device(0);
-        let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
-        let want = data(N, 3);
-        let host = Pinned::from_slice(&ctx, &want).unwrap();
-        let mut x = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
-        let mut graph = Graph::capture(&[&a], || a.upload(&host, &mut x)).unwrap();
+        let Upload {
+            ctx,
+            a,
+            b,
+            values: want,
+            x,
+            mut graph,
+            ..
+        } = Upload::new(3);
         graph.launch(&a).unwrap();
         let mut got = Pinned::<u32>::zeroed(&ctx, N).unwrap();
         let (go, wait) = mpsc::channel::<()>();
@@ -526,12 +561,15 @@ fn a_launch_beside_a_declared_closure_on_its_buffer_is_refused_until_it_returns(
     use std::sync::mpsc;
     let _serial = serial_on_two_devices();
     let (got, _) = common::on_a_thread("a launch beside declared work", common::LIMIT, || {
-        let ctx = common::device(0);
-        let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
-        let values = data(N, 21);
-        let host = Pinned::from_slice(&ctx, &values).unwrap();
-        let mut x = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
-        let mut graph = Graph::capture(&[&a], || a.upload(&host, &mut x)).unwrap();
+        let Upload {
+            ctx,
+            a,
+            b,
+            values,
+            mut x,
+            mut graph,
+            ..
+        } = Upload::new(21);
         graph.launch(&a).unwrap();
         a.synchronize().unwrap();
         let address = x.as_raw();
@@ -583,11 +621,9 @@ fn a_declared_closure_launching_a_graph_on_its_buffer_is_refused() {
     use cuda_pinned::Use;
     let _serial = serial_on_two_devices();
     let (refusal, _) = common::on_a_thread("a launch inside declared work", common::LIMIT, || {
-        let ctx = common::device(0);
-        let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
-        let host = Pinned::from_slice(&ctx, &data(N, 22)).unwrap();
-        let mut x = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
-        let mut graph = Graph::capture(&[&a], || a.upload(&host, &mut x)).unwrap();
+        let Upload {
+            a, b, x, mut graph, ..
+        } = Upload::new(22);
         // SAFETY: the closure enqueues nothing.
         unsafe { b.enqueue_foreign(&[Use::read(&x)], |_| graph.launch(&a)) }.unwrap()
     });
