@@ -333,17 +333,23 @@ fn dropped_and_forgotten_futures_leak_at_most_themselves() {
     };
     run(false);
     device(0).synchronize().unwrap();
-    assert_eq!(
-        settle(before, LIMIT),
-        before,
-        "left alive: streams, events, context retains, pinned"
+    // At most what it was: what an earlier test left queued behind its own work may go meanwhile.
+    let start = Instant::now();
+    let mut left = alive();
+    while !left.iter().zip(&before).all(|(l, b)| l <= b) && start.elapsed() < LIMIT {
+        std::thread::sleep(Duration::from_millis(5));
+        left = alive();
+    }
+    assert!(
+        left.iter().zip(&before).all(|(l, b)| l <= b),
+        "left alive (streams, events, context retains, pinned): {left:?}, against {before:?} before"
     );
     run(true);
     device(0).synchronize().unwrap();
-    let after = settle(before, Duration::from_millis(500));
+    let after = settle(left, Duration::from_millis(500));
     // The forgotten stream, and its context's stream for frees with it.
     assert!(
-        after[0] > before[0],
+        after[0] > left[0],
         "the control: a forgotten stream stays alive"
     );
 }
