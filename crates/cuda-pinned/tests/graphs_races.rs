@@ -418,15 +418,13 @@ fn downloads_beside_launches_and_synchronizations_see_whole_launches() {
     );
 }
 
-/// A launch on the short path looks at its buffers' versions under its stream's segment lock: work of the
-/// crate on that stream replaces the graph's entries under the same lock. Here a `Stream::profile` closure on
-/// `a` (which holds `a`'s segment lock while it runs) keeps the launch of another thread waiting, then writes
-/// `p`, a buffer the graph writes, eagerly on `a`, and holds `a`. The launch, let through next, must see that
-/// `p`'s tracker changed and record itself there: the graph's read of `p` then waits for it, and reads what
-/// the launch wrote, not what the eager work did. (Had it looked at the versions before taking the lock, it
-/// would have queued without a trace in `p`'s tracker.)
+/// A `Stream::profile` closure on `a` holds no lock of the crate (ARCHITECTURE.md, "Locks"): a launch of
+/// another thread on `a` goes through while it runs. The closure then writes `p`, a buffer the graph writes,
+/// eagerly on `a` behind a hold: work of the crate on that stream replaces the graph's entries, and the
+/// graph's read of `p` must wait for that write (queued after the launch) and read it. Had the profiled
+/// closure still held `a`'s segment lock, the launch would wait for it, and the closure for the launch.
 #[test]
-fn a_launch_let_through_after_eager_work_on_its_stream_still_records_itself() {
+fn a_launch_beside_a_profiled_closure_goes_through_and_work_after_it_is_waited_for() {
     use std::sync::mpsc;
     let _serial = serial_on_two_devices();
     let (got, _) = common::on_a_thread("a launch beside a profiled closure", common::LIMIT, || {
@@ -445,35 +443,37 @@ fn a_launch_let_through_after_eager_work_on_its_stream_still_records_itself() {
         graph.launch(&a).unwrap();
         a.synchronize().unwrap();
         let (go, wait) = mpsc::channel::<()>();
-        let held = std::thread::scope(|s| {
+        let (done, returned) = mpsc::channel::<()>();
+        let (went_through, held) = std::thread::scope(|s| {
             let (a, graph) = (&a, &mut graph);
             s.spawn(move || {
                 wait.recv().unwrap();
                 graph.launch(a).unwrap();
+                done.send(()).unwrap();
             });
             a.profile("user work", 0, || {
                 go.send(()).unwrap();
-                // The launch is waiting for `a` by now.
-                std::thread::sleep(Duration::from_millis(300));
+                let went_through = returned.recv_timeout(Duration::from_secs(10)).is_ok();
                 a.download(&y, &mut p)?;
-                Ok(common::hold(a, Duration::from_secs(1)))
+                Ok((went_through, common::hold(a, Duration::from_secs(1))))
             })
             .unwrap()
         });
-        // The hold ends on another thread a while later: the read must wait for the launch behind it.
+        // The hold ends on another thread a while later: the read must wait for the eager write behind it.
         let release = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(300));
             drop(held);
         });
         let read = graph.host_slice(&p).unwrap().to_vec();
         release.join().unwrap();
-        (read == launched, read == eager)
+        (went_through, read == eager, read == launched)
     });
+    assert!(got.0, "the launch waited for the profiled closure to return");
     assert!(
-        got.0,
-        "the graph lent `p` before the launch queued after the eager work had written it (the eager \
-         write read: {})",
-        got.1
+        got.1,
+        "the graph lent `p` before the eager write queued after its launch had completed (the launch's \
+         values read: {})",
+        got.2
     );
 }
 

@@ -215,3 +215,39 @@ impl Event {
         })
     }
 }
+
+/// An `async` block's future that answers a poll after it resolved with an `Err` (naming `what`), where the
+/// block's own future would panic: the crate's futures never panic on a poll, as [`Done`] and the pool's do not.
+pub(crate) struct Resolved<F> {
+    /// `None` once it has resolved.
+    inner: Option<Pin<Box<F>>>,
+    what: &'static str,
+}
+
+impl<F: Future<Output = Result<T>>, T> Resolved<F> {
+    /// `future`, whose poll after it resolved is an `Err` naming `what` (the call that made it).
+    pub(crate) fn new(what: &'static str, future: F) -> Resolved<F> {
+        Resolved {
+            inner: Some(Box::pin(future)),
+            what,
+        }
+    }
+}
+
+impl<F: Future<Output = Result<T>>, T> Future for Resolved<F> {
+    type Output = Result<T>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<T>> {
+        let Some(inner) = self.inner.as_mut() else {
+            return Poll::Ready(Err(Error::invalid(format_args!(
+                "a {} future polled after it resolved: it already gave its outcome",
+                self.what
+            ))));
+        };
+        let polled = inner.as_mut().poll(cx);
+        if polled.is_ready() {
+            self.inner = None;
+        }
+        polled
+    }
+}

@@ -177,9 +177,11 @@ impl std::fmt::Debug for Launches {
 }
 
 /// A stream's current segment (what the crate's next operation on it joins), behind a lock that the thread
-/// holding it may take again: [`Stream::untracked`](super::stream::Stream::untracked) holds it while other code enqueues work the crate does not
-/// track, and that code may call the crate on the same stream. Operations of other threads wait meanwhile, so
-/// none of theirs can land between untracked work and the crate's bookkeeping of its own.
+/// holding it may take again (the crate's own code nests operations). It is held only while the crate's own
+/// code runs, never across a user's closure: a section of work the crate does not track
+/// ([`Stream::untracked`](super::stream::Stream::untracked)) is counted here instead (`sections`), and while
+/// one is open, every operation of the crate on the stream closes its segment right after its work, so that
+/// the untracked work around it, from any thread, does not delay that segment's event.
 ///
 /// Every operation of the crate on a stream takes it, so the uncontended path is one compare-and-swap to take
 /// it and one swap to give it back; only a thread that finds it held sleeps, on a condition variable.
@@ -200,6 +202,9 @@ pub(crate) struct SegmentLock {
     /// The segments this stream closed last, at most [`RETIRED`], oldest first; as `current`, only under the
     /// lock. One that no entry holds any more is reused by the next close, with its event.
     retired: RefCell<Vec<Mark>>,
+    /// How many sections of untracked work are open on the stream, on any thread; as `current`, only under
+    /// the lock.
+    sections: Cell<usize>,
 }
 
 /// How many closed segments a stream keeps for reuse ([`SegmentLock::retired`]). Work alternating between
@@ -209,7 +214,7 @@ const RETIRED: usize = 4;
 // The guard stays on the thread that took the lock (the `unsafe impl Sync` below relies on it).
 static_assertions::assert_not_impl_any!(SegmentGuard<'static>: Send, Sync);
 
-// SAFETY: `depth`, `current` and `retired` are only reached by the thread that holds the lock (through a `SegmentGuard`,
+// SAFETY: `depth`, `current`, `retired` and `sections` are only reached by the thread that holds the lock (through a `SegmentGuard`,
 // which is not `Send`); the compare-and-swap that takes the lock (Acquire) and the swap that frees it (SeqCst,
 // which includes Release) order one holder's accesses before the next one's.
 unsafe impl Sync for SegmentLock {}
@@ -314,6 +319,19 @@ impl SegmentGuard<'_> {
     /// calls nothing that could take the lock again.
     pub(crate) fn mark(&self) -> std::cell::Ref<'_, Mark> {
         self.lock.current.borrow()
+    }
+
+    /// Counts a section of untracked work as open (`true`) or ended (`false`).
+    pub(crate) fn section(&self, open: bool) {
+        let sections = self.lock.sections.get();
+        self.lock
+            .sections
+            .set(if open { sections + 1 } else { sections - 1 });
+    }
+
+    /// Whether a section of untracked work is open on the stream (on any thread).
+    pub(crate) fn in_section(&self) -> bool {
+        self.lock.sections.get() > 0
     }
 }
 

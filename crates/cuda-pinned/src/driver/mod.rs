@@ -16,6 +16,7 @@ pub(crate) mod stream;
 
 pub use context::{Context, DEVICE_MEMORY_KEPT};
 pub use device::Device;
+pub(crate) use done::Resolved;
 pub use done::Done;
 pub use event::Event;
 pub(crate) use stream::Capture;

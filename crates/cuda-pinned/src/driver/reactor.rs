@@ -161,14 +161,18 @@ impl Signal {
 
     /// The outcome if known, else `waker` kept to be woken with it.
     pub(crate) fn poll(&self, waker: &Waker) -> Option<Result<()>> {
-        let mut state = lock(&self.state);
-        if let Some(outcome) = state.outcome.take() {
-            return Some(outcome);
-        }
-        match &mut state.waker {
-            Some(kept) if kept.will_wake(waker) => {}
-            kept => *kept = Some(waker.clone()),
-        }
+        let replaced = {
+            let mut state = lock(&self.state);
+            if let Some(outcome) = state.outcome.take() {
+                return Some(outcome);
+            }
+            match &mut state.waker {
+                Some(kept) if kept.will_wake(waker) => None,
+                kept => kept.replace(waker.clone()),
+            }
+        };
+        // Dropped without the lock: a waker's drop is others' code, and may drop this very future.
+        drop(replaced);
         None
     }
 

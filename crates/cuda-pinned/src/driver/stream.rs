@@ -434,21 +434,30 @@ impl Stream {
 
     /// Runs `enqueue`, which enqueues on this stream work the crate does not track (another library's, a
     /// user's kernel, a wait for a user's event), keeping the crate's marks precise around it: the current
-    /// segment is closed first, and the segment stays locked while `enqueue` runs, so that no operation of the
-    /// crate from another thread lands among that work (`enqueue` may call the crate itself). The device's
-    /// gate is held throughout, and the stream's context is current ([`Context::enqueue`]).
+    /// segment is closed first, and while `enqueue` runs the stream counts a section open, so that every
+    /// operation of the crate on it, from any thread, closes its segment right after its own work (see
+    /// [`SegmentLock`]). No lock of the crate is held while `enqueue` runs (it may call the crate, from this
+    /// thread or through others, on any stream); only the device's gate for reading, which never makes a
+    /// thread wait for a reader ([`Context::close_gate`]), and the stream's context is current
+    /// ([`Context::enqueue`]).
     ///
     /// # Errors
     /// The driver's, from closing the segment; `enqueue`'s.
     pub(crate) fn untracked<R>(&self, enqueue: impl FnOnce() -> Result<R>) -> Result<R> {
         let _enqueue = self.context().enqueue()?;
-        // The capture mark is read under the segment lock, which a capture takes to begin.
-        let _segment = self.segment();
-        if self.capture()?.is_some() {
-            // Captured, not run: no mark of the crate's on this stream is open (`graph.rs` closed them).
-            return enqueue();
+        {
+            // The capture mark is read under the segment lock, which a capture takes to begin.
+            let segment = self.segment();
+            if self.capture()?.is_some() {
+                // Captured, not run: no mark of the crate's on this stream is open (`graph.rs` closed them).
+                drop(segment);
+                return enqueue();
+            }
+            self.close_segment()?;
+            segment.section(true);
         }
-        self.close_segment()?;
+        // Ended on the way out, unwinding too.
+        let _section = Section(self);
         enqueue()
     }
 
@@ -459,7 +468,7 @@ impl Stream {
     ///
     /// # Errors
     /// The driver's, from recording the event; the caller must not enqueue then.
-    pub(crate) fn begin(&self, replaced: impl FnOnce(&Mark) -> usize) -> Result<SegmentGuard<'_>> {
+    pub(crate) fn begin(&self, replaced: impl FnOnce(&Mark) -> usize) -> Result<Begun<'_>> {
         let guard = self.segment();
         // Checked under the segment lock, which a capture holds while it begins: no work of the tracking lands
         // in a capture but through `memory/captured.rs`.
@@ -471,7 +480,19 @@ impl Stream {
                 self.close(&guard, &mut current)?;
             }
         }
-        Ok(guard)
+        Ok(Begun {
+            stream: self,
+            guard,
+        })
+    }
+
+    /// The current segment, locked, for the entries of work already queued to join ([`SegmentGuard::mark`]),
+    /// closed when dropped as [`Stream::begin`]'s is.
+    pub(crate) fn join(&self) -> Begun<'_> {
+        Begun {
+            stream: self,
+            guard: self.segment(),
+        }
     }
 
     /// Records the current segment's event now and starts a new segment (`current` borrowed from `guard`).
@@ -532,6 +553,43 @@ impl Stream {
         }
         self.close(&guard, &mut current)?;
         Ok(mark.event())
+    }
+}
+
+/// An operation of the crate on a stream, begun ([`Stream::begin`]): the stream's segment locked. Where a
+/// section of untracked work is open on the stream, the segment is closed when this drops, right after the
+/// operation's work, so that untracked work queued next does not delay its event. A failure to close then
+/// only makes later waits less precise (the event is recorded later, never early).
+pub(crate) struct Begun<'a> {
+    stream: &'a Stream,
+    guard: SegmentGuard<'a>,
+}
+
+impl<'a> std::ops::Deref for Begun<'a> {
+    type Target = SegmentGuard<'a>;
+
+    fn deref(&self) -> &SegmentGuard<'a> {
+        &self.guard
+    }
+}
+
+impl Drop for Begun<'_> {
+    fn drop(&mut self) {
+        if self.guard.in_section() {
+            let mut current = self.guard.current();
+            if current.holders() > 0 {
+                let _ = self.stream.close(&self.guard, &mut current);
+            }
+        }
+    }
+}
+
+/// A section of untracked work open on a stream ([`Stream::untracked`]); ends it when dropped.
+struct Section<'a>(&'a Stream);
+
+impl Drop for Section<'_> {
+    fn drop(&mut self) {
+        self.0.segment().section(false);
     }
 }
 

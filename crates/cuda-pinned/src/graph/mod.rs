@@ -528,9 +528,17 @@ impl<'a> Session<'a> {
     fn begin(&mut self) -> Result<()> {
         let origin = self.streams[0];
         for (i, &stream) in self.streams.iter().enumerate() {
-            let _segment = stream.segment();
+            let segment = stream.segment();
             // Checked again under the lock: another thread's capture may have begun since.
             stream.refuse_in_capture("Graph::capture")?;
+            if segment.in_section() {
+                // That section's untracked work would land in the graph instead of running.
+                return Err(Error::invalid(format_args!(
+                    "Graph::capture: {stream:?} is inside a Stream::profile or Stream::wait call (on this thread \
+                     or another), whose work would join the graph; capture once it has returned; nothing was \
+                     enqueued"
+                )));
+            }
             stream.close_segment()?;
             stream.set_capture(Some(self.capture.clone()));
             self.marked = i + 1;

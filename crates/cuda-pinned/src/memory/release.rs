@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use super::block::Block;
 use super::tracked::{Gpu, GpuTracker};
-use crate::driver::Context;
+use crate::driver::{Context, Resolved};
 use crate::error::{Error, Result};
 use crate::units::Bytes;
 
@@ -365,14 +365,14 @@ impl Context {
     ///
     /// # Errors
     /// The driver's, from closing the streams' segments or queueing their points, and the work's (a sticky
-    /// error of the context).
+    /// error of the context); an invalid-argument error for a poll after it resolved.
     pub fn done(&self) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
         let refused = self.refuse_in_capture("Context::done").err();
         let (closed, points) = match refused {
             Some(_) => (Ok(()), Vec::new()),
             None => (self.close_segments(), self.every_stream_done()),
         };
-        async move {
+        Resolved::new("Context::done", async move {
             if let Some(e) = refused {
                 return Err(e);
             }
@@ -381,7 +381,7 @@ impl Context {
             }
             Flushed { target: None }.await;
             closed
-        }
+        })
     }
 
     /// Blocks until all work in the context, on every stream, has completed, and then until the pinned memory
@@ -439,10 +439,14 @@ impl std::future::Future for Flushed {
         if state.finished >= target || EXITING.load(Ordering::Acquire) {
             return std::task::Poll::Ready(());
         }
-        state
-            .flush_wakers
-            .retain(|(_, kept)| !kept.will_wake(cx.waker()));
+        let (replaced, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut state.flush_wakers)
+            .into_iter()
+            .partition(|(_, kept)| kept.will_wake(cx.waker()));
+        state.flush_wakers = kept;
         state.flush_wakers.push((target, cx.waker().clone()));
+        drop(state);
+        // Dropped without the lock: a waker's drop is others' code, and may hand memory to this thread.
+        drop(replaced);
         std::task::Poll::Pending
     }
 }

@@ -480,7 +480,7 @@ impl Stream {
         {
             let mut locked = Locked(SmallVec::new());
             locked.lock(uses);
-            let segment = self.segment();
+            let segment = self.join();
             let point = Point::Segment(segment.mark().clone());
             for (tracker, access) in locked.iter_mut() {
                 tracker.record_use(self, &point, *access);

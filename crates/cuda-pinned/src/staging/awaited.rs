@@ -11,7 +11,7 @@ use bytemuck::Pod;
 
 use super::{StagingOptions, check_host_device, enqueue_download, enqueue_upload, stream_copy};
 use crate::copy::{DeviceDestination, DeviceSource};
-use crate::driver::Stream;
+use crate::driver::{Resolved, Stream};
 use crate::error::{Error, Result};
 use crate::memory::{Pinned, PinnedPool};
 use crate::units::Bytes;
@@ -58,37 +58,40 @@ impl Stream {
     /// # Errors
     /// An invalid-argument error if the lengths differ or the stream and `dst` are of different contexts, with
     /// nothing enqueued; [`Error::PoolExhausted`] if the pool has no room for one buffer even once device work
-    /// on the blocks given back to it completes; the driver's.
-    pub async fn upload_staged_async<T: Pod, D: DeviceDestination<T>>(
+    /// on the blocks given back to it completes; the driver's; an invalid-argument error for a poll after it
+    /// resolved.
+    pub fn upload_staged_async<T: Pod, D: DeviceDestination<T>>(
         &self,
         pool: &PinnedPool,
         src: &[T],
         dst: &mut D,
-    ) -> Result<()> {
-        self.refuse_in_capture("Stream::upload_staged_async")?;
-        self.check_context(&*dst)?;
-        check_host_device("staged upload", src.len(), dst.elements())?;
-        let bytes: &[u8] = bytemuck::cast_slice(src);
-        let context = |e: Error| {
-            e.context(format_args!(
-                "uploading {} staged through pinned memory",
-                Bytes(bytes.len())
-            ))
-        };
-        let chunk = chunk_for(pool);
-        let mut buffers = Buffers {
-            pool,
-            chunk,
-            held: Vec::with_capacity(2),
-        };
-        for (index, part) in bytes.chunks(chunk).enumerate() {
-            let at = buffers.take(index).await.map_err(context)?;
-            let buffer = &mut buffers.held[at];
-            let staged = buffer.writable().await.map_err(context)?;
-            stream_copy(&mut staged[..part.len()], part);
-            enqueue_upload(self, &*dst, index * chunk, buffer, part.len()).map_err(context)?;
-        }
-        Ok(())
+    ) -> impl std::future::Future<Output = Result<()>> {
+        Resolved::new("Stream::upload_staged_async", async move {
+            self.refuse_in_capture("Stream::upload_staged_async")?;
+            self.check_context(&*dst)?;
+            check_host_device("staged upload", src.len(), dst.elements())?;
+            let bytes: &[u8] = bytemuck::cast_slice(src);
+            let context = |e: Error| {
+                e.context(format_args!(
+                    "uploading {} staged through pinned memory",
+                    Bytes(bytes.len())
+                ))
+            };
+            let chunk = chunk_for(pool);
+            let mut buffers = Buffers {
+                pool,
+                chunk,
+                held: Vec::with_capacity(2),
+            };
+            for (index, part) in bytes.chunks(chunk).enumerate() {
+                let at = buffers.take(index).await.map_err(context)?;
+                let buffer = &mut buffers.held[at];
+                let staged = buffer.writable().await.map_err(context)?;
+                stream_copy(&mut staged[..part.len()], part);
+                enqueue_upload(self, &*dst, index * chunk, buffer, part.len()).map_err(context)?;
+            }
+            Ok(())
+        })
     }
 
     /// [`Stream::download_staged`] as a future, for async code: resolves once every byte of `dst` has been
@@ -99,53 +102,55 @@ impl Stream {
     ///
     /// # Errors
     /// As [`Stream::upload_staged_async`].
-    pub async fn download_staged_async<T: Pod, S: DeviceSource<T>>(
+    pub fn download_staged_async<T: Pod, S: DeviceSource<T>>(
         &self,
         pool: &PinnedPool,
         src: &S,
         dst: &mut [T],
-    ) -> Result<()> {
-        self.refuse_in_capture("Stream::download_staged_async")?;
-        self.check_context(src)?;
-        check_host_device("staged download", dst.len(), src.elements())?;
-        let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
-        let total = bytes.len();
-        let context = |e: Error| {
-            e.context(format_args!(
-                "downloading {} staged through pinned memory",
-                Bytes(total)
-            ))
-        };
-        let chunk = chunk_for(pool);
-        let chunks = total.div_ceil(chunk);
-        let mut buffers = Buffers {
-            pool,
-            chunk,
-            held: Vec::with_capacity(2),
-        };
-        let range = |index: usize| index * chunk..((index + 1) * chunk).min(total);
-        // Chunk `next` is enqueued once its buffer is free (its copy-out done), chunk `out` copied out once its
-        // download is: with two buffers, one chunk ahead.
-        let (mut next, mut out) = (0, 0);
-        while out < chunks {
-            while next < chunks && next < out + 2 {
-                let at = buffers.take(next).await.map_err(context)?;
-                if next > out && at == out % buffers.held.len() {
-                    // One buffer only: it holds chunk `out`, not yet copied out.
-                    break;
+    ) -> impl std::future::Future<Output = Result<()>> {
+        Resolved::new("Stream::download_staged_async", async move {
+            self.refuse_in_capture("Stream::download_staged_async")?;
+            self.check_context(src)?;
+            check_host_device("staged download", dst.len(), src.elements())?;
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
+            let total = bytes.len();
+            let context = |e: Error| {
+                e.context(format_args!(
+                    "downloading {} staged through pinned memory",
+                    Bytes(total)
+                ))
+            };
+            let chunk = chunk_for(pool);
+            let chunks = total.div_ceil(chunk);
+            let mut buffers = Buffers {
+                pool,
+                chunk,
+                held: Vec::with_capacity(2),
+            };
+            let range = |index: usize| index * chunk..((index + 1) * chunk).min(total);
+            // Chunk `next` is enqueued once its buffer is free (its copy-out done), chunk `out` copied out once its
+            // download is: with two buffers, one chunk ahead.
+            let (mut next, mut out) = (0, 0);
+            while out < chunks {
+                while next < chunks && next < out + 2 {
+                    let at = buffers.take(next).await.map_err(context)?;
+                    if next > out && at == out % buffers.held.len() {
+                        // One buffer only: it holds chunk `out`, not yet copied out.
+                        break;
+                    }
+                    let buffer = &mut buffers.held[at];
+                    buffer.writable().await.map_err(context)?;
+                    let part = range(next);
+                    enqueue_download(self, src, part.start, buffer, part.len()).map_err(context)?;
+                    next += 1;
                 }
-                let buffer = &mut buffers.held[at];
-                buffer.writable().await.map_err(context)?;
-                let part = range(next);
-                enqueue_download(self, src, part.start, buffer, part.len()).map_err(context)?;
-                next += 1;
+                let buffer = &buffers.held[out % buffers.held.len()];
+                let data = buffer.readable().await.map_err(context)?;
+                let part = range(out);
+                stream_copy(&mut bytes[part.clone()], &data[..part.len()]);
+                out += 1;
             }
-            let buffer = &buffers.held[out % buffers.held.len()];
-            let data = buffer.readable().await.map_err(context)?;
-            let part = range(out);
-            stream_copy(&mut bytes[part.clone()], &data[..part.len()]);
-            out += 1;
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }

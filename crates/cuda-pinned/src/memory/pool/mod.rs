@@ -708,8 +708,10 @@ impl<T: Pod> PoolAlloc<'_, T> {
                 // Room held by holders: woken when a buffer comes back (the waker kept under the pool's lock, so
                 // that no give-back falls between the look and the keeping), or at the deadline.
                 self.waited = true;
-                self.keep_room_waker(cx);
+                let replaced = self.keep_room_waker(cx);
                 drop(state);
+                // Dropped without the lock: a waker's drop is others' code, and may give a buffer back here.
+                drop(replaced);
                 if let Some(deadline) = deadline {
                     let timer = self.deadline.get_or_insert_with(|| Done::at(deadline));
                     if std::pin::Pin::new(timer).poll(cx).is_ready() {
@@ -723,12 +725,14 @@ impl<T: Pod> PoolAlloc<'_, T> {
     }
 
     /// Leaves the task's waker with the pool, to be woken when room is made (call it under the pool's lock).
-    fn keep_room_waker(&mut self, cx: &std::task::Context<'_>) {
+    /// Returns the waker it kept before, for the caller to drop once it holds no lock.
+    #[must_use = "the replaced waker is dropped outside the pool's lock"]
+    fn keep_room_waker(&mut self, cx: &std::task::Context<'_>) -> Option<std::task::Waker> {
         let mut wakers = self.pool.shared.room_wakers();
         if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
             wakers.push(cx.waker().clone());
         }
-        self.room = Some(cx.waker().clone());
+        self.room.replace(cx.waker().clone())
     }
 }
 
