@@ -314,3 +314,378 @@ fn ready<T>(polled: Poll<T>) -> T {
         Poll::Pending => panic!("a future polled after it resolved is pending"),
     }
 }
+
+// ---- The class: every public call from inside every closure the crate runs, and from a waker's drop ------------
+
+/// What the calls below run on: one context, streams `a` and `b` (a closure runs on `a`), a pool.
+struct Env {
+    ctx: cuda_pinned::Context,
+    a: Stream,
+    b: Stream,
+    pool: PinnedPool,
+}
+
+impl Env {
+    fn new() -> Env {
+        let ctx = common::device(0);
+        Env {
+            a: Stream::new(&ctx).unwrap(),
+            b: Stream::new(&ctx).unwrap(),
+            pool: PinnedPool::new(&ctx, 16 << 20),
+            ctx,
+        }
+    }
+}
+
+/// A call a user makes, with what it must give: `Ok`, or an `Err` containing the text where the call is refused
+/// inside a closure on `a` (a capture of a stream whose untracked work is still being queued).
+struct Call {
+    name: &'static str,
+    run: fn(&Env) -> Result<()>,
+    refused_inside_a: Option<&'static str>,
+}
+
+/// A round trip on `stream`: fresh data up and back, checked.
+fn round_trip(env: &Env, stream: &Stream, seed: u64) -> Result<()> {
+    let values = data(N, seed);
+    let host = Pinned::from_slice(&env.ctx, &values)?;
+    let mut device = DeviceBuffer::<u32>::zeroed(stream, N)?;
+    stream.upload(&host, &mut device)?;
+    let mut back = Pinned::<u32>::zeroed(&env.ctx, N)?;
+    stream.download(&device, &mut back)?;
+    check(back.as_slice()? == values, "a round trip read wrong data")
+}
+
+fn check(right: bool, what: &str) -> Result<()> {
+    assert!(right, "{what}");
+    Ok(())
+}
+
+/// Every kind of public call, on `a` (the stream the closure is on), on `b`, and across both.
+fn calls() -> Vec<Call> {
+    fn ok(name: &'static str, run: fn(&Env) -> Result<()>) -> Call {
+        Call {
+            name,
+            run,
+            refused_inside_a: None,
+        }
+    }
+    vec![
+        ok("copies on a", |e| round_trip(e, &e.a, 20)),
+        ok("copies on b", |e| round_trip(e, &e.b, 21)),
+        ok("a crossing: written on a, read on b", |e| {
+            let values = data(N, 22);
+            let host = Pinned::from_slice(&e.ctx, &values)?;
+            let mut device = DeviceBuffer::<u32>::zeroed(&e.a, N)?;
+            e.a.upload(&host, &mut device)?;
+            let mut back = Pinned::<u32>::zeroed(&e.ctx, N)?;
+            e.b.download(&device, &mut back)?;
+            check(back.as_slice()? == values, "a crossing read wrong data")
+        }),
+        ok("pageable copies on a", |e| {
+            let values = data(N, 23);
+            let mut device = DeviceBuffer::<u32>::zeroed(&e.a, N)?;
+            e.a.upload_pageable(&values, &mut device)?;
+            let mut back = vec![0u32; N];
+            e.a.download_pageable(&device, &mut back)?;
+            check(back == values, "pageable copies read wrong data")
+        }),
+        ok("staged copies on a, on worker threads", |e| {
+            let values = data(4 * N, 24);
+            let mut device = DeviceBuffer::<u32>::zeroed(&e.a, 4 * N)?;
+            e.a.upload_staged_with(&e.pool, chunked(), &values, &mut device)?;
+            let mut back = vec![0u32; 4 * N];
+            e.b.download_staged_with(&e.pool, chunked(), &device, &mut back)?;
+            check(back == values, "staged copies read wrong data")
+        }),
+        ok("staged futures on b", |e| {
+            let values = data(N, 25);
+            let mut device = DeviceBuffer::<u32>::zeroed(&e.b, N)?;
+            block_on(std::pin::pin!(e.b.upload_staged_async(&e.pool, &values, &mut device)))?;
+            let mut back = vec![0u32; N];
+            block_on(std::pin::pin!(e.b.download_staged_async(&e.pool, &device, &mut back)))?;
+            check(back == values, "staged futures read wrong data")
+        }),
+        ok("Stream::synchronize of a", |e| e.a.synchronize()),
+        ok("Stream::synchronize of b", |e| e.b.synchronize()),
+        ok("Context::synchronize", |e| e.ctx.synchronize()),
+        ok("Stream::query of a and b", |e| e.a.query().and(e.b.query()).map(drop)),
+        ok("Stream::done of a, awaited", |e| block_on(std::pin::pin!(e.a.done()))),
+        ok("Context::done, awaited", |e| block_on(std::pin::pin!(e.ctx.done()))),
+        ok("an event recorded on b, waited for on a", |e| {
+            let event = cuda_pinned::Event::without_timing(&e.ctx)?;
+            e.b.record(&event)?;
+            e.a.wait(&event)?;
+            event.synchronize()
+        }),
+        ok("Stream::profile on a, nested", |e| {
+            e.a.profile("nested", 0, || round_trip(e, &e.a, 26))
+        }),
+        ok("Stream::profile on b", |e| {
+            e.b.profile("nested", 0, || round_trip(e, &e.a, 27))
+        }),
+        ok("Stream::enqueue_foreign on b", |e| {
+            let mut device = DeviceBuffer::<u32>::zeroed(&e.b, N)?;
+            // SAFETY: nothing is enqueued.
+            unsafe { e.b.enqueue_foreign(&[cuda_pinned::Use::write(&mut device)], |_| ()) }?;
+            let mut back = Pinned::<u32>::zeroed(&e.ctx, N)?;
+            e.a.download(&device, &mut back)
+        }),
+        ok("the pool: alloc, alloc_async, drop", |e| {
+            let first = e.pool.alloc::<u8>(1 << 20)?;
+            let second = block_on(std::pin::pin!(e.pool.alloc_async::<u8>(1 << 20)))?;
+            drop((first, second));
+            e.pool.trim()
+        }),
+        ok("page-locked and device memory made and dropped", |e| {
+            let host = Pinned::<u32>::zeroed(&e.ctx, N)?;
+            let device = DeviceBuffer::<u32>::zeroed(&e.a, N)?;
+            drop((host, device));
+            Ok(())
+        }),
+        ok("a stream made and dropped", |e| {
+            let c = Stream::new(&e.ctx)?;
+            round_trip(e, &c, 28)
+        }),
+        ok("a graph captured and launched on b", |e| {
+            let host = Pinned::from_slice(&e.ctx, &data(N, 29))?;
+            let mut device = DeviceBuffer::<u32>::zeroed(&e.b, N)?;
+            let mut graph = cuda_pinned::Graph::capture(&[&e.b], || e.b.upload(&host, &mut device))?;
+            graph.launch(&e.b)?;
+            e.b.synchronize()
+        }),
+        Call {
+            name: "a graph captured on a",
+            run: |e| {
+                let host = Pinned::from_slice(&e.ctx, &data(N, 30))?;
+                let mut device = DeviceBuffer::<u32>::zeroed(&e.a, N)?;
+                let mut graph =
+                    cuda_pinned::Graph::capture(&[&e.a], || e.a.upload(&host, &mut device))?;
+                graph.launch(&e.a)?;
+                e.a.synchronize()
+            },
+            refused_inside_a: Some("inside a Stream::profile"),
+        },
+    ]
+}
+
+/// Where a call runs: inside a closure of the crate's on `a`, or inside a waker's drop.
+#[derive(Clone, Copy, Debug)]
+enum Inside {
+    Profile,
+    Foreign,
+    WakerDrop,
+}
+
+/// Runs every call inside `inside`, on the closure's thread alone and then on two threads at once (the
+/// closure's, and another one while the closure runs), each bounded; fails naming each call that hung, gave
+/// an error it should not, or was not refused where it must be.
+fn every_call_inside(inside: Inside) {
+    let mut serial = serial();
+    // Two threads on the same streams at once may make a wait longer than it needs (ARCHITECTURE.md, "Locks"):
+    // only those FALSE DEPENDENCY reports are expected here, which is about ending, not precision.
+    serial.expect_violations();
+    let mut wrong = Vec::new();
+    for (i, call) in calls().into_iter().enumerate() {
+        for threads in [1, 2] {
+            let name = format!("{} inside {inside:?}, {threads} thread(s)", call.name);
+            let outcomes = common::on_a_thread(&name, DEADLINE, move || {
+                let env = Arc::new(Env::new());
+                let outcomes = run_inside(&env, inside, threads, calls()[i].run);
+                env.ctx.synchronize().unwrap();
+                outcomes
+            })
+            .0;
+            for (thread, outcome) in outcomes.into_iter().enumerate() {
+                // Only the closure's own thread runs inside the closure on `a`; the other is outside it.
+                let refused = match (inside, thread) {
+                    (Inside::Profile, _) => call.refused_inside_a,
+                    _ => None,
+                };
+                // A capture refuses another thread's work on its stream, and a second capture of it.
+                let beside_a_capture = threads == 2 && call.name.starts_with("a graph");
+                match (outcome, refused) {
+                    (Ok(()), None) => {}
+                    (Err(e), Some(says)) if e.to_string().contains(says) => {}
+                    (Err(e), _) if beside_a_capture && e.to_string().contains("capturing a graph") => {}
+                    (outcome, _) => wrong.push(format!("{name}, thread {thread}: {outcome:?}")),
+                }
+            }
+        }
+    }
+    wrong.extend(
+        serial
+            .take_violations()
+            .into_iter()
+            .filter(|v| !v.starts_with("FALSE DEPENDENCY")),
+    );
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// Runs `call` inside `inside` (and, with two threads, on another thread at the same time); the outcomes,
+/// the closure's thread first.
+fn run_inside(
+    env: &Arc<Env>,
+    inside: Inside,
+    threads: usize,
+    call: fn(&Env) -> Result<()>,
+) -> Vec<Result<()>> {
+    let both = Arc::new(Barrier::new(threads));
+    let other = (threads == 2).then(|| {
+        let (env, both) = (env.clone(), both.clone());
+        std::thread::spawn(move || {
+            both.wait();
+            call(&env)
+        })
+    });
+    let inner: Box<dyn FnOnce() -> Result<()> + Send> = {
+        let env = env.clone();
+        Box::new(move || {
+            both.wait();
+            call(&env)
+        })
+    };
+    let own = match inside {
+        Inside::Profile => env.a.profile("user work", 0, || Ok(inner())).and_then(|r| r),
+        Inside::Foreign => {
+            let mut declared = DeviceBuffer::<u32>::zeroed(&env.a, N).unwrap();
+            // SAFETY: the closure enqueues nothing on the raw stream itself.
+            unsafe {
+                env.a
+                    .enqueue_foreign(&[cuda_pinned::Use::write(&mut declared)], |_| inner())
+            }
+            .and_then(|r| r)
+        }
+        Inside::WakerDrop => in_a_wakers_drop(env, inner),
+    };
+    let mut outcomes = vec![own];
+    outcomes.extend(other.map(|t| t.join().unwrap()));
+    outcomes
+}
+
+/// Runs `inner` inside the drop of a waker that a future of the crate replaces while it waits: a `Done` of a
+/// stream held busy, polled with one waker and then another.
+fn in_a_wakers_drop(env: &Env, inner: Box<dyn FnOnce() -> Result<()> + Send>) -> Result<()> {
+    let busy = Stream::new(&env.ctx).unwrap();
+    let held = common::hold(&busy, Duration::from_secs(1));
+    let outcome: Arc<Mutex<Option<Result<()>>>> = Arc::default();
+    let slot = outcome.clone();
+    let hook: Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>> =
+        Arc::new(Mutex::new(Some(Box::new(move || {
+            *slot.lock().unwrap() = Some(inner());
+        }))));
+    let mut done = std::pin::pin!(busy.done());
+    let first = dropping_waker(hook);
+    assert!(
+        done.as_mut()
+            .poll(&mut TaskContext::from_waker(&first))
+            .is_pending(),
+        "the held stream was found idle"
+    );
+    // The second poll replaces `first` (kept alive here: the crate's clone is the first dropped), whose drop
+    // runs the call, inside the poll.
+    let _ = done.as_mut().poll(&mut TaskContext::from_waker(Waker::noop()));
+    let ran = outcome.lock().unwrap().take();
+    drop(held);
+    block_on(done.as_mut()).unwrap();
+    drop(first);
+    ran.unwrap_or_else(|| panic!("the replaced waker was not dropped by the second poll"))
+}
+
+#[test]
+fn every_call_inside_a_profiled_closure_ends() {
+    every_call_inside(Inside::Profile);
+}
+
+#[test]
+fn every_call_inside_a_foreign_closure_ends() {
+    every_call_inside(Inside::Foreign);
+}
+
+#[test]
+fn every_call_inside_a_wakers_drop_ends() {
+    every_call_inside(Inside::WakerDrop);
+}
+
+// ---- Precise marks without the lock ----------------------------------------------------------------------------
+
+/// Inside a profiled closure on `a`, the crate's upload of `x` on `a` and then untracked work (a hold, through
+/// the raw handle) behind it: a read of `x` on `b` must wait only for the upload, not for the hold (on the
+/// simulated driver a wait that covers the hold is a FALSE DEPENDENCY, which fails the test). While a section
+/// is open, an operation closes its segment right after its work; without that, the segment would stay open
+/// and its event would be recorded behind the hold.
+#[test]
+fn work_of_the_crate_inside_a_profiled_closure_keeps_an_event_before_the_untracked_work_after_it() {
+    let _serial = serial();
+    let right = ends("a read beside a hold queued in a profiled closure", || {
+        let ctx = common::device(0);
+        let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+        let values = data(N, 40);
+        let host = Pinned::from_slice(&ctx, &values).unwrap();
+        let mut x = DeviceBuffer::<u32>::zeroed(&a, N).unwrap();
+        let gate = Arc::new(Gate::default());
+        a.profile("user work", 0, || {
+            a.upload(&host, &mut x)?;
+            raw_hold(&a, &gate)
+        })
+        .unwrap();
+        let mut back = Pinned::<u32>::zeroed(&ctx, N).unwrap();
+        b.download(&x, &mut back).unwrap();
+        // On the device, b's copy waits only for the upload: it completes while `a` is still held.
+        let early = common::SIMULATED.then(|| {
+            let started = std::time::Instant::now();
+            while !b.query().unwrap() && started.elapsed() < Duration::from_secs(1) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            b.query().unwrap() && !a.query().unwrap()
+        });
+        gate.open();
+        let right = back.as_slice().unwrap() == values;
+        (right, early.unwrap_or(true))
+    });
+    assert!(right.0, "the read read wrong data");
+    assert!(right.1, "the read on b waited for the hold queued after the upload on a");
+}
+
+/// What [`raw_hold`] holds a stream behind until [`Gate::open`] (or 10 s).
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    opened: std::sync::Condvar,
+}
+
+impl Gate {
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+}
+
+/// Holds `stream` until `gate` opens, through its raw handle alone (`common::hold` goes through the crate's
+/// `Stream::profile`, which closes the segment itself): a host function on the simulated driver, a spin of
+/// 200 ms on a GPU.
+fn raw_hold(stream: &Stream, gate: &Arc<Gate>) -> Result<()> {
+    #[cfg(feature = "gpu")]
+    {
+        let _ = gate;
+        // SAFETY: a live stream; the kernel touches no memory.
+        let code = unsafe { cuda_pinned::kernels::raw::cuda_pinned_spin(200_000_000, stream.as_raw()) };
+        cuda_pinned::kernels::raw::check_launch(code, "cuda_pinned_spin")
+    }
+    #[cfg(not(feature = "gpu"))]
+    {
+        /// Waits for the gate its argument points to.
+        ///
+        /// # Safety
+        /// The argument comes from `Arc::into_raw` of a gate, for this one call.
+        unsafe extern "C" fn wait(gate: *mut std::ffi::c_void) {
+            // SAFETY: as the function's contract says; the reference is dropped here.
+            let gate = unsafe { Arc::from_raw(gate.cast::<Gate>()) };
+            let open = gate.open.lock().unwrap();
+            drop(gate.opened.wait_timeout_while(open, Duration::from_secs(10), |open| !*open));
+        }
+        let arg = Arc::into_raw(gate.clone()).cast_mut().cast();
+        // SAFETY: a live stream; the host function takes the reference `arg` holds and makes no CUDA call.
+        unsafe { cuda_pinned::driver_call!(cuLaunchHostFunc(stream.as_raw(), Some(wait), arg)) }
+    }
+}

@@ -940,7 +940,8 @@ impl Drop for Replay {
 
 #[test]
 fn threads_share_a_context_a_pool_and_streams() {
-    let _serial = serial();
+    let mut serial = serial();
+    serial.expect_violations();
     let seed = env_number("CUDA_PINNED_STRESS_SEED").unwrap_or_else(|| {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -950,7 +951,6 @@ fn threads_share_a_context_a_pool_and_streams() {
     let steps = env_number("CUDA_PINNED_STRESS_STEPS").unwrap_or(STEPS);
     let _replay = Replay(seed);
     println!("CUDA_PINNED_STRESS_SEED={seed}, {steps} operations on each of {THREADS} threads");
-    let violations_before = common::sim().map_or(0, |s| s.violations().len());
     #[cfg(not(feature = "gpu"))]
     let baseline = common::sim().map(|s| bounded!(s.live()));
     let started = Instant::now();
@@ -1045,8 +1045,16 @@ fn threads_share_a_context_a_pool_and_streams() {
         bounded!(drop(ctx));
     }
     println!("{:?}", started.elapsed());
-    if let Some(sim) = common::sim() {
-        let new = sim.violations().split_off(violations_before);
+    {
+        // A spin is untracked work queued inside `Stream::profile` on a stream the other threads use too: an
+        // operation another thread queues there meanwhile closes its segment right after its work, but a spin
+        // queued between the two lands before that segment's event (ARCHITECTURE.md, "Locks"), which is late,
+        // never early. Only that wait, for a spin's host function, is expected; any other is a failure.
+        let new: Vec<String> = serial
+            .take_violations()
+            .into_iter()
+            .filter(|v| !(v.starts_with("FALSE DEPENDENCY") && v.contains("waited for a host function")))
+            .collect();
         assert!(
             new.is_empty(),
             "the simulated driver found violations:\n{}",

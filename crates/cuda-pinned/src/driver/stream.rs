@@ -573,14 +573,32 @@ impl<'a> std::ops::Deref for Begun<'a> {
     }
 }
 
-impl Drop for Begun<'_> {
-    fn drop(&mut self) {
+impl<'a> Begun<'a> {
+    /// Ends the operation once its entries are recorded: where a section is open, closes the segment now.
+    ///
+    /// # Errors
+    /// The driver's, from recording the segment's event: the operation's work is queued and tracked, and
+    /// later waits for it may wait longer than they need (never less).
+    pub(crate) fn finish(mut self) -> Result<()> {
+        self.end()
+    }
+
+    fn end(&mut self) -> Result<()> {
         if self.guard.in_section() {
             let mut current = self.guard.current();
             if current.holders() > 0 {
-                let _ = self.stream.close(&self.guard, &mut current);
+                return self.stream.close(&self.guard, &mut current);
             }
         }
+        Ok(())
+    }
+}
+
+impl Drop for Begun<'_> {
+    /// On the paths that return early (an error before the enqueue), or after [`Begun::finish`] (then
+    /// nothing is left to close).
+    fn drop(&mut self) {
+        let _ = self.end();
     }
 }
 

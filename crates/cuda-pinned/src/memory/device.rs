@@ -290,6 +290,7 @@ impl<T> DeviceBuffer<T> {
             {
                 Ok(segment) => {
                     let freed = free_async(ptr, &stream);
+                    // A failure to close the segment after it (in a section) only makes later waits longer.
                     drop(segment);
                     return freed;
                 }

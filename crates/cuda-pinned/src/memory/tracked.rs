@@ -342,7 +342,8 @@ impl Stream {
         if let Some(w) = write.as_mut() {
             w.record_use(self, &point, Access::Write);
         }
-        enqueued
+        let finished = segment.finish();
+        enqueued.and(finished)
     }
 }
 
@@ -438,7 +439,8 @@ impl Stream {
         for (tracker, access) in locked.iter_mut() {
             tracker.record_use(self, &point, *access);
         }
-        enqueued
+        let finished = segment.finish();
+        enqueued.and_then(|value| finished.map(|()| value))
     }
 
     /// Runs `enqueue`, a user's code that enqueues work on this stream using the buffers of `uses`, between
@@ -477,7 +479,7 @@ impl Stream {
             }
         }
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(enqueue));
-        {
+        let finished = {
             let mut locked = Locked(SmallVec::new());
             locked.lock(uses);
             let segment = self.join();
@@ -488,9 +490,10 @@ impl Stream {
             for (track, access) in uses.iter() {
                 track.declaring(*access, true);
             }
-        }
+            segment.finish()
+        };
         match ran {
-            Ok(value) => Ok(value),
+            Ok(value) => finished.map(|()| value),
             Err(panic) => std::panic::resume_unwind(panic),
         }
     }
@@ -552,9 +555,9 @@ impl Stream {
                 }
                 drop(latest);
                 let enqueued = self.timed(Category::Kernel, "graph", 0, enqueue);
-                drop(segment);
+                let finished = segment.finish();
                 *last = previous;
-                return enqueued;
+                return enqueued.and(finished);
             }
             drop(latest);
             drop(segment);
@@ -611,8 +614,8 @@ impl Stream {
                 versions: uses.iter().map(|(track, _)| track.version()).collect(),
             });
         }
-        drop(segment);
-        enqueued
+        let finished = segment.finish();
+        enqueued.and(finished)
     }
 }
 
