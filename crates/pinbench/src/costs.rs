@@ -10,7 +10,7 @@ use cuda_pinned::{
     Registered, Stream, driver_call, sys,
 };
 
-use crate::results::{Alloc, Allocation, Enqueue, Extra, LaunchCost, size_label};
+use crate::results::{Alloc, Allocation, Enqueue, Extra, LaunchCost, NoContext, size_label};
 use crate::timing::{Plan, fill_pattern, median};
 use crate::{Bench, Outcome};
 
@@ -260,6 +260,16 @@ pub fn enqueue(bench: &mut Bench) -> Outcome<Enqueue> {
     let mut cross_stream = |i: usize| {
         if i.is_multiple_of(2) { stream } else { &other }.upload(&small, &mut device_three)
     };
+    // The same two from a thread with no context current, as a thread of a pipeline that never touched CUDA
+    // has it: the crate then pushes the stream's context and pops it around each call.
+    let mut device_four = DeviceBuffer::<u8>::zeroed(stream, SMALL)?;
+    let mut same_stream_bare = |_| stream.upload(&small, &mut device_four);
+    let mut same_stream_bare = no_context(&mut same_stream_bare);
+    let mut device_five = DeviceBuffer::<u8>::zeroed(stream, SMALL)?;
+    let mut cross_stream_bare = |i: usize| {
+        if i.is_multiple_of(2) { stream } else { &other }.upload(&small, &mut device_five)
+    };
+    let mut cross_stream_bare = no_context(&mut cross_stream_bare);
     // The four take turns batch by batch, so that what drifts over the run (clocks, the driver's queues) falls
     // on all of them alike, and each crate figure is compared with its reference of the same round.
     let rounds = in_turns(
@@ -270,11 +280,20 @@ pub fn enqueue(bench: &mut Bench) -> Outcome<Enqueue> {
             &mut same_stream,
             &mut raw_cross_stream,
             &mut cross_stream,
+            &mut same_stream_bare,
+            &mut cross_stream_bare,
         ],
     )?;
-    let [raw, same_stream, raw_cross_stream, cross_stream] = [0, 1, 2, 3].map(|i| &rounds[i]);
+    let [raw, same_stream, raw_cross_stream, cross_stream, same_bare, cross_bare] =
+        [0, 1, 2, 3, 4, 5].map(|i| &rounds[i]);
     let same_stream_extra = Extra::of(same_stream, raw);
     let cross_stream_extra = Extra::of(cross_stream, raw_cross_stream);
+    let no_context = NoContext {
+        same_stream: median(same_bare.clone()),
+        cross_stream: median(cross_bare.clone()),
+        same_stream_extra: Extra::of(same_bare, raw),
+        cross_stream_extra: Extra::of(cross_bare, raw_cross_stream),
+    };
     let [raw, same_stream, raw_cross_stream, cross_stream] =
         [raw, same_stream, raw_cross_stream, cross_stream].map(|times| median(times.clone()));
 
@@ -292,6 +311,7 @@ pub fn enqueue(bench: &mut Bench) -> Outcome<Enqueue> {
         raw_cross_stream,
         same_stream_extra,
         cross_stream_extra,
+        no_context,
         bytes: SMALL,
         batch: ENQUEUE_BATCH,
         samples,
@@ -362,13 +382,33 @@ fn launch(context: &Context, stream: &Stream, plan: &Plan) -> Outcome<LaunchCost
             )
         }
     };
+    // Its own output, so that the three take turns with no borrow shared.
+    let mut y_bare = DeviceBuffer::<f32>::zeroed(stream, elements)?;
+    context.synchronize()?;
+    let mut bare_launch = |_| {
+        // SAFETY: as for `safe_launch`, with `y_bare` for `y`.
+        unsafe {
+            stream.launch(
+                &kernel,
+                config,
+                &[
+                    Arg::read(&x),
+                    Arg::write(&mut y_bare),
+                    Arg::value(&a),
+                    Arg::value(&n),
+                ],
+            )
+        }
+    };
+    let mut bare_launch = no_context(&mut bare_launch);
     let launch_samples = plan.launch_samples;
     let launches = in_turns(
         context,
         launch_samples,
-        &mut [&mut raw_launch, &mut safe_launch],
+        &mut [&mut raw_launch, &mut safe_launch, &mut bare_launch],
     )?;
     let extra = Extra::of(&launches[1], &launches[0]);
+    let extra_no_context = Extra::of(&launches[2], &launches[0]);
     let launches = launches.into_iter().map(median).collect::<Vec<_>>();
     let mut out = Pinned::<f32>::zeroed(context, elements)?;
     stream.download(&y, &mut out)?;
@@ -380,8 +420,10 @@ fn launch(context: &Context, stream: &Stream, plan: &Plan) -> Outcome<LaunchCost
     Ok(LaunchCost {
         raw: launches[0],
         crate_launch: launches[1],
+        crate_launch_no_context: launches[2],
         samples: launch_samples,
         extra,
+        extra_no_context,
         verified,
     })
 }
@@ -408,6 +450,30 @@ impl Drop for ThreadContext {
     fn drop(&mut self) {
         // SAFETY: the context the thread had current before (or none), retained by whoever made it current.
         let _ = unsafe { driver_call!(cuCtxSetCurrent(self.0)) };
+    }
+}
+
+/// `enqueue` run with no context current on the thread for each batch of [`in_turns`]: the first call of a
+/// batch takes the thread's context away, the last puts it back (two driver calls in a batch of
+/// [`ENQUEUE_BATCH`]).
+fn no_context<'f>(
+    enqueue: &'f mut dyn FnMut(usize) -> cuda_pinned::Result<()>,
+) -> impl FnMut(usize) -> cuda_pinned::Result<()> + 'f {
+    let mut before: sys::CUcontext = ptr::null_mut();
+    move |i| {
+        if i == 0 {
+            // SAFETY: an out-pointer to a local; then no context, current on this thread only.
+            unsafe {
+                driver_call!(cuCtxGetCurrent(&raw mut before))?;
+                driver_call!(cuCtxSetCurrent(ptr::null_mut()))?;
+            }
+        }
+        let enqueued = enqueue(i);
+        if i == ENQUEUE_BATCH - 1 || enqueued.is_err() {
+            // SAFETY: the context current before the batch, retained by whoever made it current.
+            unsafe { driver_call!(cuCtxSetCurrent(before)) }?;
+        }
+        enqueued
     }
 }
 

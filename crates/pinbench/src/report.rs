@@ -357,6 +357,17 @@ fn enqueue(out: &mut String, report: &Report) {
         extra(&e.same_stream_extra),
         extra(&e.cross_stream_extra)
     );
+    let n = &e.no_context;
+    let _ = writeln!(
+        out,
+        "  from a thread with no context current (the raw calls keep theirs):\n    Stream::upload, one stream \
+         {:.2} us, over raw {}\n    Stream::upload, alternating two streams {:.2} us, over the raw record + \
+         wait {}",
+        n.same_stream * 1e6,
+        extra(&n.same_stream_extra),
+        n.cross_stream * 1e6,
+        extra(&n.cross_stream_extra)
+    );
     let l = match &e.launch {
         Ok(l) => l,
         Err(why) => {
@@ -380,6 +391,12 @@ fn enqueue(out: &mut String, report: &Report) {
         (l.crate_launch - l.raw) * 1e6,
         if l.verified { "" } else { "  ! wrong output" },
         extra(&l.extra)
+    );
+    let _ = writeln!(
+        out,
+        "    from a thread with no context current: crate {:.2} us, over raw {}",
+        l.crate_launch_no_context * 1e6,
+        extra(&l.extra_no_context)
     );
 }
 

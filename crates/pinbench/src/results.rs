@@ -382,6 +382,9 @@ pub struct Enqueue {
     pub same_stream_extra: Extra,
     /// `cross_stream` over `raw_cross_stream`, batch by batch.
     pub cross_stream_extra: Extra,
+    /// The crate's two copy figures again from a thread with no context current (the raw references keep
+    /// theirs: the driver's copy needs one).
+    pub no_context: NoContext,
     /// Bytes per copy.
     pub bytes: usize,
     /// Copies per timed batch.
@@ -405,8 +408,25 @@ pub struct LaunchCost {
     pub samples: usize,
     /// `crate_launch` over `raw`, batch by batch.
     pub extra: Extra,
+    /// `Stream::launch` from a thread with no context current, in the same turns.
+    pub crate_launch_no_context: f64,
+    /// `crate_launch_no_context` over `raw`, batch by batch.
+    pub extra_no_context: Extra,
     /// Whether the launched kernel's output was as expected, checked once after the timing.
     pub verified: bool,
+}
+
+/// [`Enqueue`]'s figures of the crate taken on a thread with no context current, in the same turns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NoContext {
+    /// `Stream::upload` on one stream, seconds per call.
+    pub same_stream: f64,
+    /// `Stream::upload` alternating two streams.
+    pub cross_stream: f64,
+    /// `same_stream` over the raw copy (with its context current), batch by batch.
+    pub same_stream_extra: Extra,
+    /// `cross_stream` over the raw record + wait + copy, batch by batch.
+    pub cross_stream_extra: Extra,
 }
 
 /// What a call of the crate costs over its reference, from batches of both taken in turns: for each round, the

@@ -3,7 +3,7 @@
 use crate::nvml::Link;
 use crate::results::{
     Alloc, Allocation, Api, Bandwidth, Bidirectional, DeviceInfo, Direction, Enqueue, Extra,
-    Header, LaunchCost, Method, Overlap, Report, StagedTurns, StagingSweep, SweepPoint,
+    Header, LaunchCost, Method, NoContext, Overlap, Report, StagedTurns, StagingSweep, SweepPoint,
 };
 
 /// A made-up figure of `gbps` GB/s.
@@ -217,17 +217,37 @@ pub fn sample_report() -> Report {
                 p10: 0.4e-6,
                 p90: 0.7e-6,
             },
+            no_context: NoContext {
+                same_stream: 1.1e-6,
+                cross_stream: 2.2e-6,
+                same_stream_extra: Extra {
+                    median: 0.1e-6,
+                    p10: 0.05e-6,
+                    p90: 0.15e-6,
+                },
+                cross_stream_extra: Extra {
+                    median: 0.7e-6,
+                    p10: 0.6e-6,
+                    p90: 0.8e-6,
+                },
+            },
             bytes: 64,
             batch: 500,
             samples: 10,
             launch: Ok(LaunchCost {
                 raw: 2e-6,
                 crate_launch: 2.25e-6,
+                crate_launch_no_context: 2.4e-6,
                 samples: 100,
                 extra: Extra {
                     median: 0.25e-6,
                     p10: 0.2e-6,
                     p90: 0.3e-6,
+                },
+                extra_no_context: Extra {
+                    median: 0.4e-6,
+                    p10: 0.35e-6,
+                    p90: 0.45e-6,
                 },
                 verified: true,
             }),
