@@ -468,7 +468,10 @@ fn a_launch_beside_a_profiled_closure_goes_through_and_work_after_it_is_waited_f
         release.join().unwrap();
         (went_through, read == eager, read == launched)
     });
-    assert!(got.0, "the launch waited for the profiled closure to return");
+    assert!(
+        got.0,
+        "the launch waited for the profiled closure to return"
+    );
     assert!(
         got.1,
         "the graph lent `p` before the eager write queued after its launch had completed (the launch's \

@@ -73,38 +73,47 @@ fn a_profiled_staged_transfer_on_worker_threads_ends() {
 #[test]
 fn the_staged_transfer_profiled_above_uses_several_staging_buffers() {
     let (buffers, each) = chunked().staging_buffers(16 * N).unwrap();
-    assert!(buffers >= 2 && each == 64 << 10, "{buffers} buffers of {each} bytes");
+    assert!(
+        buffers >= 2 && each == 64 << 10,
+        "{buffers} buffers of {each} bytes"
+    );
 }
 
 #[test]
 fn a_profiled_closure_using_a_buffer_on_another_stream_beside_a_thread_using_it_on_this_one_ends() {
     let _serial = serial();
-    let (first, second) = ends("profile on a reading x on b, beside a read of x on a", || {
-        let ctx = common::device(0);
-        let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
-        let (x, want) = uploaded(&a, 2);
-        let mut on_b = Pinned::<u32>::zeroed(&ctx, N).unwrap();
-        let mut on_a = Pinned::<u32>::zeroed(&ctx, N).unwrap();
-        let inside = Barrier::new(2);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                inside.wait();
-                a.download(&x, &mut on_a).unwrap();
+    let (first, second) = ends(
+        "profile on a reading x on b, beside a read of x on a",
+        || {
+            let ctx = common::device(0);
+            let (a, b) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+            let (x, want) = uploaded(&a, 2);
+            let mut on_b = Pinned::<u32>::zeroed(&ctx, N).unwrap();
+            let mut on_a = Pinned::<u32>::zeroed(&ctx, N).unwrap();
+            let inside = Barrier::new(2);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    inside.wait();
+                    a.download(&x, &mut on_a).unwrap();
+                });
+                a.profile("user work", 0, || {
+                    inside.wait();
+                    // The other thread is in its download on `a` by now, holding `x`'s tracker.
+                    std::thread::sleep(Duration::from_millis(100));
+                    b.download(&x, &mut on_b)
+                })
+                .unwrap();
             });
-            a.profile("user work", 0, || {
-                inside.wait();
-                // The other thread is in its download on `a` by now, holding `x`'s tracker.
-                std::thread::sleep(Duration::from_millis(100));
-                b.download(&x, &mut on_b)
-            })
-            .unwrap();
-        });
-        (
-            on_b.as_slice().unwrap() == want,
-            on_a.as_slice().unwrap() == want,
-        )
-    });
-    assert!(first && second, "read on b right: {first}, on a right: {second}");
+            (
+                on_b.as_slice().unwrap() == want,
+                on_a.as_slice().unwrap() == want,
+            )
+        },
+    );
+    assert!(
+        first && second,
+        "read on b right: {first}, on a right: {second}"
+    );
 }
 
 #[test]
@@ -137,7 +146,10 @@ fn two_profiled_closures_each_enqueueing_on_the_others_stream_end() {
         });
         got.iter().all(|&right| right)
     });
-    assert!(right, "an upload made inside a profiled closure read wrong data");
+    assert!(
+        right,
+        "an upload made inside a profiled closure read wrong data"
+    );
 }
 
 #[test]
@@ -163,14 +175,17 @@ fn two_profiled_closures_synchronizing_the_context_end() {
     });
 }
 
+/// What a [`dropping_waker`] runs at its first drop.
+type Hook = Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>;
+
 /// A waker whose every drop (of any clone) runs `on_drop` once: what an executor's waker may do (a task's
 /// last reference, dropped, drops the task and what it holds).
-fn dropping_waker(on_drop: Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>) -> Waker {
-    type Hook = Mutex<Option<Box<dyn FnOnce() + Send>>>;
+fn dropping_waker(on_drop: Hook) -> Waker {
+    type Shared = Mutex<Option<Box<dyn FnOnce() + Send>>>;
     const VTABLE: RawWakerVTable = RawWakerVTable::new(clone, wake, wake_by_ref, drop_waker);
     unsafe fn clone(data: *const ()) -> RawWaker {
         // SAFETY: `data` is an `Arc<Hook>` from `into_raw`, with a count for this waker.
-        unsafe { Arc::increment_strong_count(data.cast::<Hook>()) };
+        unsafe { Arc::increment_strong_count(data.cast::<Shared>()) };
         RawWaker::new(data, &VTABLE)
     }
     unsafe fn wake(data: *const ()) {
@@ -180,7 +195,7 @@ fn dropping_waker(on_drop: Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>) -> Wake
     unsafe fn wake_by_ref(_: *const ()) {}
     unsafe fn drop_waker(data: *const ()) {
         // SAFETY: as for `clone`; this waker's count is given back here.
-        let hook = unsafe { Arc::from_raw(data.cast::<Hook>()) };
+        let hook = unsafe { Arc::from_raw(data.cast::<Shared>()) };
         let run = hook.lock().unwrap().take();
         if let Some(run) = run {
             run();
@@ -203,8 +218,7 @@ fn a_waker_whose_drop_gives_a_buffer_back_to_the_pool_never_deadlocks_it() {
             .max_wait(Duration::MAX)
             .build();
         let held = pool.alloc::<u8>(1 << 20).unwrap();
-        let hook: Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>> =
-            Arc::new(Mutex::new(Some(Box::new(move || drop(held)))));
+        let hook: Hook = Arc::new(Mutex::new(Some(Box::new(move || drop(held)))));
         let mut want = std::pin::pin!(pool.alloc_async::<u8>(1 << 20));
         let first = dropping_waker(hook);
         assert!(
@@ -241,12 +255,16 @@ fn the_waker_replaced_above_is_dropped_by_the_second_poll() {
         let _held = pool.alloc::<u8>(1 << 20).unwrap();
         let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = ran.clone();
-        let hook: Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>> = Arc::new(Mutex::new(Some(
-            Box::new(move || flag.store(true, std::sync::atomic::Ordering::SeqCst)),
-        )));
+        let hook: Hook = Arc::new(Mutex::new(Some(Box::new(move || {
+            flag.store(true, std::sync::atomic::Ordering::SeqCst)
+        }))));
         let mut want = std::pin::pin!(pool.alloc_async::<u8>(1 << 20));
         let first = dropping_waker(hook);
-        assert!(want.as_mut().poll(&mut TaskContext::from_waker(&first)).is_pending());
+        assert!(
+            want.as_mut()
+                .poll(&mut TaskContext::from_waker(&first))
+                .is_pending()
+        );
         let before = ran.load(std::sync::atomic::Ordering::SeqCst);
         let mut cx = TaskContext::from_waker(Waker::noop());
         assert!(want.as_mut().poll(&mut cx).is_pending());
@@ -298,12 +316,19 @@ fn staged_and_context_futures_polled_again_after_they_resolved_are_an_error() {
         assert_eq!(back, values);
         again
     });
-    for (what, result) in ["upload_staged_async", "download_staged_async", "Context::done"]
-        .iter()
-        .zip(again)
+    for (what, result) in [
+        "upload_staged_async",
+        "download_staged_async",
+        "Context::done",
+    ]
+    .iter()
+    .zip(again)
     {
         let error = result.expect_err(what).to_string();
-        assert!(error.contains("polled after it resolved"), "{what}: {error}");
+        assert!(
+            error.contains("polled after it resolved"),
+            "{what}: {error}"
+        );
     }
 }
 
@@ -401,17 +426,29 @@ fn calls() -> Vec<Call> {
         ok("staged futures on b", |e| {
             let values = data(N, 25);
             let mut device = DeviceBuffer::<u32>::zeroed(&e.b, N)?;
-            block_on(std::pin::pin!(e.b.upload_staged_async(&e.pool, &values, &mut device)))?;
+            block_on(std::pin::pin!(e.b.upload_staged_async(
+                &e.pool,
+                &values,
+                &mut device
+            )))?;
             let mut back = vec![0u32; N];
-            block_on(std::pin::pin!(e.b.download_staged_async(&e.pool, &device, &mut back)))?;
+            block_on(std::pin::pin!(
+                e.b.download_staged_async(&e.pool, &device, &mut back)
+            ))?;
             check(back == values, "staged futures read wrong data")
         }),
         ok("Stream::synchronize of a", |e| e.a.synchronize()),
         ok("Stream::synchronize of b", |e| e.b.synchronize()),
         ok("Context::synchronize", |e| e.ctx.synchronize()),
-        ok("Stream::query of a and b", |e| e.a.query().and(e.b.query()).map(drop)),
-        ok("Stream::done of a, awaited", |e| block_on(std::pin::pin!(e.a.done()))),
-        ok("Context::done, awaited", |e| block_on(std::pin::pin!(e.ctx.done()))),
+        ok("Stream::query of a and b", |e| {
+            e.a.query().and(e.b.query()).map(drop)
+        }),
+        ok("Stream::done of a, awaited", |e| {
+            block_on(std::pin::pin!(e.a.done()))
+        }),
+        ok("Context::done, awaited", |e| {
+            block_on(std::pin::pin!(e.ctx.done()))
+        }),
         ok("an event recorded on b, waited for on a", |e| {
             let event = cuda_pinned::Event::without_timing(&e.ctx)?;
             e.b.record(&event)?;
@@ -427,7 +464,9 @@ fn calls() -> Vec<Call> {
         ok("Stream::enqueue_foreign on b", |e| {
             let mut device = DeviceBuffer::<u32>::zeroed(&e.b, N)?;
             // SAFETY: nothing is enqueued.
-            unsafe { e.b.enqueue_foreign(&[cuda_pinned::Use::write(&mut device)], |_| ()) }?;
+            unsafe {
+                e.b.enqueue_foreign(&[cuda_pinned::Use::write(&mut device)], |_| ())
+            }?;
             let mut back = Pinned::<u32>::zeroed(&e.ctx, N)?;
             e.a.download(&device, &mut back)
         }),
@@ -450,7 +489,8 @@ fn calls() -> Vec<Call> {
         ok("a graph captured and launched on b", |e| {
             let host = Pinned::from_slice(&e.ctx, &data(N, 29))?;
             let mut device = DeviceBuffer::<u32>::zeroed(&e.b, N)?;
-            let mut graph = cuda_pinned::Graph::capture(&[&e.b], || e.b.upload(&host, &mut device))?;
+            let mut graph =
+                cuda_pinned::Graph::capture(&[&e.b], || e.b.upload(&host, &mut device))?;
             graph.launch(&e.b)?;
             e.b.synchronize()
         }),
@@ -507,7 +547,8 @@ fn every_call_inside(inside: Inside) {
                 match (outcome, refused) {
                     (Ok(()), None) => {}
                     (Err(e), Some(says)) if e.to_string().contains(says) => {}
-                    (Err(e), _) if beside_a_capture && e.to_string().contains("capturing a graph") => {}
+                    (Err(e), _)
+                        if beside_a_capture && e.to_string().contains("capturing a graph") => {}
                     (outcome, _) => wrong.push(format!("{name}, thread {thread}: {outcome:?}")),
                 }
             }
@@ -546,7 +587,10 @@ fn run_inside(
         })
     };
     let own = match inside {
-        Inside::Profile => env.a.profile("user work", 0, || Ok(inner())).and_then(|r| r),
+        Inside::Profile => env
+            .a
+            .profile("user work", 0, || Ok(inner()))
+            .and_then(|r| r),
         Inside::Foreign => {
             let mut declared = DeviceBuffer::<u32>::zeroed(&env.a, N).unwrap();
             // SAFETY: the closure enqueues nothing on the raw stream itself.
@@ -570,10 +614,9 @@ fn in_a_wakers_drop(env: &Env, inner: Box<dyn FnOnce() -> Result<()> + Send>) ->
     let held = common::hold(&busy, Duration::from_secs(1));
     let outcome: Arc<Mutex<Option<Result<()>>>> = Arc::default();
     let slot = outcome.clone();
-    let hook: Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>> =
-        Arc::new(Mutex::new(Some(Box::new(move || {
-            *slot.lock().unwrap() = Some(inner());
-        }))));
+    let hook: Hook = Arc::new(Mutex::new(Some(Box::new(move || {
+        *slot.lock().unwrap() = Some(inner());
+    }))));
     let mut done = std::pin::pin!(busy.done());
     let first = dropping_waker(hook);
     assert!(
@@ -584,7 +627,9 @@ fn in_a_wakers_drop(env: &Env, inner: Box<dyn FnOnce() -> Result<()> + Send>) ->
     );
     // The second poll replaces `first` (kept alive here: the crate's clone is the first dropped), whose drop
     // runs the call, inside the poll.
-    let _ = done.as_mut().poll(&mut TaskContext::from_waker(Waker::noop()));
+    let _ = done
+        .as_mut()
+        .poll(&mut TaskContext::from_waker(Waker::noop()));
     let ran = outcome.lock().unwrap().take();
     drop(held);
     block_on(done.as_mut()).unwrap();
@@ -644,7 +689,10 @@ fn work_of_the_crate_inside_a_profiled_closure_keeps_an_event_before_the_untrack
         (right, early.unwrap_or(true))
     });
     assert!(right.0, "the read read wrong data");
-    assert!(right.1, "the read on b waited for the hold queued after the upload on a");
+    assert!(
+        right.1,
+        "the read on b waited for the hold queued after the upload on a"
+    );
 }
 
 /// What [`raw_hold`] holds a stream behind until [`Gate::open`] (or 10 s).
@@ -669,7 +717,8 @@ fn raw_hold(stream: &Stream, gate: &Arc<Gate>) -> Result<()> {
     {
         let _ = gate;
         // SAFETY: a live stream; the kernel touches no memory.
-        let code = unsafe { cuda_pinned::kernels::raw::cuda_pinned_spin(200_000_000, stream.as_raw()) };
+        let code =
+            unsafe { cuda_pinned::kernels::raw::cuda_pinned_spin(200_000_000, stream.as_raw()) };
         cuda_pinned::kernels::raw::check_launch(code, "cuda_pinned_spin")
     }
     #[cfg(not(feature = "gpu"))]
@@ -682,7 +731,10 @@ fn raw_hold(stream: &Stream, gate: &Arc<Gate>) -> Result<()> {
             // SAFETY: as the function's contract says; the reference is dropped here.
             let gate = unsafe { Arc::from_raw(gate.cast::<Gate>()) };
             let open = gate.open.lock().unwrap();
-            drop(gate.opened.wait_timeout_while(open, Duration::from_secs(10), |open| !*open));
+            drop(
+                gate.opened
+                    .wait_timeout_while(open, Duration::from_secs(10), |open| !*open),
+            );
         }
         let arg = Arc::into_raw(gate.clone()).cast_mut().cast();
         // SAFETY: a live stream; the host function takes the reference `arg` holds and makes no CUDA call.

@@ -1053,7 +1053,9 @@ fn threads_share_a_context_a_pool_and_streams() {
         let new: Vec<String> = serial
             .take_violations()
             .into_iter()
-            .filter(|v| !(v.starts_with("FALSE DEPENDENCY") && v.contains("waited for a host function")))
+            .filter(|v| {
+                !(v.starts_with("FALSE DEPENDENCY") && v.contains("waited for a host function"))
+            })
             .collect();
         assert!(
             new.is_empty(),

@@ -284,8 +284,14 @@ pub fn enqueue(bench: &mut Bench) -> Outcome<Enqueue> {
             &mut cross_stream_bare,
         ],
     )?;
-    let [raw, same_stream, raw_cross_stream, cross_stream, same_bare, cross_bare] =
-        [0, 1, 2, 3, 4, 5].map(|i| &rounds[i]);
+    let [
+        raw,
+        same_stream,
+        raw_cross_stream,
+        cross_stream,
+        same_bare,
+        cross_bare,
+    ] = [0, 1, 2, 3, 4, 5].map(|i| &rounds[i]);
     let same_stream_extra = Extra::of(same_stream, raw);
     let cross_stream_extra = Extra::of(cross_stream, raw_cross_stream);
     let no_context = NoContext {

@@ -367,7 +367,8 @@ pub fn document<'a>(report: &'a Report, plot: Option<&'a str>) -> Document<'a> {
             no_context_same_stream_seconds: e.no_context.same_stream,
             no_context_cross_stream_seconds: e.no_context.cross_stream,
             no_context_same_stream_over_raw: (&e.no_context.same_stream_extra).into(),
-            no_context_cross_stream_over_raw_cross_stream: (&e.no_context.cross_stream_extra).into(),
+            no_context_cross_stream_over_raw_cross_stream: (&e.no_context.cross_stream_extra)
+                .into(),
             batch: e.batch,
             samples: e.samples,
             kernel_launch_raw_seconds: e.launch.as_ref().ok().map(|l| l.raw),
@@ -375,8 +376,16 @@ pub fn document<'a>(report: &'a Report, plot: Option<&'a str>) -> Document<'a> {
             kernel_launch_ratio_to_raw: e.launch.as_ref().ok().map(|l| l.crate_launch / l.raw),
             kernel_launch_over_raw_seconds: e.launch.as_ref().ok().map(|l| l.crate_launch - l.raw),
             kernel_launch_over_raw: e.launch.as_ref().ok().map(|l| (&l.extra).into()),
-            kernel_launch_no_context_seconds: e.launch.as_ref().ok().map(|l| l.crate_launch_no_context),
-            kernel_launch_no_context_over_raw: e.launch.as_ref().ok().map(|l| (&l.extra_no_context).into()),
+            kernel_launch_no_context_seconds: e
+                .launch
+                .as_ref()
+                .ok()
+                .map(|l| l.crate_launch_no_context),
+            kernel_launch_no_context_over_raw: e
+                .launch
+                .as_ref()
+                .ok()
+                .map(|l| (&l.extra_no_context).into()),
             kernel_launch_samples: e.launch.as_ref().map_or(0, |l| l.samples),
             kernel_launch_verified: e.launch.as_ref().is_ok_and(|l| l.verified),
             kernel_launch_error: e.launch.as_ref().err().cloned(),

@@ -16,8 +16,8 @@ pub(crate) mod stream;
 
 pub use context::{Context, DEVICE_MEMORY_KEPT};
 pub use device::Device;
-pub(crate) use done::Resolved;
 pub use done::Done;
+pub(crate) use done::Resolved;
 pub use event::Event;
 pub(crate) use stream::Capture;
 pub use stream::{Category, Stream};
