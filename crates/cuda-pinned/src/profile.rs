@@ -309,6 +309,10 @@ impl Stream {
     /// known to the crate as work on the stream: waits for the crate's buffers used on this stream before it
     /// never wait for it.
     ///
+    /// No lock of the crate is held while `work` runs: it may call any of the crate's functions, on this stream or
+    /// others, and may wait for other threads that do. Work other threads enqueue on this stream meanwhile falls
+    /// inside the timed span, and [`crate::Graph::capture`] of this stream is refused until `work` returns.
+    ///
     /// # Errors
     /// `work`'s error, or the driver's from recording the events.
     pub fn profile<R>(
