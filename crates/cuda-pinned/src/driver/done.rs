@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 
 use super::calls;
 use super::event::Event;
+use super::flags::{FlagRef, Signal};
 use super::marks::{Mark, PooledEvent};
-use super::reactor::{FlagRef, Signal, reactor};
+use super::reactor::reactor;
 use super::stream::Stream;
 use crate::error::{Error, Result};
 

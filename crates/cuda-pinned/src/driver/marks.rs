@@ -40,11 +40,12 @@
 
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell, RefMut};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use super::calls;
 use super::context::Context;
+use super::reentrant::Reentrant;
 use crate::error::Result;
 use crate::sys::{CUevent, CUstream};
 
@@ -183,20 +184,10 @@ impl std::fmt::Debug for Launches {
 /// one is open, every operation of the crate on the stream closes its segment right after its work, so that
 /// the untracked work around it, from any thread, does not delay that segment's event.
 ///
-/// Every operation of the crate on a stream takes it, so the uncontended path is one compare-and-swap to take
-/// it and one swap to give it back; only a thread that finds it held sleeps, on a condition variable.
+/// Every operation of the crate on a stream takes it; the hand-over itself is [`Reentrant`]'s.
 #[derive(Default)]
 pub(crate) struct SegmentLock {
-    /// The holder's [`this_thread`] token; 0 while the lock is free.
-    owner: AtomicUsize,
-    /// How many guards the holder has; touched only by the holder.
-    depth: Cell<usize>,
-    /// Threads asleep (or about to sleep) in [`SegmentLock::lock`]: a release wakes one only if there is one
-    /// (a wake is a system call).
-    waiting: AtomicUsize,
-    /// What the waiting threads sleep on.
-    sleep: Mutex<()>,
-    released: Condvar,
+    lock: Reentrant,
     /// Touched only by the thread that holds the lock, and never borrowed across a call that may take it again.
     current: RefCell<Mark>,
     /// The segments this stream closed last, at most [`RETIRED`], oldest first; as `current`, only under the
@@ -214,58 +205,19 @@ const RETIRED: usize = 4;
 // The guard stays on the thread that took the lock (the `unsafe impl Sync` below relies on it).
 static_assertions::assert_not_impl_any!(SegmentGuard<'static>: Send, Sync);
 
-// SAFETY: `depth`, `current`, `retired` and `sections` are only reached by the thread that holds the lock (through a `SegmentGuard`,
-// which is not `Send`); the compare-and-swap that takes the lock (Acquire) and the swap that frees it (SeqCst,
-// which includes Release) order one holder's accesses before the next one's.
+// SAFETY: `current`, `retired` and `sections` are only reached by the thread that holds the lock (through a
+// `SegmentGuard`, which is not `Send`), and `Reentrant` orders one holder's accesses before the next one's.
 unsafe impl Sync for SegmentLock {}
 
 impl SegmentLock {
     /// Takes the lock (again, if this thread holds it).
     pub(crate) fn lock(&self) -> SegmentGuard<'_> {
-        let me = this_thread();
-        // Only this thread stores its own token, so it reads it back exactly.
-        if self.owner.load(Ordering::Relaxed) != me {
-            while self
-                .owner
-                .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
-                .is_err()
-            {
-                self.sleep_while_held();
-            }
-        }
-        self.depth.set(self.depth.get() + 1);
+        self.lock.acquire();
         SegmentGuard {
             lock: self,
             _not_send: std::marker::PhantomData,
         }
     }
-
-    /// Sleeps until the lock has been freed since this call began (or returns at once if it is free). Counting
-    /// itself in `waiting` before it reads `owner`, against [`SegmentGuard`]'s drop, which frees `owner` before
-    /// it reads `waiting` (all four sequentially consistent), makes sure that a release either is seen here or
-    /// sees this thread waiting and wakes it: it takes `sleep` to notify, which this thread holds until it
-    /// waits.
-    #[cold]
-    fn sleep_while_held(&self) {
-        let mut asleep = self.sleep.lock().unwrap_or_else(PoisonError::into_inner);
-        self.waiting.fetch_add(1, Ordering::SeqCst);
-        while self.owner.load(Ordering::SeqCst) != 0 {
-            asleep = self
-                .released
-                .wait(asleep)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// A number that tells the calling thread from every other live thread, never 0: the address of a
-/// thread-local (cheaper than `std::thread::current().id()`, which clones the thread's handle).
-pub(crate) fn this_thread() -> usize {
-    thread_local! {
-        static TOKEN: u8 = const { 0 };
-    }
-    TOKEN.with(|token| std::ptr::from_ref(token) as usize)
 }
 
 /// A stream's segment lock held by this thread (see [`SegmentLock`]); neither `Send` nor `Sync`: the lock knows
@@ -337,16 +289,7 @@ impl SegmentGuard<'_> {
 
 impl Drop for SegmentGuard<'_> {
     fn drop(&mut self) {
-        let lock = self.lock;
-        let depth = lock.depth.get() - 1;
-        lock.depth.set(depth);
-        if depth == 0 {
-            lock.owner.swap(0, Ordering::SeqCst);
-            if lock.waiting.load(Ordering::SeqCst) > 0 {
-                let _sleep = lock.sleep.lock().unwrap_or_else(PoisonError::into_inner);
-                lock.released.notify_one();
-            }
-        }
+        self.lock.lock.release();
     }
 }
 

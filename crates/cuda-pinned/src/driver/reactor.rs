@@ -26,15 +26,13 @@
 //! The only code of others the thread runs is a waker's `wake`; one that panics is caught, and the thread goes
 //! on for every other future.
 
-use std::collections::HashMap;
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
-use std::task::Waker;
+use std::sync::atomic::AtomicU32;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::calls;
 use super::context::Context;
+use super::flags::{FlagRef, Hub, On, Scanner, Signal, Watch};
 use super::marks::PooledEvent;
 use super::stream::Stream;
 use crate::error::{Error, Result};
@@ -60,157 +58,12 @@ const HEALTH: Duration = Duration::from_millis(1);
 /// The process's reactor.
 pub(crate) fn reactor() -> &'static Reactor {
     static REACTOR: OnceLock<Reactor> = OnceLock::new();
-    REACTOR.get_or_init(|| Reactor {
-        shared: Mutex::new(Shared::default()),
-        arrived: Condvar::new(),
-        asleep: AtomicBool::new(false),
-    })
+    REACTOR.get_or_init(|| Reactor { hub: Hub::new() })
 }
 
+/// The bookkeeping (`flags.rs`), the flags' words kept alive by their devices' contexts.
 pub(crate) struct Reactor {
-    shared: Mutex<Shared>,
-    /// What the scanner sleeps on while nothing is pending.
-    arrived: Condvar,
-    /// Whether the scanner is asleep (or about to be) on `arrived`: a registration notifies only then.
-    asleep: AtomicBool,
-}
-
-#[derive(Default)]
-struct Shared {
-    /// Registered and not yet taken by the scanner.
-    incoming: Vec<Watch>,
-    /// Each device's flags, by ordinal.
-    devices: Vec<Flags>,
-    /// The value the next flag waits for; never 0, which a word is set to before it is lent.
-    next_value: u32,
-    /// Whether the scanner thread runs.
-    started: bool,
-}
-
-/// The flags of one device's streams.
-#[derive(Default)]
-struct Flags {
-    chunks: Vec<&'static [AtomicU32]>,
-    /// Words no write is pending on.
-    free: Vec<&'static AtomicU32>,
-    /// The device's streams could not write a word even after its chunks were registered again: its points are
-    /// events from now on.
-    refused: Option<Error>,
-}
-
-/// What a future and the scanner share: the outcome once known, and whom to wake.
-pub(crate) struct Signal {
-    state: Mutex<SignalState>,
-}
-
-#[derive(Default)]
-struct SignalState {
-    outcome: Option<Result<()>>,
-    waker: Option<Waker>,
-    /// The future is gone: nobody to tell.
-    dropped: bool,
-}
-
-/// One pending point, as the scanner watches it.
-struct Watch {
-    signal: Arc<Signal>,
-    on: On,
-}
-
-enum On {
-    /// A word of device `device`'s chunks that a stream of `context` writes `value` to once the work queued
-    /// before has completed. The context keeps the chunk's registration, and the stream queried for its health.
-    Flag {
-        word: &'static AtomicU32,
-        value: u32,
-        device: usize,
-        context: Context,
-    },
-    /// A completion the scanner asks the driver about: `Ok(true)` once complete. Queries with one `key` (an
-    /// event's handle) are asked once per round for all of them.
-    Query {
-        key: usize,
-        complete: Box<dyn FnMut() -> Result<bool> + Send>,
-    },
-}
-
-/// Where a future's point is, for its own look before it sleeps ([`FlagRef::landed`]).
-#[derive(Clone, Copy)]
-pub(crate) struct FlagRef {
-    word: &'static AtomicU32,
-    value: u32,
-}
-
-impl FlagRef {
-    /// Whether the stream's write has landed.
-    pub(crate) fn landed(self) -> bool {
-        self.word.load(Ordering::Acquire) == self.value
-    }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl Signal {
-    fn new() -> Arc<Signal> {
-        Arc::new(Signal {
-            state: Mutex::new(SignalState::default()),
-        })
-    }
-
-    /// The outcome if known, else `waker` kept to be woken with it.
-    pub(crate) fn poll(&self, waker: &Waker) -> Option<Result<()>> {
-        let replaced = {
-            let mut state = lock(&self.state);
-            if let Some(outcome) = state.outcome.take() {
-                return Some(outcome);
-            }
-            match &mut state.waker {
-                Some(kept) if kept.will_wake(waker) => None,
-                kept => kept.replace(waker.clone()),
-            }
-        };
-        // Dropped without the lock: a waker's drop is others' code, and may drop this very future.
-        drop(replaced);
-        None
-    }
-
-    /// Whether the outcome is known (for a future that spins before it sleeps).
-    pub(crate) fn is_finished(&self) -> bool {
-        lock(&self.state).outcome.is_some()
-    }
-
-    /// The future is gone: the scanner stops telling it, and drops a query at its next round.
-    pub(crate) fn drop_future(&self) {
-        let waker = {
-            let mut state = lock(&self.state);
-            state.dropped = true;
-            state.waker.take()
-        };
-        // Dropped without the lock: a waker's drop is others' code.
-        drop(waker);
-    }
-
-    fn is_dropped(&self) -> bool {
-        lock(&self.state).dropped
-    }
-
-    /// Ends the wait with `outcome` and wakes the future, if it is still there. A waker that panics is caught
-    /// (the scanner serves every other future).
-    fn finish(&self, outcome: Result<()>) {
-        let waker = {
-            let mut state = lock(&self.state);
-            if state.dropped {
-                return;
-            }
-            state.outcome = Some(outcome);
-            state.waker.take()
-        };
-        if let Some(waker) = waker {
-            let _ = catch_unwind(AssertUnwindSafe(|| waker.wake()));
-        }
-    }
+    hub: Hub<Context>,
 }
 
 impl Reactor {
@@ -242,7 +95,7 @@ impl Reactor {
                 word: flag.word,
                 value: flag.value,
                 device: context.device().ordinal(),
-                context: context.clone(),
+                keep: context.clone(),
             },
             Err(_) => {
                 // The stream cannot write the flag: an event recorded on it instead. A context with a sticky
@@ -314,11 +167,11 @@ impl Reactor {
                 .register_chunks(stream, device)
                 .and_then(|()| write(flag));
             if let Err(e) = &written {
-                lock(&self.shared).devices[device].refused = Some(e.clone());
+                self.hub.refuse(device, e.clone());
             }
         }
         if let Err(e) = written {
-            lock(&self.shared).devices[device].free.push(flag.word);
+            self.hub.give_back(device, flag.word);
             return Err(e.context("queueing the write of a completion flag"));
         }
         Ok(flag)
@@ -327,30 +180,12 @@ impl Reactor {
     /// A free word of `device`, set to 0, with the value its write will carry; a new chunk (registered through
     /// `stream`'s context) when none is free.
     fn lend(&'static self, stream: &Stream, device: usize) -> Result<FlagRef> {
-        let mut shared = lock(&self.shared);
-        if shared.devices.len() <= device {
-            shared.devices.resize_with(device + 1, Flags::default);
-        }
-        let flags = &mut shared.devices[device];
-        if let Some(e) = &flags.refused {
-            return Err(e.clone());
-        }
-        if flags.free.is_empty() {
-            let chunk = new_chunk(stream)?;
-            flags.chunks.push(chunk);
-            flags.free.extend(chunk.iter().rev());
-        }
-        let word = flags.free.pop().expect("a chunk was just added");
-        shared.next_value = shared.next_value.wrapping_add(1).max(1);
-        let value = shared.next_value;
-        // No write is pending on a free word, and the stream's write is queued after this store.
-        word.store(0, Ordering::Relaxed);
-        Ok(FlagRef { word, value })
+        self.hub.lend(device, || new_chunk(stream))
     }
 
     /// Registers `device`'s chunks again, through `stream`'s context; a chunk still registered is left so.
     fn register_chunks(&self, stream: &Stream, device: usize) -> Result<()> {
-        let chunks = lock(&self.shared).devices[device].chunks.clone();
+        let chunks = self.hub.chunks(device);
         let _current = stream.context().enter()?;
         for chunk in chunks {
             // SAFETY: a chunk of `new_chunk`, never freed.
@@ -367,79 +202,41 @@ impl Reactor {
         Ok(())
     }
 
-    /// Hands `watch` to the scanner, starting it the first time, and wakes it if it sleeps.
-    fn add(&'static self, watch: Watch) -> Result<()> {
-        let mut shared = lock(&self.shared);
-        if !shared.started {
+    /// Hands `watch` to the scanner, starting it the first time.
+    fn add(&'static self, watch: Watch<Context>) -> Result<()> {
+        self.hub.add(watch, || {
             std::thread::Builder::new()
                 .name("cuda-pinned-reactor".into())
-                .spawn(move || Scanner::default().run(self))
+                .spawn(move || self.run())
+                .map(drop)
                 .map_err(|e| {
                     Error::invalid(format_args!(
                         "cannot start the thread that watches device work for futures: {e}"
                     ))
-                })?;
-            shared.started = true;
-        }
-        shared.incoming.push(watch);
-        drop(shared);
-        if self.asleep.load(Ordering::SeqCst) {
-            // Taken so that the notification cannot fall between the scanner's look at `incoming` and its sleep.
-            let _shared = lock(&self.shared);
-            self.arrived.notify_one();
-        }
-        Ok(())
+                })
+        })
     }
-}
 
-/// The scanner thread's state.
-#[derive(Default)]
-struct Scanner {
-    active: Vec<Watch>,
-    /// Words whose write landed, by device, to give back at the next pass.
-    returned: Vec<(usize, &'static AtomicU32)>,
-    /// The answers of one round of queries, by key.
-    answers: HashMap<usize, Result<bool>>,
-}
-
-impl Scanner {
-    /// The thread's loop (see the module docs). It never ends: the process's reactor lives as long as the
-    /// process, asleep while nothing is pending.
-    fn run(mut self, reactor: &'static Reactor) {
+    /// The scanner thread's loop (see the module docs). It never ends: the process's reactor lives as long as
+    /// the process, asleep while nothing is pending.
+    fn run(&'static self) {
+        let mut scanner = Scanner::default();
         let mut last_progress = Instant::now();
         let mut last_query = Instant::now();
         let mut last_health = Instant::now();
         loop {
-            {
-                let mut shared = lock(&reactor.shared);
-                for (device, word) in self.returned.drain(..) {
-                    shared.devices[device].free.push(word);
-                }
-                if self.active.is_empty() && shared.incoming.is_empty() {
-                    reactor.asleep.store(true, Ordering::SeqCst);
-                    while shared.incoming.is_empty() {
-                        shared = reactor
-                            .arrived
-                            .wait(shared)
-                            .unwrap_or_else(PoisonError::into_inner);
-                    }
-                    reactor.asleep.store(false, Ordering::SeqCst);
-                }
-                if !shared.incoming.is_empty() {
-                    self.active.append(&mut shared.incoming);
-                    last_progress = Instant::now();
-                }
+            if scanner.take(&self.hub) {
+                last_progress = Instant::now();
             }
             let query = last_query.elapsed() >= QUERY_EVERY;
             if query {
-                self.answers.clear();
                 last_query = Instant::now();
             }
-            if self.pass(query) {
+            if scanner.pass(query) > 0 {
                 last_progress = Instant::now();
             }
             if last_health.elapsed() >= HEALTH {
-                self.fail_faulted();
+                fail_faulted(&mut scanner);
                 last_health = Instant::now();
             }
             let waited = last_progress.elapsed();
@@ -452,74 +249,33 @@ impl Scanner {
             }
         }
     }
+}
 
-    /// One pass: every flag read, and with `query` every query asked; ends what is over. Whether anything was.
-    fn pass(&mut self, query: bool) -> bool {
-        let before = self.active.len();
-        let (returned, answers) = (&mut self.returned, &mut self.answers);
-        self.active.retain_mut(|watch| {
-            let outcome = match &mut watch.on {
-                On::Flag {
-                    word,
-                    value,
-                    device,
-                    ..
-                } => {
-                    if word.load(Ordering::Acquire) != *value {
-                        return true;
-                    }
-                    returned.push((*device, *word));
-                    Ok(())
-                }
-                On::Query { key, complete } => {
-                    if watch.signal.is_dropped() {
-                        return false;
-                    }
-                    if !query {
-                        return true;
-                    }
-                    let answer = answers.entry(*key).or_insert_with(complete);
-                    match answer {
-                        Ok(false) => return true,
-                        Ok(true) => Ok(()),
-                        Err(e) => Err(e.clone()),
-                    }
-                }
-            };
-            watch
-                .signal
-                .finish(outcome.map_err(|e| e.context("waiting for device work for a future")));
-            false
-        });
-        self.active.len() < before
-    }
-
-    /// Ends, with its error, the flags of every context whose stream for frees fails a query (a sticky error):
-    /// one query per context with flags pending. Their words stay lent.
-    fn fail_faulted(&mut self) {
-        let mut contexts: Vec<(CUcontext, Option<Error>)> = Vec::new();
-        self.active.retain(|watch| {
-            let On::Flag { context, .. } = &watch.on else {
-                return true;
-            };
-            let raw = context.as_raw();
-            let error = match contexts.iter().find(|(c, _)| *c == raw) {
-                Some((_, error)) => error.clone(),
-                None => {
-                    let error = context.release_stream().and_then(calls::stream_query).err();
-                    contexts.push((raw, error.clone()));
-                    error
-                }
-            };
-            let Some(e) = error else {
-                return true;
-            };
-            watch
-                .signal
-                .finish(Err(e.context("waiting for device work for a future")));
-            false
-        });
-    }
+/// Ends, with its error, the flags of every context whose stream for frees fails a query (a sticky error):
+/// one query per context with flags pending. Their words stay lent.
+fn fail_faulted(scanner: &mut Scanner<Context>) {
+    let mut contexts: Vec<(CUcontext, Option<Error>)> = Vec::new();
+    scanner.active.retain(|watch| {
+        let On::Flag { keep: context, .. } = &watch.on else {
+            return true;
+        };
+        let raw = context.as_raw();
+        let error = match contexts.iter().find(|(c, _)| *c == raw) {
+            Some((_, error)) => error.clone(),
+            None => {
+                let error = context.release_stream().and_then(calls::stream_query).err();
+                contexts.push((raw, error.clone()));
+                error
+            }
+        };
+        let Some(e) = error else {
+            return true;
+        };
+        watch
+            .signal
+            .finish(Err(e.context("waiting for device work for a future")));
+        false
+    });
 }
 
 /// A word's address as the device sees it: its host address (page-locked memory under unified addressing).

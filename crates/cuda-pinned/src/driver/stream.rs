@@ -373,7 +373,7 @@ impl Stream {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         match capture {
-            Some(c) if c.thread == super::marks::this_thread() => Ok(Some(c)),
+            Some(c) if c.thread == super::primitives::this_thread() => Ok(Some(c)),
             // Ended meanwhile: the stream runs work again.
             None => Ok(None),
             Some(_) => Err(Error::invalid(format_args!(
