@@ -31,58 +31,56 @@
 //! # The safety model
 //! Safe code that compiles cannot read memory that device work is writing, write memory that device work is
 //! reading, or free memory that device work still uses, on any stream, even if it calls [`std::mem::forget`].
+//! The rules that keep it so have names, the same in `ARCHITECTURE.md` (which gives each in full) and in the
+//! code's comments:
 //!
-//! 1. **Only page-locked memory can be the host side of an asynchronous copy.** [`Stream::upload`] and
-//!    [`Stream::download`] take [`PinnedSource`] / [`PinnedDestination`], sealed traits implemented for
-//!    [`Pinned`], [`Registered`] and their views. Ordinary memory has [`Stream::upload_pageable`] and
-//!    [`Stream::download_pageable`], which return only once the copy has completed.
-//! 2. **Every buffer records the device work in flight on it**: the last write and the reads since, one entry
-//!    per stream. Before work on stream S uses a buffer, S waits *on the device* (`cuStreamWaitEvent`) for
-//!    every conflicting entry of another stream: a read waits for the pending write, a write for the write and
-//!    all reads. Work that stays on one stream records no event at all: stream order covers it.
-//! 3. **The host touches pinned memory only through accessors that wait** for the conflicting work:
-//!    [`Pinned::as_slice`] waits for in-flight writes, [`Pinned::as_mut_slice`] for reads and writes; the
-//!    `try_` forms never block. There is no `Deref`. A borrowed slice cannot be held across a copy into the
-//!    same buffer: the copy needs the buffer exclusively.
-//! 4. **Memory is released only after its work has completed.** Dropping a [`DeviceBuffer`] enqueues a
-//!    stream-ordered free after every pending use. Dropping pinned or registered memory hands it to the crate's
-//!    release thread, which unpins it once its work has completed; [`Context::synchronize`] waits for that.
-//!    If a wait fails, the memory is leaked rather than freed early, and the error is kept for
-//!    [`Context::check_deferred_errors`].
-//! 5. **Nothing relies on a destructor running.** Forgetting a buffer leaks it; a forgotten [`Registered`]
-//!    keeps its `Vec` too, so the program cannot reuse memory a copy may still write.
-//! 6. **No hidden waits.** An operation waits only for work it conflicts with: never for work on an unrelated
-//!    stream, never for work that has completed, never on a lock while the device runs. The event a stream
-//!    waits for completes right after the work it stands for, not behind later work on the same stream;
-//!    freeing a buffer used on several streams makes none of them wait; the driver calls that wait for the
-//!    whole device (unpinning, the synchronous free, loading the kernels) run on threads of the crate's own.
-//!    The exceptions say so: the pageable copies wait for their own stream, [`Registered::into_vec`] and
-//!    [`Context::synchronize`] for the context, `into_raw` for the buffer's own work, and [`Module::load`]
-//!    for whatever the driver waits for to load code.
-//! 7. **No hangs.** Every wait ends: with the work done, with an `Err`, or at a deadline.
-//! 8. **Open to other GPU code.** A user's kernels ([`Module`], [`Stream::launch`]) and other libraries' work
-//!    on the crate's streams ([`Stream::enqueue_foreign`]) declare what they read and write ([`Arg`], [`Use`]),
-//!    and join rules 2-4 as the crate's copies do. The `unsafe` of those calls is exactly what Rust cannot
-//!    check: the kernel's signature, and that the work touches only what it declared.
-//! 9. **Any thread, any context.** Every operation works from a thread whose current context is another
-//!    device's, another library's, or none, and leaves that context current: the work the crate enqueues on a
-//!    stream is enqueued with the stream's context pushed (the driver takes some copies' context from the
-//!    thread, not the stream). One host thread may drive every device.
-//! 10. **Futures are notifications.** Async code awaits the device without blocking its executor's thread:
-//!     [`Stream::done`] and [`Event::done`] complete once the work before them has, [`Pinned::readable`] and
-//!     [`Pinned::writable`] are the awaited accessors, and [`Context::done`], [`PinnedPool::alloc_async`],
-//!     [`Prefetcher::next_async`] and [`Stream::upload_staged_async`] / [`Stream::download_staged_async`] are
-//!     the awaited forms of the other waits. One thread of the crate's serves every pending future (the
-//!     streams write flags in page-locked memory that it reads). A future owns nothing the work uses:
-//!     dropping or forgetting one frees, exposes and blocks nothing, and a context with a sticky error ends
-//!     every pending future of it with the error.
-//! 11. **A graph owns what it uses.** [`Graph::capture`] records the crate's work on some streams into a CUDA
-//!     graph (crossings between them become its edges), and every buffer that work uses lives until the graph is
-//!     dropped, whoever drops it first. Each [`Graph::launch`] is tracked as one piece of work that reads and
-//!     writes those buffers; a host buffer a graph uses is lent by the graph ([`Graph::host_slice`]), borrowed
-//!     from it as a launch is, so no slice is held while a launch runs. What cannot be captured is refused
-//!     with an `Err`, and the capture goes on. [`Graph::replace`] moves later launches to another buffer through
-//!     the graph's nodes, or changes nothing where it cannot move every use it sees.
+//! - **Only pinned memory copies async.** [`Stream::upload`] and [`Stream::download`] take [`PinnedSource`] /
+//!   [`PinnedDestination`], sealed traits implemented for [`Pinned`], [`Registered`] and their views. Ordinary
+//!   memory has [`Stream::upload_pageable`] and [`Stream::download_pageable`], which return only once the copy
+//!   has completed.
+//! - **Work is recorded.** Every buffer records the device work in flight on it: the last write and the reads
+//!   since, one entry per stream.
+//! - **Waits are on the device.** Before work on stream S uses a buffer, S waits *on the device*
+//!   (`cuStreamWaitEvent`) for every conflicting entry of another stream: a read waits for the pending write, a
+//!   write for the write and all reads. Work that stays on one stream records no event at all: stream order
+//!   covers it.
+//! - **The host waits to touch.** The host touches pinned memory only through accessors that wait for the
+//!   conflicting work: [`Pinned::as_slice`] waits for in-flight writes, [`Pinned::as_mut_slice`] for reads and
+//!   writes; the `try_` forms never block. There is no `Deref`. A borrowed slice cannot be held across a copy
+//!   into the same buffer: the copy needs the buffer exclusively.
+//! - **Release after completion.** Dropping a [`DeviceBuffer`] enqueues a stream-ordered free after every
+//!   pending use. Dropping pinned or registered memory hands it to the crate's release thread, which unpins it
+//!   once its work has completed; [`Context::synchronize`] waits for that. If a wait fails, the memory is leaked
+//!   rather than freed early, and the error is kept for [`Context::check_deferred_errors`].
+//! - **Forgetting is safe.** Nothing relies on a destructor running: forgetting a buffer leaks it; a forgotten
+//!   [`Registered`] keeps its `Vec` too, so the program cannot reuse memory a copy may still write.
+//! - **No hidden waits.** An operation waits only for work it conflicts with: never for work on an unrelated
+//!   stream, never for work that has completed, never on a lock while the device runs. The event a stream
+//!   waits for completes right after the work it stands for, not behind later work on the same stream;
+//!   freeing a buffer used on several streams makes none of them wait; the driver calls that wait for the
+//!   whole device (unpinning, the synchronous free, loading the kernels) run on threads of the crate's own.
+//!   The exceptions say so: the pageable copies wait for their own stream, [`Registered::into_vec`] and
+//!   [`Context::synchronize`] for the context, `into_raw` for the buffer's own work, and [`Module::load`]
+//!   for whatever the driver waits for to load code.
+//! - **No hangs.** Every wait ends: with the work done, with an `Err`, or at a deadline.
+//! - **No lock around user code.** No lock of the crate is held while code it does not control runs (a closure
+//!   it is given, a waker, a user value's `Drop`): such code may call the crate back from any thread.
+//! - **Open to other GPU code.** A user's kernels ([`Module`], [`Stream::launch`]) and other libraries' work
+//!   on the crate's streams ([`Stream::enqueue_foreign`]) declare what they read and write ([`Arg`], [`Use`]),
+//!   and are tracked as the crate's copies are. The `unsafe` of those calls is exactly what Rust cannot
+//!   check: the kernel's signature, and that the work touches only what it declared.
+//! - **Any thread, any context.** Every operation works from a thread whose current context is another
+//!   device's, another library's, or none, and leaves that context current: the work the crate enqueues on a
+//!   stream is enqueued with the stream's context pushed (the driver takes some copies' context from the
+//!   thread, not the stream). One host thread may drive every device.
+//! - **Bounded in steady state.** In a loop where some device is never idle, the page-locked memory the crate
+//!   holds stays within what the program holds live, plus documented rounding and the pools' budgets.
+//! - **Futures are notifications.** Async code awaits the device without blocking its executor's thread (see
+//!   [Async](#async)). A future owns nothing the work uses: dropping or forgetting one frees, exposes and
+//!   blocks nothing, and a context with a sticky error ends every pending future of it with the error.
+//! - **A graph owns what it uses.** [`Graph::capture`] records the crate's work on some streams into a CUDA
+//!   graph, and every buffer that work uses lives until the graph is dropped, whoever drops it first (see
+//!   [Graphs](#graphs)).
 //!
 //! Errors are values: every failure, from a missing driver to a length mismatch, is an [`Error`] with CUDA's
 //! own words and what the crate was doing, never a panic.

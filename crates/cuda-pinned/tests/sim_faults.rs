@@ -2,10 +2,10 @@
 //! it makes fails in turn, and each time an `Err` must come back (from the function, or from
 //! `Context::check_deferred_errors` where the call was in a destructor), nothing may panic, the simulator must
 //! find no memory freed under queued work, and nothing may leak, except where the crate leaks on purpose:
-//! memory whose release, or the wait before it, failed (the safety model's rule 4), which it reports.
+//! memory whose release, or the wait before it, failed (the rule "Release after completion"), which it reports.
 //!
 //! Every public-API call, and each run of a case as a whole, is bounded (`common::bounded`): a call that hangs
-//! (rule 8: every wait ends) aborts the test process with its name instead of stalling the suite.
+//! (the rule "No hangs": every wait ends) aborts the test process with its name instead of stalling the suite.
 //!
 //! Only without feature `gpu`: a real driver cannot be made to fail on demand.
 #![cfg(not(feature = "gpu"))]

@@ -1,4 +1,4 @@
-//! Loops that never pause (the crate's rule 11). The driver's unpinning waits for every device to be idle, so
+//! Loops that never pause (the crate's rule "Bounded in steady state"). The driver's unpinning waits for every device to be idle, so
 //! the crate unpins only once they are; while another stream is busy at every moment that never happens, and
 //! page-locked memory dropped in a loop would pile up. Here every way of getting page-locked memory the crate
 //! has (a pool, a gatherer's staging, staged transfers, a prefetcher, plain `Pinned`, `Registered`) runs

@@ -789,8 +789,8 @@ impl Context {
 
     /// [`Context::enqueue`] for a plain copy (`cuMemcpyHtoDAsync`, `cuMemcpyDtoHAsync`, `cuMemcpyDtoDAsync`;
     /// not a batched one) on a stream of this context. The driver refuses such a copy of pool memory only
-    /// while a context of another device is current (ARCHITECTURE.md, "The driver's rules about contexts",
-    /// rule 1). Where the process sees no other device, none can be: only the gate is taken, which saves
+    /// while a context of another device is current (ARCHITECTURE.md, "The driver's rules about contexts": "A
+    /// copy takes its device memory as seen from the thread's current context"). Where the process sees no other device, none can be: only the gate is taken, which saves
     /// reading the thread's context; else as [`Context::enqueue`].
     ///
     /// # Errors

@@ -6,7 +6,7 @@
 //! A stream's work is cut into *segments*. Work the crate enqueues joins the stream's current segment, and
 //! the tracker entries it leaves hold that segment as their mark. An event for a segment, when someone has to
 //! wait for it, must complete right after the segment's last work: recorded later, behind unrelated work,
-//! it would make the waiter wait for that work too (a hidden wait, against the crate's rule 7). So the
+//! it would make the waiter wait for that work too (a hidden wait, against the crate's rule "No hidden waits"). So the
 //! current segment is *closed*, its event recorded at the stream's end, before anything else is enqueued on
 //! the stream while an entry may still need it:
 //!

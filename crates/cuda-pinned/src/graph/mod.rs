@@ -1,4 +1,4 @@
-//! CUDA graphs captured from the crate's streams, which own what they use (the crate's rule 13).
+//! CUDA graphs captured from the crate's streams, which own what they use (the crate's rule "A graph owns what it uses").
 //!
 //! [`Graph::capture`] runs a closure while the given streams are in a capture (`cuStreamBeginCapture_v2`,
 //! relaxed mode): the crate's work queued on them from the calling thread (copies, its kernels, users'

@@ -5,14 +5,14 @@
 //! wait until *all* work on the device has finished, whoever enqueued it, and hold back every other thread's
 //! driver calls meanwhile (measured on an H100: a drop of an idle 4 MiB buffer took as long as a 300 ms kernel
 //! on another stream, and so did a copy another thread enqueued during it). Doing that in `drop` would make the
-//! user's threads wait for work they have nothing to do with (the crate's rule 7), so every release is handed
+//! user's threads wait for work they have nothing to do with (the crate's rule "No hidden waits"), so every release is handed
 //! to one process-wide thread, `cuda-pinned-release`, and the caller returns at once. The thread keeps each
-//! block until the device work recorded on it has completed (rule 4) and until every device is idle (see
+//! block until the device work recorded on it has completed ("Release after completion") and until every device is idle (see
 //! `release_idle`), polls with a growing pause, and reports what it cannot do through the block's context
 //! ([`Context::check_deferred_errors`]).
 //!
 //! A loop that keeps some device busy at every moment never gives the thread that moment, so what waits for it
-//! is reused instead (rule 11): a block of page-locked memory whose own work has completed serves the next
+//! is reused instead ("Bounded in steady state"): a block of page-locked memory whose own work has completed serves the next
 //! request that fits it ([`reuse`]: a `Pinned` of its own, a pool's new block, a `Registered` of the same
 //! size) with no driver call, and so the page-locked memory of a loop stays what one iteration holds. What the
 //! thread releases when the devices are idle is what nobody took.

@@ -40,7 +40,7 @@ struct Shared {
     /// Whether the allocation is host memory (the host reaches it through accessors).
     host: bool,
     /// The release of the allocation, handed over by its owner's drop while graphs still held it: run when the
-    /// last of them lets go (rule 13 of the crate: a graph owns what it uses).
+    /// last of them lets go (the crate's rule "A graph owns what it uses").
     orphan: Mutex<Option<Orphan>>,
 }
 
@@ -150,8 +150,8 @@ impl Track {
 }
 
 /// Runs `release` (an allocation's, from its owner's drop) with the work still in flight on `track` taken out:
-/// now, or once the last graph that holds the allocation lets go of it, after its replays (rule 13 of the crate:
-/// a graph owns what it uses).
+/// now, or once the last graph that holds the allocation lets go of it, after its replays (the crate's rule
+/// "A graph owns what it uses").
 pub(crate) fn release_after_graphs(
     track: &Track,
     release: impl FnOnce(GpuTracker) + Send + 'static,

@@ -1,4 +1,4 @@
-//! The device work in flight on one buffer, as a pure state machine (safety rules 1, 2 and 4 of the crate).
+//! The device work in flight on one buffer, as a pure state machine (the crate's rules "Work is recorded", "Waits are on the device" and "Release after completion").
 //!
 //! A [`Tracker`] records the last device write to a buffer and the device reads since, each as an entry: the
 //! stream the work was enqueued on and a *mark*, the point in that stream's work right after it. Before work on
@@ -26,7 +26,7 @@
 //!
 //! Entries are forgotten only once seen complete. When a [`Timeline`] call fails, the methods return its error
 //! with every entry not seen complete still recorded, so a caller that cannot prove a buffer idle leaks it
-//! rather than freeing it under the device (rule 4).
+//! rather than freeing it under the device ("Release after completion").
 //!
 //! The protocol for device work is `prepare`, then enqueue, then `record_use` with the same stream and access,
 //! and nothing else on the tracker in between (the methods take `&mut self`, so a caller holds the one lock or
@@ -297,7 +297,7 @@ impl<S: Clone + Eq, M: Clone + Eq> Tracker<S, M> {
         Ok(complete)
     }
 
-    /// Whether every entry has completed, without blocking: when true, the memory can be released (rule 4).
+    /// Whether every entry has completed, without blocking: when true, the memory can be released ("Release after completion").
     /// Forgets the entries seen complete.
     ///
     /// # Errors

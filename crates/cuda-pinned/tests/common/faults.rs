@@ -22,7 +22,7 @@ const RELEASES: &[&str] = &[
 ];
 
 /// Calls that order work or find out whether it is done: when one fails before a release, the crate cannot
-/// know that the memory is unused and leaks it on purpose (the safety model's rule 4).
+/// know that the memory is unused and leaks it on purpose (the rule "Release after completion").
 const ORDERING: &[&str] = &[
     "cuEventCreate",
     "cuEventRecord",

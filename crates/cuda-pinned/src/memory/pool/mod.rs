@@ -6,7 +6,7 @@
 //! classes, the budget, reuse, eviction) are the pure state machine in `state.rs`; `block.rs` pins blocks and
 //! hands them to the release thread to be unpinned; this file serves requests and waits for room.
 //!
-//! What the pool never does (the crate's rules 7 and 8):
+//! What the pool never does (the crate's rules "No hidden waits" and "No hangs"):
 //! - unpin on the caller's thread: `cuMemFreeHost` and `cuMemHostUnregister` wait for *all* work on the
 //!   device, so evicted, trimmed and dropped blocks go to the release thread (`release.rs`);
 //! - wait while holding its lock: a request that must wait for room waits for device work on a block given

@@ -14,7 +14,7 @@
 //! - **in use**: held by a caller, with a [`Lease`] that comes back with the block in [`PoolState::give_back`].
 //!   The state holds no handle to it, only its bytes.
 //! - **pending**: given back while device work recorded on it may still run; kept with its [`Tracker`] until
-//!   [`Tracker::is_idle`] says every entry completed (safety rule 4), and never handed out or evicted before.
+//!   [`Tracker::is_idle`] says every entry completed (the rule "Release after completion"), and never handed out or evicted before.
 //! - **cached**: idle, reusable at once by a request of its class, or removed (evicted to make room for a pin of
 //!   another class, or trimmed) for the caller to unpin.
 //!
@@ -391,7 +391,7 @@ impl<B, S: Clone + Eq, M: Clone + Eq> PoolState<B, S, M> {
                 }
                 Ok(false) => i += 1,
                 Err(e) => {
-                    // Not known idle: it stays pending (rule 4), and the others are still worth polling.
+                    // Not known idle: it stays pending ("Release after completion"), and the others are still worth polling.
                     first_error.get_or_insert(e);
                     i += 1;
                 }
