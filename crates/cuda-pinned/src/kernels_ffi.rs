@@ -121,12 +121,12 @@ pub(crate) fn preload(ordinal: usize, load: impl FnOnce() -> Result<()>) {
     // Should `load` unwind, the loading still ends, with an error, so that no later call waits for it for ever.
     let unwound = Unwound(&entry);
     static BEFORE_RUNTIME: std::sync::Once = std::sync::Once::new();
-    BEFORE_RUNTIME.call_once(crate::memory::guard_exit);
+    BEFORE_RUNTIME.call_once(|| crate::exit::guard_exit_waiting_for(wait_for_loads));
     let outcome = load();
     // The runtime has started and registered its exit hook: the release thread's goes after it, so that it
     // runs first at exit (see `guard_exit`).
     static AFTER_RUNTIME: std::sync::Once = std::sync::Once::new();
-    AFTER_RUNTIME.call_once(crate::memory::guard_exit);
+    AFTER_RUNTIME.call_once(crate::exit::guard_exit);
     std::mem::forget(unwound);
     finish(&entry, outcome);
 }
@@ -154,7 +154,7 @@ fn finish(load: &Load, outcome: Result<()>) {
 }
 
 /// Waits, until `deadline` at the latest, for every loading of the kernels started so far to end (at the
-/// process's exit: see `memory::release::guard_exit`).
+/// process's exit: see `exit.rs`).
 #[cfg(feature = "gpu")]
 pub(crate) fn wait_for_loads(deadline: std::time::Instant) {
     let loads: Vec<Arc<Load>> = LOADS

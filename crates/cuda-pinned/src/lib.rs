@@ -117,8 +117,10 @@ pub use cuda_pinned_sys as sys;
 mod copy;
 mod driver;
 pub mod error;
+mod exit;
 // Entry points for the fuzz targets in `fuzz/` (built with `--cfg fuzzing`) and the unit tests; in no other
 // build.
+mod future;
 #[cfg(any(test, fuzzing))]
 #[doc(hidden)]
 pub mod fuzzing;
@@ -135,6 +137,7 @@ mod peer;
 pub mod prefetch;
 pub mod profile;
 pub mod staging;
+mod sync;
 mod track;
 mod units;
 
@@ -142,8 +145,9 @@ mod units;
 /// `bytemuck`, so generic code over buffers needs no dependency of its own).
 pub use bytemuck::{Pod, Zeroable};
 pub use copy::{DeviceDestination, DeviceSource, PinnedDestination, PinnedSource};
-pub use driver::{Context, DEVICE_MEMORY_KEPT, Device, Done, Event, Stream};
+pub use driver::{Context, DEVICE_MEMORY_KEPT, Device, Event, Stream};
 pub use error::{Error, Result};
+pub use future::Done;
 pub use gather::{GatherEngine, GatherOptions, Gatherer, ReadOrder, RowTable};
 pub use graph::{Graph, GraphBuffer};
 pub use launch::{Arg, Kernel, LaunchConfig, Module, Use};

@@ -96,7 +96,7 @@ thread_local! {
 
 /// A stream of the context as the context sees it: what [`Context::synchronize`] and the release thread need of
 /// the crate's streams, which implement it (`stream.rs`), so that the context does not depend on the stream.
-pub(crate) trait Queue: Send + Sync {
+pub(crate) trait Queue: std::any::Any + Send + Sync {
     /// Closes the stream's current segment (see `marks.rs`), as `Stream::close_segment` does.
     ///
     /// # Errors
@@ -110,9 +110,6 @@ pub(crate) trait Queue: Send + Sync {
     ///
     /// [`Stream::query`]: super::Stream::query
     fn query(self: Arc<Self>) -> Result<bool>;
-
-    /// A future of the work queued on the stream so far, as `Stream::done` makes.
-    fn done(self: Arc<Self>) -> super::done::Done;
 
     /// Whether the stream is in a capture of the crate's (`graph.rs`).
     fn is_capturing(&self) -> bool;
@@ -715,24 +712,23 @@ impl Context {
         Ok(())
     }
 
-    /// Futures of the work queued so far on every stream the crate knows in this context, through any handle
-    /// of it: the streams made or wrapped by the crate, and each handle's stream for frees.
-    pub(crate) fn every_stream_done(&self) -> Vec<super::done::Done> {
+    /// Every stream the crate knows in this context, through any handle of it: the streams made or wrapped by
+    /// the crate, and each handle's stream for frees (with the handle that owns it).
+    pub(crate) fn known_streams(&self) -> (Vec<Arc<dyn Queue>>, Vec<(Context, CUstream)>) {
         let handles = lock(&DEVICES)
             .iter()
             .find(|d| d.device.ordinal() == self.0.device.ordinal())
             .map(Known::alive)
             .unwrap_or_default();
-        let mut points = Vec::new();
+        let (mut streams, mut released) = (Vec::new(), Vec::new());
         for handle in &handles {
-            let streams = lock(&handle.0.streams).clone();
-            points.extend(streams.iter().filter_map(Weak::upgrade).map(Queue::done));
+            streams.extend(lock(&handle.0.streams).iter().filter_map(Weak::upgrade));
             let release = *lock(&handle.0.release_stream);
             if !release.is_null() {
-                points.push(super::stream::Stream::borrowed(handle, release).done());
+                released.push((handle.clone(), release));
             }
         }
-        points
+        (streams, released)
     }
 
     /// Remembers a stream made in this context, for `synchronize`; forgets streams that are gone.

@@ -45,8 +45,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use super::calls;
 use super::context::Context;
-use super::reentrant::Reentrant;
 use crate::error::Result;
+use crate::sync::reentrant::Reentrant;
 use crate::sys::{CUevent, CUstream};
 
 /// A segment of a stream's work (see the module docs). Cheap to clone; equal when it is the same segment.

@@ -176,6 +176,12 @@ impl Stream {
         stream
     }
 
+    /// The stream a context knows as `queue` (every `Queue` is a stream's).
+    pub(crate) fn of_queue(queue: Arc<dyn Queue>) -> Option<Stream> {
+        let any: Arc<dyn std::any::Any + Send + Sync> = queue;
+        any.downcast::<Inner>().ok().map(Stream)
+    }
+
     /// A handle of `raw`, a stream of `context` that the context owns (its release stream), for one use: not
     /// destroyed with the handle, not known to the context's list.
     pub(crate) fn borrowed(context: &Context, raw: CUstream) -> Stream {
@@ -373,7 +379,7 @@ impl Stream {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         match capture {
-            Some(c) if c.thread == super::primitives::this_thread() => Ok(Some(c)),
+            Some(c) if c.thread == crate::sync::primitives::this_thread() => Ok(Some(c)),
             // Ended meanwhile: the stream runs work again.
             None => Ok(None),
             Some(_) => Err(Error::invalid(format_args!(
@@ -628,10 +634,6 @@ impl Queue for Inner {
             return Ok(false);
         }
         calls::stream_query(stream.as_raw()).map_err(|e| e.context("querying a stream"))
-    }
-
-    fn done(self: Arc<Self>) -> super::done::Done {
-        Stream(self).done()
     }
 
     fn is_capturing(&self) -> bool {

@@ -512,7 +512,7 @@ impl<'a> Session<'a> {
         Ok(Session {
             streams,
             capture: Capture {
-                thread: crate::driver::primitives::this_thread(),
+                thread: crate::sync::primitives::this_thread(),
                 state,
             },
             event,

@@ -8,8 +8,8 @@ use std::ptr::NonNull;
 use std::task::{Context as TaskContext, Poll};
 
 use super::tracked::{Gpu, Track, lock, peek};
-use crate::driver::Done;
 use crate::error::Result;
+use crate::future::Done;
 use crate::track::Access;
 use crate::track::Timeline;
 

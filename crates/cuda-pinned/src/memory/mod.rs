@@ -27,8 +27,6 @@ pub use numa::Placement;
 pub use pinned::{Pinned, PinnedBuilder};
 pub use pool::{PinnedPool, Pinning, PoolAlloc, PoolBuilder, PoolStats, WhenFull};
 pub use registered::Registered;
-#[cfg(feature = "gpu")]
-pub(crate) use release::guard_exit;
 pub(crate) use release::release_host;
 pub use tracked::Track;
 pub(crate) use tracked::{Gpu, INLINE, Launched, Work, lock, release_after_graphs};

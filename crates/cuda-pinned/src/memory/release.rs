@@ -25,15 +25,16 @@
 //! Where the thread cannot be started, a release runs on the caller's thread as it did before: correct, only
 //! not free of the wait.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, Once, OnceLock, PoisonError};
 use std::task::Waker;
 use std::time::Duration;
 
 use super::block::Block;
 use super::tracked::{Gpu, GpuTracker};
-use crate::driver::{Context, Resolved};
+use crate::driver::Context;
 use crate::error::{Error, Result};
+use crate::exit;
+use crate::future::Resolved;
 use crate::units::Bytes;
 
 /// Unpins and frees a block of host memory (or frees device memory); run once, when no device work uses it,
@@ -135,8 +136,8 @@ impl Service {
             drop(state);
 
             let released = {
-                let _calls = DRIVER_CALLS.lock().unwrap_or_else(PoisonError::into_inner);
-                if EXITING.load(Ordering::Acquire) {
+                let _calls = exit::driver_calls();
+                if exit::exiting() {
                     // The process is ending: what is left stays pinned until the system reclaims it, and no
                     // driver call is made (dropping a tracker may destroy a stream). Anyone waiting for a round
                     // (an exit hook of the user's that synchronizes) is let go.
@@ -195,52 +196,10 @@ impl Service {
     }
 }
 
-/// Set when the process exits: the release thread makes no driver call after it.
-static EXITING: AtomicBool = AtomicBool::new(false);
-
-/// Held by the release thread while it makes driver calls (a round of releases), and taken by the exit hook to
-/// wait for such a round to end.
-static DRIVER_CALLS: Mutex<()> = Mutex::new(());
-
-/// Makes the process's exit wait for a round of releases in progress (and, with feature `gpu`, for the loading
-/// of the crate's kernels) and stop the release thread before the CUDA libraries are torn down: a driver call
-/// running on such a thread while the statically linked CUDA runtime tears itself down at exit made the process
-/// crash (seen on an H100: a `Gatherer` dropped as `main` returned ended in a segmentation fault). Exit hooks
-/// run in the reverse order of their registration, so this is registered when the first of those threads
-/// starts and again once the runtime has started (by the kernels' loading), after the runtime's own hook.
-pub(crate) fn guard_exit() {
-    unsafe extern "C" {
-        fn atexit(hook: extern "C" fn()) -> std::ffi::c_int;
-    }
-    extern "C" fn stop_releasing() {
-        EXITING.store(true, Ordering::Release);
-        // A round in progress ends (its calls return) before the libraries go; none starts after. Its calls
-        // may wait for device work (unpinning waits for the whole device), so the exit waits, but not for
-        // ever: after PATIENCE it goes on, as it did without this hook.
-        const PATIENCE: Duration = Duration::from_secs(10);
-        let deadline = std::time::Instant::now() + PATIENCE;
-        while std::time::Instant::now() < deadline {
-            match DRIVER_CALLS.try_lock() {
-                Ok(_) | Err(std::sync::TryLockError::Poisoned(_)) => break,
-                Err(std::sync::TryLockError::WouldBlock) => {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }
-        }
-        // A loading of the crate's kernels into the runtime that another thread is doing must not be cut off
-        // by the runtime's teardown either.
-        #[cfg(feature = "gpu")]
-        crate::kernels_ffi::wait_for_loads(deadline);
-    }
-    // SAFETY: `atexit` is the C library's; the hook is a plain function that only touches statics, and
-    // registering it more than once is harmless (it is idempotent).
-    unsafe { atexit(stop_releasing) };
-}
-
-/// [`guard_exit`], once per process from the release thread's start.
+/// [`exit::guard_exit`], once per process from the release thread's start.
 fn guard_exit_once() {
     static GUARDED: Once = Once::new();
-    GUARDED.call_once(guard_exit);
+    GUARDED.call_once(exit::guard_exit);
 }
 
 /// Releases host memory once no device work uses it, on the release thread: returns at once. Never frees
@@ -436,7 +395,7 @@ impl std::future::Future for Flushed {
             service.arrived.notify_one();
             state.started + 1
         });
-        if state.finished >= target || EXITING.load(Ordering::Acquire) {
+        if state.finished >= target || exit::exiting() {
             return std::task::Poll::Ready(());
         }
         let (replaced, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut state.flush_wakers)
@@ -468,7 +427,7 @@ fn flush_releases(_context: &Context) {
     let target = state.started + 1;
     state.flush_requested = true;
     service.arrived.notify_one();
-    while state.finished < target && !EXITING.load(Ordering::Acquire) {
+    while state.finished < target && !exit::exiting() {
         state = service
             .round_done
             .wait_timeout(state, Duration::from_millis(50))

@@ -11,8 +11,9 @@ use bytemuck::Pod;
 
 use super::{StagingOptions, check_host_device, enqueue_download, enqueue_upload, stream_copy};
 use crate::copy::{DeviceDestination, DeviceSource};
-use crate::driver::{Resolved, Stream};
+use crate::driver::Stream;
 use crate::error::{Error, Result};
+use crate::future::Resolved;
 use crate::memory::{Pinned, PinnedPool};
 use crate::units::Bytes;
 

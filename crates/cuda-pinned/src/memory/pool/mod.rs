@@ -38,10 +38,11 @@ use super::numa::Placement;
 use super::pinned::{Pinned, PinnedBuilder};
 use super::release::{retire, reuse};
 use super::tracked::{Gpu, GpuTracker};
+use crate::driver::Context;
 use crate::driver::Stream;
 use crate::driver::marks::Point;
-use crate::driver::{Context, Done};
 use crate::error::{Error, Result};
+use crate::future::Done;
 use crate::track::Timeline;
 use crate::units::Bytes;
 

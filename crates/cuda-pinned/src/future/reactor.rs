@@ -30,12 +30,11 @@ use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::calls;
-use super::context::Context;
-use super::flags::{FlagRef, Hub, On, Scanner, Signal, Watch};
-use super::marks::PooledEvent;
-use super::stream::Stream;
+use crate::driver::calls;
+use crate::driver::marks::PooledEvent;
+use crate::driver::{Context, Stream};
 use crate::error::{Error, Result};
+use crate::sync::flags::{FlagRef, Hub, On, Scanner, Signal, Watch};
 use crate::sys::{
     CU_MEMHOSTREGISTER_DEVICEMAP, CU_MEMHOSTREGISTER_PORTABLE, CUcontext, CUdeviceptr, CUresult,
 };

@@ -7,13 +7,12 @@ use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
 
-use super::calls;
-use super::event::Event;
-use super::flags::{FlagRef, Signal};
-use super::marks::{Mark, PooledEvent};
 use super::reactor::reactor;
-use super::stream::Stream;
+use crate::driver::calls;
+use crate::driver::marks::{Mark, PooledEvent};
+use crate::driver::{Context, Event, Stream};
 use crate::error::{Error, Result};
+use crate::sync::flags::{FlagRef, Signal};
 
 /// A future that completes once some device work has completed: the work queued on a stream before
 /// [`Stream::done`], or the work before an [`Event`] ([`Event::done`]).
@@ -250,5 +249,22 @@ impl<F: Future<Output = Result<T>>, T> Future for Resolved<F> {
             self.inner = None;
         }
         polled
+    }
+}
+
+impl Context {
+    /// Futures of the work queued so far on every stream the crate knows in this context, through any handle
+    /// of it: the streams made or wrapped by the crate, and each handle's stream for frees.
+    pub(crate) fn every_stream_done(&self) -> Vec<Done> {
+        let (streams, released) = self.known_streams();
+        let borrowed = released
+            .iter()
+            .map(|(context, raw)| Stream::borrowed(context, *raw));
+        streams
+            .into_iter()
+            .filter_map(Stream::of_queue)
+            .chain(borrowed)
+            .map(|s| s.done())
+            .collect()
     }
 }
