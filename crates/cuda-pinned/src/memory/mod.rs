@@ -7,6 +7,7 @@
 mod block;
 mod captured;
 mod device;
+mod enqueue;
 mod host;
 mod layout;
 mod numa;
@@ -20,6 +21,7 @@ mod view;
 pub(crate) use captured::Recording;
 pub use device::DeviceBuffer;
 pub(crate) use device::Origin;
+pub(crate) use enqueue::{INLINE, Launched};
 pub(crate) use host::wait_lent;
 pub use host::{Readable, Writable};
 pub(crate) use layout::byte_len;
@@ -29,7 +31,7 @@ pub use pool::{PinnedPool, Pinning, PoolAlloc, PoolBuilder, PoolStats, WhenFull}
 pub use registered::Registered;
 pub(crate) use release::release_host;
 pub use tracked::Track;
-pub(crate) use tracked::{Gpu, INLINE, Launched, Work, lock, release_after_graphs};
+pub(crate) use tracked::{Gpu, Work, lock, release_after_graphs};
 pub use view::{DeviceView, DeviceViewMut, PinnedView, PinnedViewMut};
 // The pure parts the fuzz targets reach through `crate::fuzzing`.
 #[cfg(any(test, fuzzing))]

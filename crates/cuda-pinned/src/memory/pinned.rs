@@ -10,9 +10,8 @@ use super::block::{Block, How, PAGE, class_of, node_of};
 use super::host::{HostRegion, Readable, Writable};
 use super::layout::{byte_len, check_alignment};
 use super::numa::{self, Placement};
-use super::pool::{Loan, POOL_FLAGS};
 use super::release::{release_host, retire, reuse};
-use super::tracked::{Gpu, Track, lock, refuse_if_held, release_after_graphs};
+use super::tracked::{Gpu, GpuTracker, Track, lock, refuse_if_held, release_after_graphs};
 use crate::driver::Context;
 use crate::error::Result;
 use crate::sys::{
@@ -55,8 +54,9 @@ pub struct Pinned<T> {
     node: Option<u32>,
     flags: u32,
     context: Context,
-    /// The pool block this buffer borrows, given back on drop; `None` for memory of its own.
-    loan: Option<Loan>,
+    /// For a buffer over a pool's block: gives the block back to its pool, with the work in flight on it, when
+    /// the buffer drops (the pool, a layer above, is known only as this); `None` for memory of its own.
+    loan: Option<GiveBack>,
 }
 
 /// How to allocate pinned memory: `PinnedBuilder::new(&context).write_combined(true).zeroed::<u8>(n)`.
@@ -237,14 +237,23 @@ impl<T: Pod> Pinned<T> {
     }
 }
 
+/// How a pooled buffer's block goes back to its pool: called once, with the block's tracker, when the work in
+/// flight on it may still run.
+pub(crate) type GiveBack = Box<dyn FnOnce(GpuTracker) + Send + Sync>;
+
 impl<T> Pinned<T> {
-    /// A buffer over a block lent by a pool.
-    pub(crate) fn from_pool(host: HostRegion<T>, context: Context, loan: Loan) -> Pinned<T> {
+    /// A buffer over a block lent by a pool, allocated with `flags`; `loan` gives it back.
+    pub(crate) fn from_pool(
+        host: HostRegion<T>,
+        context: Context,
+        flags: u32,
+        loan: GiveBack,
+    ) -> Pinned<T> {
         Pinned {
             host,
             block_bytes: 0,
             node: None,
-            flags: POOL_FLAGS,
+            flags,
             context,
             loan: Some(loan),
         }
@@ -411,7 +420,7 @@ impl<T> Drop for Pinned<T> {
         if let Some(loan) = self.loan.take() {
             // The pool reuses the block only once the work in flight on it has completed (and the graphs that
             // use it are gone).
-            release_after_graphs(self.host.track(), move |track| loan.give_back(track));
+            release_after_graphs(self.host.track(), loan);
             return;
         }
         if self.block_bytes == 0 {

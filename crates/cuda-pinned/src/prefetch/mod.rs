@@ -70,6 +70,7 @@
 //! a struct of your own that implements [`Batch`].
 
 mod batch;
+mod gathered;
 mod sharded;
 mod slots;
 #[cfg(test)]
@@ -83,11 +84,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
 pub use self::batch::{Batch, DeviceParts};
+pub use self::gathered::GatherBatch;
 pub use self::sharded::ShardedBuilder;
 use self::slots::{Slots, Take};
 use crate::driver::Stream;
 use crate::error::{Error, Result};
-pub use crate::gather::GatherBatch;
 #[cfg(doc)]
 use crate::memory::Pinned;
 use crate::memory::{Gpu, PinnedPool, lock};

@@ -524,15 +524,13 @@ impl PinnedPool {
         // it is page-aligned (enough for `T`: `alloc_waiting` refuses types aligned to more than a page),
         // page-locked, and leased to this one buffer until it comes back.
         let host = unsafe { HostRegion::new(block.ptr.cast::<T>(), len) };
-        Pinned::from_pool(
-            host,
-            self.shared.context.clone(),
-            Loan {
-                pool: self.shared.clone(),
-                block: Some(block),
-                lease: Some(lease),
-            },
-        )
+        let loan = Loan {
+            pool: self.shared.clone(),
+            block: Some(block),
+            lease: Some(lease),
+        };
+        let give_back = Box::new(move |track| loan.give_back(track));
+        Pinned::from_pool(host, self.shared.context.clone(), POOL_FLAGS, give_back)
     }
 }
 
@@ -589,7 +587,7 @@ impl Drop for Shared {
 }
 
 /// A pool block lent to a `Pinned`: given back when the `Pinned` drops.
-pub(crate) struct Loan {
+struct Loan {
     pool: Arc<Shared>,
     block: Option<Block>,
     lease: Option<Lease>,
@@ -597,7 +595,7 @@ pub(crate) struct Loan {
 
 impl Loan {
     /// Gives the block back with the device work still in flight on it.
-    pub(crate) fn give_back(mut self, track: GpuTracker) {
+    fn give_back(mut self, track: GpuTracker) {
         if let (Some(block), Some(lease)) = (self.block.take(), self.lease.take()) {
             self.pool.lock().give_back(block, lease, track);
             self.pool.room_made();

@@ -16,8 +16,6 @@
 //! [`PinnedBuilder::device_mapped`](crate::PinnedBuilder::device_mapped) memory.
 
 use std::fmt;
-use std::marker::PhantomData;
-use std::sync::Arc;
 
 use bytemuck::Pod;
 
@@ -26,12 +24,11 @@ use crate::driver::{Category, Context, Stream, calls};
 use crate::error::{Error, Result};
 use crate::launch::{Arg, Kernel, LaunchConfig, Module};
 use crate::memory::{DeviceBuffer, Pinned, PinnedPool, WhenFull, Work};
-use crate::prefetch::{Batch, DeviceParts};
 use crate::track::Access;
 
 /// The gather kernels (`cuda/gather.cu`, compiled to PTX by `scripts/gather-ptx.sh`): the driver compiles them
 /// for the device when [`Gatherer::new`] loads them, so building the crate needs no CUDA compiler.
-const GATHER_PTX: &str = include_str!("gather.ptx");
+const GATHER_PTX: &str = include_str!("../gather.ptx");
 
 /// The access widths of the kernels, widest first: `cuda_pinned_gather_{width}` moves `width` bytes per access.
 const WIDTHS: [usize; 5] = [16, 8, 4, 2, 1];
@@ -530,181 +527,10 @@ fn copy_rows<T: Pod>(
         })
 }
 
-// The tables a `RowTable` shares between a prefetcher's workers.
-const _: () = {
-    const fn shared_between_threads<T: Send + Sync>() {}
-    shared_between_threads::<Pinned<f32>>();
-    shared_between_threads::<crate::Registered<f32>>();
-};
+mod table;
 
-/// A table of rows in page-locked host memory, with the [`Gatherer`] that reads it and how: the source of a
-/// [`Prefetcher`](crate::Prefetcher) of gathered batches ([`GatherBatch`]), shared by its workers.
-pub struct RowTable<T: Pod, M> {
-    gatherer: Gatherer,
-    table: M,
-    row_len: usize,
-    options: GatherOptions,
-    _rows: PhantomData<fn() -> T>,
-}
-
-impl<T: Pod, M: PinnedSource<T>> RowTable<T, M> {
-    /// `table` (a [`Registered`](crate::Registered) or [`Pinned`] buffer, say) read as rows of `row_len`
-    /// elements by `gatherer`, with `options`.
-    ///
-    /// # Errors
-    /// An invalid-argument error for a row length of 0, or one that does not divide the table's length.
-    pub fn new(
-        gatherer: Gatherer,
-        table: M,
-        row_len: usize,
-        options: GatherOptions,
-    ) -> Result<Arc<RowTable<T, M>>> {
-        if row_len == 0 {
-            return Err(Error::invalid("a table of rows of 0 elements"));
-        }
-        whole_rows(sealed::PinnedMemory::elements(&table), row_len)?;
-        Ok(Arc::new(RowTable {
-            gatherer,
-            table,
-            row_len,
-            options,
-            _rows: PhantomData,
-        }))
-    }
-
-    /// The table's memory.
-    pub fn table(&self) -> &M {
-        &self.table
-    }
-
-    /// Elements per row.
-    #[must_use]
-    pub fn row_len(&self) -> usize {
-        self.row_len
-    }
-
-    /// The number of rows.
-    #[must_use]
-    pub fn rows(&self) -> usize {
-        sealed::PinnedMemory::elements(&self.table) / self.row_len
-    }
-}
-
-/// How many rows of `row_len` (not 0) elements a table of `elements` holds: an error if a partial row would be
-/// left over, which a wrong row length that happens to fit makes (its rows would come out wrong, silently).
-fn whole_rows(elements: usize, row_len: usize) -> Result<usize> {
-    if !elements.is_multiple_of(row_len) {
-        return Err(Error::invalid(format_args!(
-            "a table of {elements} elements is not made of rows of {row_len} elements ({} left over): check the \
-             row length, or pass a view of the whole rows meant; nothing was enqueued",
-            elements % row_len
-        )));
-    }
-    Ok(elements / row_len)
-}
-
-impl<T: Pod, M> fmt::Debug for RowTable<T, M> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RowTable")
-            .field("row_len", &self.row_len)
-            .field("options", &self.options)
-            .finish_non_exhaustive()
-    }
-}
-
-/// A batch of rows gathered on the device, for a [`Prefetcher`](crate::Prefetcher): the host side is the
-/// batch's row indices, which the fill closure writes, and the "upload" is the gather of those rows from the
-/// [`RowTable`] into the batch's device buffer (on the prefetcher's copy stream). The host's work per batch is
-/// only its indices. Its layout is the table and the number of rows per batch.
-///
-/// ```no_run
-/// use cuda_pinned::prefetch::GatherBatch;
-/// use cuda_pinned::{Context, GatherOptions, Gatherer, PinnedPool, Prefetcher, Registered, RowTable, Stream};
-///
-/// fn feed(dataset: Vec<f32>, row_len: usize) -> cuda_pinned::Result<()> {
-///     let context = Context::on(0)?;
-///     let compute = Stream::new(&context)?;
-///     let table = Registered::new(&context, dataset)?; // page-locked in place
-///     let rows = RowTable::new(Gatherer::new(&context)?, table, row_len, GatherOptions::default())?;
-///     let unused = PinnedPool::new(&context, 0); // gathered batches take no pinned memory of the pool
-///     let batches = Prefetcher::<GatherBatch<f32, Registered<f32>>>::builder(&unused, &compute, (rows, 4096))
-///         .batches(100)
-///         .build(|i, batch| {
-///             let rows = batch.table().rows() as u64;
-///             batch.indices.clear();
-///             batch.indices.extend((0..4096u64).map(|k| ((i as u64 * 4096 + k) * 7919 % rows) as u32));
-///             Ok(())
-///         })?;
-///     for batch in batches {
-///         let _rows = batch?; // 4096 rows, ready on `compute`
-///     }
-///     Ok(())
-/// }
-/// ```
-pub struct GatherBatch<T: Pod, M> {
-    /// The table rows of the batch, in order: `rows` of them (the layout's), each below the table's row count.
-    pub indices: Vec<u32>,
-    table: Arc<RowTable<T, M>>,
-}
-
-impl<T: Pod, M> GatherBatch<T, M> {
-    /// The table the batch is gathered from.
-    #[must_use]
-    pub fn table(&self) -> &RowTable<T, M> {
-        &self.table
-    }
-}
-
-impl<T, M> Batch for GatherBatch<T, M>
-where
-    T: Pod + Send + Sync,
-    M: PinnedSource<T> + Send + Sync + 'static,
-{
-    /// The table, and the rows per batch.
-    type Layout = (Arc<RowTable<T, M>>, usize);
-    type Device = DeviceBuffer<T>;
-
-    fn alloc_host(_pool: &PinnedPool, (table, rows): &Self::Layout) -> Result<Self> {
-        Ok(GatherBatch {
-            indices: Vec::with_capacity(*rows),
-            table: table.clone(),
-        })
-    }
-
-    fn alloc_device(stream: &Stream, (table, rows): &Self::Layout) -> Result<DeviceBuffer<T>> {
-        let len = rows.checked_mul(table.row_len).ok_or_else(|| {
-            Error::invalid(format_args!(
-                "batches of {rows} rows of {} elements",
-                table.row_len
-            ))
-        })?;
-        DeviceBuffer::uninit(stream, len)
-    }
-
-    fn upload(&self, stream: &Stream, device: &mut DeviceBuffer<T>) -> Result<()> {
-        let table = &self.table;
-        table.gatherer.gather(
-            stream,
-            &table.table,
-            table.row_len,
-            &self.indices,
-            device,
-            table.options,
-        )
-    }
-
-    fn device_parts<'a>(device: &'a DeviceBuffer<T>, parts: &mut DeviceParts<'a>) {
-        parts.add(device);
-    }
-}
-
-impl<T: Pod, M> fmt::Debug for GatherBatch<T, M> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GatherBatch")
-            .field("indices", &self.indices.len())
-            .finish_non_exhaustive()
-    }
-}
+pub use table::RowTable;
+use table::whole_rows;
 
 impl fmt::Debug for Gatherer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
