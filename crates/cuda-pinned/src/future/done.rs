@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::reactor::reactor;
 use crate::driver::calls;
+use crate::driver::context::KnownStreams;
 use crate::driver::marks::{Mark, PooledEvent};
 use crate::driver::{Context, Event, Stream};
 use crate::error::{Error, Result};
@@ -256,12 +257,11 @@ impl Context {
     /// Futures of the work queued so far on every stream the crate knows in this context, through any handle
     /// of it: the streams made or wrapped by the crate, and each handle's stream for frees.
     pub(crate) fn every_stream_done(&self) -> Vec<Done> {
-        let (streams, released) = self.known_streams();
+        let KnownStreams { made, released } = self.known_streams();
         let borrowed = released
             .iter()
             .map(|(context, raw)| Stream::borrowed(context, *raw));
-        streams
-            .into_iter()
+        made.into_iter()
             .filter_map(Stream::of_queue)
             .chain(borrowed)
             .map(|s| s.done())
