@@ -8,7 +8,7 @@
 //! `cuMemFreeHost`, `cuMemHostUnregister` and `cuMemFree_v2` return only once all work queued on the device
 //! has finished, and meanwhile hold back the driver calls of every other thread (a copy enqueued by another
 //! thread waited as long): so such a call is a hidden wait on whichever thread it is made, the crate's own
-//! included. `cuModuleUnload` is treated the same way. The simulator's calls wait the same way (`api.rs`) and
+//! included. `cuModuleUnload` is treated the same way. The simulator's calls wait the same way (`api/memory.rs`) and
 //! report the call when the wait included work unrelated to what it releases (work that does not touch the
 //! memory being released; work other than the launches of the module being unloaded), unless a crate
 //! function on the stack documents that it waits for the device ([`documented_wait`]). `cuCtxSynchronize`, `cuStreamSynchronize` and
@@ -518,10 +518,10 @@ mod tests {
     /// As `std::backtrace::Backtrace` prints a call from a crate function through `driver_call!`.
     const THROUGH_THE_CRATE: &str = "   0: cuda_pinned_sim::detect::caller
              at ./crates/cuda-pinned-sim/src/detect.rs:10:5
-   1: cuda_pinned_sim::api::free_now
-             at ./crates/cuda-pinned-sim/src/api.rs:200:9
+   1: cuda_pinned_sim::api::memory::free_now
+             at ./crates/cuda-pinned-sim/src/api/memory.rs:200:9
    2: cuMemFreeHost
-             at ./crates/cuda-pinned-sim/src/api.rs:700:5
+             at ./crates/cuda-pinned-sim/src/api/host.rs:700:5
    3: cuda_pinned::memory::pinned::Pinned<T>::drop::{{closure}}::{{closure}}
              at /home/dev/cuda-pinned/src/memory/pinned.rs:262:22
    4: core::result::Result<T,E>::and_then
@@ -642,12 +642,12 @@ mod tests {
 
     #[test]
     fn inlined_functions_count() {
-        let text = "   0: cuda_pinned_sim::api::free_now\n      cuda_pinned::inlined\n             at /x/src/b.rs:7:2\n";
+        let text = "   0: cuda_pinned_sim::api::memory::free_now\n      cuda_pinned::inlined\n             at /x/src/b.rs:7:2\n";
         assert_eq!(
             frames(text),
             vec![
                 Frame {
-                    function: "cuda_pinned_sim::api::free_now".into(),
+                    function: "cuda_pinned_sim::api::memory::free_now".into(),
                     at: None
                 },
                 Frame {

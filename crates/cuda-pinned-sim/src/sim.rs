@@ -1,6 +1,6 @@
 //! The simulated device's state: one process-wide lock over every allocation, stream, event and context, a
 //! condition variable that wakes whoever waits for work to finish, the faults to inject and the violations
-//! found. The driver functions in `api.rs` are thin wrappers over this.
+//! found. The driver functions in `api/` are thin wrappers over this.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::c_void;
