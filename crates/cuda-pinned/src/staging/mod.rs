@@ -56,25 +56,15 @@ use crate::error::Result;
 use crate::memory::PinnedPool;
 
 impl Stream {
-    /// Uploads ordinary (pageable) memory into `dst` through pinned staging buffers from `pool`: several threads
-    /// copy chunks into the buffers while the DMA engine moves the chunks staged before, so the host copy and the
-    /// transfer overlap. Returns once `src` is no longer read (every chunk staged); the device copies run on this
-    /// stream, ordered like [`Stream::upload`]. Default [`StagingOptions`].
-    ///
-    /// A transfer below [`StagingOptions::chunked_from`] bytes (16 MiB by default) runs on the calling thread:
-    /// below 1 MiB through one staging buffer of its size, copied into and returning at once; from there through the
-    /// driver's path, [`Stream::upload_pageable`]. So does a transfer for which `pool` has no room for even one
-    /// staging buffer (its budget held by buffers in use, or smaller than one buffer), rather than waiting for
-    /// buffers others hold. That path returns once the copy has completed, after the work queued on this stream
-    /// before it.
-    ///
-    /// The pool should have room for `2 x threads x chunk` bytes (64 MiB by default); with less, the transfer
-    /// goes on with the buffers it could get. [`StagingOptions::staging_buffers`] says what a transfer takes.
+    /// Uploads ordinary (pageable) memory into `dst` through pinned staging buffers from `pool`, with the default
+    /// [`StagingOptions`] (the paths by size: [`staging`](crate::staging)). Returns once `src` is no longer read,
+    /// the copies into `dst` running on this stream; on the driver's path ([`Stream::upload_pageable`]: mid-sized
+    /// transfers, or no room in `pool` for one buffer) once they have completed. Never waits for buffers others
+    /// hold; `pool` wants room for [`StagingOptions::staging_buffers`], and with less the transfer uses fewer.
     ///
     /// # Errors
-    /// An invalid-argument error if the lengths differ, with nothing enqueued, or if the system refuses a worker
-    /// thread; the pool's (other than having no room) or the driver's. An error on any thread of the transfer
-    /// stops all of them at once: part of `dst` may have been written.
+    /// Invalid argument if the lengths differ (nothing enqueued) or a worker thread is refused; the pool's (bar
+    /// having no room) or the driver's. An error stops every thread: part of `dst` may have been written.
     pub fn upload_staged<T: Pod>(
         &self,
         pool: &PinnedPool,
@@ -100,14 +90,10 @@ impl Stream {
         transfer::upload(self, pool, options, src, dst)
     }
 
-    /// Downloads `src` into ordinary (pageable) memory through pinned staging buffers from `pool`, with the DMA
-    /// of each chunk overlapping the copy-out of the chunks before on several threads. Returns once every byte of
-    /// `dst` has been written. Default [`StagingOptions`].
-    ///
-    /// Below [`StagingOptions::chunked_from`] bytes it runs on the calling thread: below 256 KiB through one
-    /// staging buffer of its size (across the link into it, then out), from there through the driver's path,
-    /// [`Stream::download_pageable`], which overlaps its copy out with the copy across. When `pool` has no room
-    /// for one staging buffer it takes the driver's path too, as [`Stream::upload_staged`] does.
+    /// Downloads `src` into ordinary (pageable) memory through pinned staging buffers from `pool`, as
+    /// [`Stream::upload_staged`] uploads, with the default [`StagingOptions`] (the paths by size:
+    /// [`staging`](crate::staging); the driver's is [`Stream::download_pageable`]). Returns once every byte of
+    /// `dst` has been written.
     ///
     /// # Errors
     /// As [`Stream::upload_staged`]; after an error part of `dst` may have been written.

@@ -6,10 +6,10 @@ use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
 
-/// The most worker threads one staged transfer starts, whatever [`StagingOptions::threads`] asks. One thread
-/// copies about 8 GB/s into pinned memory, so a handful already match a PCIe link (on a 16-core H100 host, 16
-/// threads were no faster than 8); the bound keeps a mistaken thread count from starting thousands of threads,
-/// each with its stack and two staging buffers.
+/// The most worker threads one staged transfer starts, whatever [`StagingOptions::threads`] asks: a handful
+/// already match a PCIe link, and the bound keeps a mistaken thread count from starting thousands of threads,
+/// each with its stack and two staging buffers
+/// (figures: docs/performance.md, "Staged against pageable, in turns").
 pub const MAX_THREADS: usize = 64;
 
 /// Chunks per worker that the chunk size is adapted for: as many as a worker has buffers, so that its two
@@ -29,18 +29,14 @@ const BUFFERS_PER_WORKER: usize = 2;
 
 /// Uploads below this many bytes (and below [`StagingOptions::chunked_from`]) go through one staging buffer on
 /// the calling thread, which returns once it is copied into; larger ones up to the crossover take the driver's
-/// pageable path. Measured on an H100 host (pinbench): one buffer ran at 1.18x-2.05x the driver's path from 4 KiB
-/// to 256 KiB and 0.77x-0.95x at 4 MiB, where the copy in on one thread is the bound; at 1 MiB it ran at 0.99x-1.55x
-/// in two runs, and in batches taken in turns with the driver's path at 0.88x in one run of three on an H100 and at
-/// 0.97x-1.31x on 2 x H200 (pinbench's turns, docs/performance.md): too close to call, so 1 MiB takes the
-/// driver's path.
+/// pageable path, 1 MiB included, where the two are too close to call
+/// (figures: docs/performance.md, "Staged against pageable, in turns").
 pub(super) const ONE_BUFFER_UPLOAD_BELOW: usize = 1 << 20;
 
 /// Downloads below this many bytes (and below [`StagingOptions::chunked_from`]) go through one staging buffer
-/// on the calling thread; from it up to the crossover, through the driver's pageable path, which stages through
-/// a pinned buffer of its own and copies out while the next part crosses the link. Measured on an H100 host
-/// (pinbench): one buffer ran at 1.07x-1.35x the driver's path from 4 to 64 KiB, and at 0.79x-0.95x from 256 KiB
-/// to 4 MiB, where the copy out on one thread is the bound.
+/// on the calling thread; from it up to the crossover, where the copy out on one thread is the bound, through
+/// the driver's pageable path, which stages through a pinned buffer of its own and copies out while the next
+/// part crosses the link (figures: docs/performance.md, "Staged against pageable, in turns").
 pub(super) const ONE_BUFFER_DOWNLOAD_BELOW: usize = 256 << 10;
 
 /// How a staged transfer splits its work: `StagingOptions::default().chunk_bytes(1 << 20).threads(4)`. The
@@ -57,17 +53,14 @@ pub struct StagingOptions {
     pub threads: usize,
     /// Transfers of at least this many bytes are split into chunks on worker threads; smaller ones go through
     /// one staging buffer of their size on the calling thread, where starting threads would cost more than they
-    /// save. Default 16 MiB, measured on an H100 host (PCIe gen 5 x16, 16 cores, pinbench's "chunked" column):
-    /// chunked transfers ran at 0.65x the driver's pageable path at 1 MiB and 0.89x-1.05x at 4 MiB, against
-    /// 1.78x-2.72x at 16 MiB; other machines may cross over elsewhere: measure with pinbench. 0 chunks every
-    /// transfer; `usize::MAX` none.
+    /// save. 0 chunks every transfer; `usize::MAX` none. Default 16 MiB, where chunked transfers overtook the
+    /// driver's pageable path in pinbench's runs; other machines may cross over elsewhere: measure with pinbench
+    /// (figures: docs/performance.md, "Staged against pageable, in turns").
     pub chunked_from: usize,
 }
 
-/// The defaults were measured on an H100 host with 16 cores (pinbench `--staging-sweep`, 256 MiB): 4 MiB chunks
-/// with 8 threads gave 3.65x the driver's pageable upload and 2.42x its download; 8 MiB chunks with 4 threads
-/// gave 2.38x and 1.56x. The crossover to chunking is where the same kind of host's chunked transfers overtook the
-/// driver's pageable path (between 4 and 16 MiB, both directions).
+/// 4 MiB chunks, one thread per core up to 8, chunking from 16 MiB: chosen with pinbench's `--staging-sweep`
+/// and its chunked column (figures: docs/performance.md, "Staged against pageable, in turns").
 impl Default for StagingOptions {
     fn default() -> StagingOptions {
         // `available_parallelism` reads the process's CPU quota from files (about 10 us, longer than a small
@@ -112,12 +105,10 @@ impl StagingOptions {
         Ok(())
     }
 
-    /// How a staged transfer of `total` bytes splits into chunks and workers with these options.
-    ///
-    /// The chunk size is adapted to the transfer: the size that gives each thread [`CHUNKS_PER_WORKER`] chunks,
-    /// rounded up to a power of two, at least [`MIN_CHUNK`], at most `chunk_bytes`. Powers of two, because the
-    /// pool reuses a block only for a request of its size class, and pinning a new one costs about 0.5 s/GiB:
-    /// transfers of similar sizes then ask for the same few sizes of buffer.
+    /// How a staged transfer of `total` bytes splits into chunks and workers with these options. The chunk size
+    /// is the one that gives each thread [`CHUNKS_PER_WORKER`] chunks, rounded up to a power of two, at least
+    /// [`MIN_CHUNK`], at most `chunk_bytes`: powers of two, because the pool reuses a block only for a request of
+    /// its size class and pinning a new one is slow, so transfers of similar sizes ask for the same few sizes.
     ///
     /// # Errors
     /// An invalid-argument error for a chunk size or thread count of zero.
