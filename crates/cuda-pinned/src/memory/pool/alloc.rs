@@ -32,23 +32,15 @@ const FIRST_POLL: Duration = Duration::from_micros(50);
 const LONGEST_POLL: Duration = Duration::from_millis(2);
 
 impl PinnedPool {
-    /// A pinned buffer of `len` elements: a cached block of its size class if one is idle (no driver call),
-    /// else a newly pinned one. Its contents are whatever the block last held (zeroes when new): any bytes are a
-    /// valid `T`. Dropping it gives the block back; it is reused once its device work has completed.
-    ///
-    /// The buffer is aligned to a page (4096 bytes); an element type aligned more strictly is refused.
-    ///
-    /// When the budget leaves no room even with the cached blocks of other classes given up, a pool that
-    /// fails when full returns at once; one that waits ([`WhenFull::Wait`]) waits, without holding up other
-    /// threads' requests, until buffers come back or device work on blocks given back completes, for at
-    /// most [`PoolBuilder::max_wait`]. Cached blocks given up to make room are unpinned on the crate's release
-    /// thread, not on the caller's.
+    /// A pinned buffer of `len` elements, aligned to a page: an idle cached block of its size class (no driver
+    /// call), else a newly pinned one, cached blocks of other classes given up for room. It holds what the block
+    /// last held (zeroes when new); dropped, it goes back, to be reused once its device work has completed.
+    /// Waits only in a [`WhenFull::Wait`] pool with no room: for buffers to come back or device work on those
+    /// given back to complete, at most [`PoolBuilder::max_wait`].
     ///
     /// # Errors
-    /// An invalid-argument error, before anything is taken, if `T` is aligned to more than 4096 bytes or the
-    /// byte size overflows. [`Error::PoolExhausted`] when the budget leaves no room and the pool fails when
-    /// full, or after waiting `max_wait` for room (a request larger than the whole budget fails at once
-    /// either way); the driver's, from pinning or from finding out whether device work has completed.
+    /// Invalid argument if `T` is aligned to more than a page or the size overflows; [`Error::PoolExhausted`]
+    /// with no room (at once, or after `max_wait`; at once above the budget); the driver's (pinning, polling work).
     #[doc(alias = "cuMemHostAlloc")]
     #[doc(alias = "cuMemHostRegister")]
     pub fn alloc<T: Pod>(&self, len: usize) -> Result<Pinned<T>> {

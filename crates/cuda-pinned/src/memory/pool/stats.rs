@@ -40,17 +40,14 @@ pub struct PoolStats {
 }
 
 impl PinnedPool {
-    /// Gives up every idle block: cached blocks, and blocks given back whose device work has completed by
-    /// now. Blocks in use or with work still pending stay.
-    ///
-    /// Returns at once: the blocks leave the budget now and are unpinned, their memory given back to the
-    /// system, shortly after on the crate's release thread (the driver's unpinning waits for all work on the
-    /// device, which the caller does not). [`Context::synchronize`] waits until they are. A block that fails
-    /// to unpin is leaked, and the error kept for [`Context::check_deferred_errors`].
+    /// Gives up every idle block (cached, or given back with its device work completed by now); blocks in use
+    /// or with work pending stay. Waits for nothing: the blocks leave the budget at once and are unpinned on
+    /// the crate's release thread, which [`Context::synchronize`] waits for; a failed unpin leaks its block and
+    /// is kept for [`Context::check_deferred_errors`].
     ///
     /// # Errors
-    /// The driver's, from finding out whether device work on a block given back has completed: that block
-    /// stays pending; the idle blocks are given up all the same.
+    /// The driver's, from asking whether a block's device work has completed: that block stays pending; the
+    /// idle ones are given up all the same.
     pub fn trim(&self) -> Result<()> {
         let (polled, blocks) = {
             let mut state = self.shared.lock();
