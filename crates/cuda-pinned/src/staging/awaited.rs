@@ -5,11 +5,12 @@
 //! borrows the user's memory, and a forgotten future never touches it again. As the blocking forms, a transfer
 //! never waits for buffers that others hold: it takes its buffers waiting only for device work on blocks given
 //! back, and goes on with one where the pool has room for only one. The transfers across the link are the
-//! tracked copies of the blocking forms (`mod.rs`).
+//! tracked copies of the blocking forms (`copies.rs`).
 
 use bytemuck::Pod;
 
-use super::{StagingOptions, check_host_device, enqueue_download, enqueue_upload, stream_copy};
+use super::StagingOptions;
+use super::copies::{check_host_device, enqueue_download, enqueue_upload, stream_copy};
 use crate::copy::{DeviceDestination, DeviceSource};
 use crate::driver::Stream;
 use crate::error::{Error, Result};

@@ -1,7 +1,7 @@
 //! The pure core of the pinned-memory pool: which block serves a request, when a returned block may be reused,
-//! what to evict, and the byte accounting that keeps the pool within its budget. No FFI and no unsafe: the pool
-//! in `pool/mod.rs` pins and unpins, this state decides, and it is tested on the CPU against a simulated device
-//! through the same [`Timeline`] the buffers use.
+//! what to evict, and the byte accounting that keeps the pool within its budget. No FFI and no unsafe: the rest
+//! of the pool (`alloc.rs`, `block.rs`) pins and unpins, this state decides, and it is tested on the CPU against
+//! a simulated device through the same [`Timeline`] the buffers use.
 //!
 //! # Where a block is
 //!
