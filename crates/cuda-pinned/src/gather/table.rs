@@ -21,7 +21,7 @@ const _: () = {
 };
 
 /// A table of rows in page-locked host memory, with the [`Gatherer`] that reads it and how: the source of a
-/// [`Prefetcher`](crate::Prefetcher) of gathered batches ([`GatherBatch`]), shared by its workers.
+/// [`Prefetcher`](crate::Prefetcher) of gathered batches ([`GatherBatch`](crate::prefetch::GatherBatch)), shared by its workers.
 pub struct RowTable<T: Pod, M> {
     gatherer: Gatherer,
     table: M,
