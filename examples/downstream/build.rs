@@ -1,7 +1,7 @@
 //! Under feature `gpu`, compiles `cuda/pipeline.cu` with nvcc into `$OUT_DIR/pipeline.ptx` (PTX for compute
 //! capability 8.0, which the driver compiles for the GPU it runs on), which the library embeds. Without it,
-//! nothing: the tests run the kernels' stand-ins on the simulated driver. The repository's README shows this
-//! recipe (and its test checks that they stay the same).
+//! nothing: the tests run the kernels' stand-ins on the simulated driver. The crate docs and the `cuda-pinned`
+//! crate's README show this recipe (and `crates/pinbench/tests/readme.rs` checks that they stay the same).
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");

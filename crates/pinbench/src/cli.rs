@@ -1,5 +1,5 @@
-//! pinbench's command line: the bandwidth run's flags, and the other modes (`train-loop`, `gather`, `devices`)
-//! with their own.
+//! pinbench's command line: the bandwidth run's flags, and the other modes (`train-loop`, `gather`, `devices`,
+//! `futures`, `requests`, `graphs`) with their own.
 
 use std::num::NonZeroUsize;
 use std::path::PathBuf;

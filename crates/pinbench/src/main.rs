@@ -19,7 +19,8 @@
 //! `pinbench devices` measures every device of the machine, alone, all at once, copying between each other, and
 //! fed by the sharded prefetcher of rows gathered on each device (`devices/`); `pinbench futures` times how soon
 //! an awaiting task learns that device work is done (`futures.rs`); `pinbench requests` serves a server's requests
-//! as awaiting tasks and on blocking threads (`requests.rs`).
+//! as awaiting tasks and on blocking threads (`requests.rs`); `pinbench graphs` replays a step as a CUDA graph
+//! through the crate, against the raw driver's graph and eager launches (`graphs.rs`).
 //!
 //! Device times come from CUDA events after warm-up, repeated until stable, as medians (`timing.rs`). Every copy's
 //! data is checked once; a figure is never a failure, however low, but data that did not arrive intact is.
