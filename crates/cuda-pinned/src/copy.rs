@@ -32,6 +32,8 @@
 //! # Ok(()) }
 //! ```
 
+#![allow(unsafe_code)]
+
 use std::ffi::c_void;
 
 use bytemuck::Pod;

@@ -1,6 +1,8 @@
 //! The process's exit: a hook that stops the crate's threads from calling the driver while the CUDA libraries
 //! are torn down.
 
+#![allow(unsafe_code)]
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};

@@ -28,6 +28,8 @@
 //! # Ok(()) }
 //! ```
 
+#![allow(unsafe_code)]
+
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};

@@ -6,6 +6,8 @@
 //! The launchers take buffers and a stream and take part in the tracking as copies do: each declares what it
 //! reads and writes, waits on the device for conflicting work from other streams, and returns at once.
 
+#![allow(unsafe_code)]
+
 /// Multiplier that makes each word's term depend on the word's index (the 64-bit golden ratio,
 /// as in `SplitMix64`).
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;

@@ -6,6 +6,8 @@
 //! as `int`; turn it into a `Result` with [`check_launch`]. Errors of the kernel's execution show at the next
 //! synchronisation, as with any CUDA launch.
 
+#![allow(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};

@@ -295,6 +295,9 @@
 //!   crate that reads them in place (shipped as PTX, no feature needed) or by the copy engines; with
 //!   [`RowTable`] and [`prefetch::GatherBatch`], a [`Prefetcher`] whose host side is only the indices.
 #![deny(unsafe_op_in_unsafe_fn)]
+// Unsafe code is confined to the files that say so with `#![allow(unsafe_code)]`: the FFI, the memory that
+// the device shares, and the handles the driver lets threads share.
+#![deny(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 /// The raw layer: the `cuda-pinned-sys` crate, bindings to the CUDA driver API loaded at run time.

@@ -6,6 +6,8 @@
 //! enqueued later on other streams (host-staged peer copies on PCIe-only GPUs), a hidden wait; a download on
 //! one device and an upload on the other, each an ordinary tracked copy, hold back nothing but themselves.
 
+#![allow(unsafe_code)]
+
 use std::ffi::c_int;
 use std::sync::{Mutex, PoisonError};
 

@@ -1,5 +1,7 @@
 //! CUDA events: points in a stream's work that the host or other streams can wait for, and that time it.
 
+#![allow(unsafe_code)]
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;

@@ -38,6 +38,8 @@
 //! [`Stream::wait`]: crate::Stream::wait
 //! [`Stream::profile`]: crate::Stream::profile
 
+#![allow(unsafe_code)]
+
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell, RefMut};
 use std::sync::atomic::{AtomicBool, Ordering};

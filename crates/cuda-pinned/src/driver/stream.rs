@@ -1,5 +1,7 @@
 //! CUDA streams: queues of device work that run in order, concurrently with other streams.
 
+#![allow(unsafe_code)]
+
 use std::any::Any;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -26,6 +26,8 @@
 //! The only code of others the thread runs is a waker's `wake`; one that panics is caught, and the thread goes
 //! on for every other future.
 
+#![allow(unsafe_code)]
+
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};

@@ -15,6 +15,8 @@
 //! on a page: for a table gathered from often, copy it once into
 //! [`PinnedBuilder::device_mapped`](crate::PinnedBuilder::device_mapped) memory.
 
+#![allow(unsafe_code)]
+
 use std::fmt;
 
 use bytemuck::Pod;

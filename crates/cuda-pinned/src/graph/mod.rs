@@ -14,6 +14,8 @@
 //! recorded in it stands for nothing outside it; a copy of pageable memory would be read at every replay;
 //! an allocation would belong to the graph. The driver's rules behind this are in ARCHITECTURE.md ("Graphs").
 
+#![allow(unsafe_code)]
+
 mod nodes;
 
 use std::any::Any;

@@ -9,6 +9,8 @@
 //! child graph, ...). Each change is made to the executable graph (for the launches from then on: one queued
 //! before keeps its parameters) and to the template (where the next move reads them).
 
+#![allow(unsafe_code)]
+
 use std::collections::HashMap;
 use std::ffi::c_void;
 

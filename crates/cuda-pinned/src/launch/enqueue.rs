@@ -1,6 +1,8 @@
 //! Launches of users' kernels ([`Stream::launch`]) and other code's work declared on a stream
 //! ([`Stream::enqueue_foreign`]), tracked as the crate's copies are.
 
+#![allow(unsafe_code)]
+
 use std::ffi::c_void;
 
 use smallvec::SmallVec;

@@ -1,6 +1,8 @@
 //! Modules of users' kernels, loaded from PTX, cubin or fatbin images, and their kernels: what a launch checks its
 //! arguments against (the parameters' sizes, read from the driver and counted in the PTX).
 
+#![allow(unsafe_code)]
+
 use std::ffi::CString;
 use std::fmt;
 use std::sync::Arc;

@@ -3,6 +3,8 @@
 //! [`crate::Registered`] are blocks; once dropped with their work completed, they wait on the release thread to
 //! be unpinned, and are reused from there meanwhile (`release.rs`).
 
+#![allow(unsafe_code)]
+
 use std::alloc::Layout;
 use std::ptr::NonNull;
 

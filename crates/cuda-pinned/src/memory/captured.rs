@@ -11,6 +11,8 @@
 //! graph, with no event. The capture also holds every buffer it uses (`Track::hold`), which the graph takes
 //! over: a buffer dropped meanwhile is released only when the graph is.
 
+#![allow(unsafe_code)]
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 

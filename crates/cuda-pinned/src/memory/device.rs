@@ -1,5 +1,7 @@
 //! `DeviceBuffer<T>`: device memory, allocated stream-ordered where the device supports it.
 
+#![allow(unsafe_code)]
+
 use std::fmt;
 use std::marker::PhantomData;
 

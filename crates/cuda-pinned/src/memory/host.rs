@@ -2,6 +2,8 @@
 //! [`super::Pinned`] and [`super::Registered`], which own the memory and differ only in how they got and
 //! release it.
 
+#![allow(unsafe_code)]
+
 use std::future::Future;
 use std::pin::Pin;
 use std::ptr::NonNull;

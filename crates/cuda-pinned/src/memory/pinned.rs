@@ -1,5 +1,7 @@
 //! `Pinned<T>`: page-locked host memory allocated by the driver, the fast host side of a copy.
 
+#![allow(unsafe_code)]
+
 use std::ffi::c_void;
 use std::fmt;
 use std::ptr::NonNull;

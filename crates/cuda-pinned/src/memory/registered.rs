@@ -1,5 +1,7 @@
 //! `Registered<T>`: a `Vec<T>` pinned in place (`cuMemHostRegister`), without a copy.
 
+#![allow(unsafe_code)]
+
 use std::ffi::c_void;
 use std::fmt;
 use std::ptr::NonNull;

@@ -2,6 +2,8 @@
 //! and shares its tracker: work on a view counts as work on the whole allocation, which is conservative (two
 //! views of one buffer are ordered as if they overlapped) and never unsound.
 
+#![allow(unsafe_code)]
+
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};

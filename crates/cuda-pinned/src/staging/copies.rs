@@ -1,6 +1,8 @@
 //! The copies a staged transfer makes, blocking or awaited: each chunk's tracked copy across the link, the
 //! host copies between the user's memory and a staging buffer, and the check that both sides match.
 
+#![allow(unsafe_code)]
+
 use bytemuck::Pod;
 
 use crate::copy::{DeviceDestination, DeviceSource, check_lengths};

@@ -4,6 +4,8 @@
 //!
 //! Written against `primitives.rs`, so that the model check (`model.rs`) runs this file over loom's primitives.
 
+#![allow(unsafe_code)]
+
 use super::primitives::{AtomicUsize, Cell, Condvar, Mutex, Ordering, seq_cst_order, this_thread};
 use std::sync::PoisonError;
 

@@ -1,5 +1,7 @@
 //! Contexts: the primary context, the current context of the thread, and what a context holds.
 
+#![allow(unsafe_code)]
+
 use std::ffi::{c_int, c_void};
 
 use crate::driver_call;

@@ -1,5 +1,7 @@
 //! Devices: counts, attributes, names, peer access between devices.
 
+#![allow(unsafe_code)]
+
 use std::ffi::{c_char, c_int};
 
 use super::c_len;

@@ -1,5 +1,7 @@
 //! Stream capture and graphs: capturing, nodes and their parameters, instantiation and launches.
 
+#![allow(unsafe_code)]
+
 use crate::driver_call;
 use crate::error::Result;
 use crate::sys::{

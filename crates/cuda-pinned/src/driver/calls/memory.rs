@@ -1,5 +1,7 @@
 //! Memory: device allocations and pools, page-locked host memory, copies and memsets.
 
+#![allow(unsafe_code)]
+
 use std::ffi::c_void;
 
 use crate::driver_call;

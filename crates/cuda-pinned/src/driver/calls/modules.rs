@@ -1,5 +1,7 @@
 //! Modules and kernels: loading, functions and their parameters, launches.
 
+#![allow(unsafe_code)]
+
 use std::ffi::{CStr, c_int, c_void};
 
 use crate::driver_call;

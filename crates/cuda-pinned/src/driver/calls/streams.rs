@@ -1,5 +1,7 @@
 //! Streams and events: creation, queries, synchronization, waits and records.
 
+#![allow(unsafe_code)]
+
 use std::ffi::c_int;
 
 use super::ready;

@@ -1,6 +1,8 @@
 //! The crate's memory pool of each device's memory, which `DeviceBuffer`s come from: made on first use, never
 //! the device's current pool (which belongs to whoever set it), keeping freed memory for the next allocations.
 
+#![allow(unsafe_code)]
+
 use std::ffi::c_int;
 
 use super::super::calls;

@@ -1,6 +1,8 @@
 //! A device's primary context: the one the CUDA runtime, cuBLAS, PyTorch and other crates in the same process
 //! use too, so that memory and streams pass between them.
 
+#![allow(unsafe_code)]
+
 use super::calls;
 use super::device::Device;
 use crate::error::{Error, Result};

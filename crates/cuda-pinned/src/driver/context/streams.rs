@@ -2,6 +2,8 @@
 //! futures, and retired (destroyed once idle) when the crate is done with them, so that the release thread
 //! sees their work until then.
 
+#![allow(unsafe_code)]
+
 use std::sync::{Arc, Weak};
 
 use super::super::calls;

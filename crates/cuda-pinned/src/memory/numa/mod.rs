@@ -10,6 +10,8 @@
 //! The topology comes from sysfs ([`Topology::read`]), whose root is an argument so that tests build fake
 //! trees. Only Linux binds anything: elsewhere every placement resolves to "do not bind".
 
+#![allow(unsafe_code)]
+
 use std::io;
 use std::path::{Path, PathBuf};
 

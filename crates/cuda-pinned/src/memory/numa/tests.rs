@@ -1,6 +1,8 @@
 //! The NUMA placement's tests: the list parser, fake sysfs trees, and the calling thread's binding on this
 //! host.
 
+#![allow(unsafe_code)]
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use proptest::prelude::*;

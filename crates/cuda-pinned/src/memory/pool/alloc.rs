@@ -1,6 +1,8 @@
 //! Serving a request of a [`PinnedPool`] on the calling thread: a hit, a pin, or a wait for room as the
 //! pool's [`WhenFull`] allows.
 
+#![allow(unsafe_code)]
+
 use std::sync::atomic::Ordering;
 use std::sync::{MutexGuard, PoisonError};
 use std::time::{Duration, Instant};

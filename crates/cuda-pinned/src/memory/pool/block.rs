@@ -1,6 +1,8 @@
 //! How the pool pins a block (the faster of two ways on this machine) and hands one it gives up to the release
 //! thread.
 
+#![allow(unsafe_code)]
+
 use std::ptr::NonNull;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};

@@ -6,6 +6,8 @@
 //! The controls compile the same files over primitives that break one rule the protocols rely on, and check
 //! that the model then fails: the check can see what it is there to see.
 
+#![allow(unsafe_code)]
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::Poll;
