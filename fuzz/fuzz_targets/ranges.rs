@@ -1,6 +1,6 @@
 //! The range and chunk arithmetic, with extreme lengths and offsets: the range check of a view
 //! (`DeviceBuffer::slice`, `Pinned::slice` and the `_mut` forms, `src/memory/view.rs`), the length check of a
-//! staged transfer, and how a staged transfer of the view splits into chunks and workers (`src/staging.rs`).
+//! staged transfer, and how a staged transfer of the view splits into chunks and workers (`src/staging/options.rs`).
 //! Nothing may panic or overflow; a range not within the buffer, lengths that differ and a chunk size or thread
 //! count of zero are `Error::InvalidArgument`s with a message that names them; a view's byte offsets stay within
 //! its buffer; the plan's chunk size is the one asked for or a smaller power of two that gives each worker at

@@ -6,7 +6,7 @@
 //!   device of `track/sim.rs`, checked step by step against a model of where every block is. The pool's
 //!   property test runs the same model on programs of its own.
 //! - [`ranges`]: the range check of buffer views (`memory/view.rs`) and how a staged transfer splits into chunks
-//!   and workers (`staging/mod.rs`).
+//!   and workers (`staging/options.rs`).
 
 pub mod pool {
     //! Random programs against the pool's `PoolState` on a simulated device, and the model they are checked

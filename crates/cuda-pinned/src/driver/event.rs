@@ -19,7 +19,7 @@ pub struct Event {
 }
 
 /// The driver's event, destroyed when the last holder goes: the [`Event`], and the reactor while a future of it
-/// is pending (`done.rs`).
+/// is pending (`future/done.rs`).
 pub(crate) struct Shared {
     raw: CUevent,
     context: Context,

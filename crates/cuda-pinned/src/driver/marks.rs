@@ -1,7 +1,7 @@
 //! Marks: the points in a stream's work that buffers' trackers wait for, kept precise at the cost of one event
 //! record where it is needed. This file holds the segments, their lock and the pooled events; the stream's side
 //! (closing segments, finding a mark's event) is in `stream.rs`, and the real device as the tracker sees it
-//! (`Gpu`, which waits for marks) in `memory/tracked.rs`.
+//! (`Gpu`, which waits for marks) in `memory/tracked.rs` (the enqueue protocol that records them: `memory/enqueue.rs`).
 //!
 //! A stream's work is cut into *segments*. Work the crate enqueues joins the stream's current segment, and
 //! the tracker entries it leaves hold that segment as their mark. An event for a segment, when someone has to

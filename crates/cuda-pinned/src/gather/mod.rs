@@ -75,9 +75,9 @@ pub enum GatherEngine {
     /// launch for the whole batch, however many rows.
     Kernel,
     /// The copy engines: one copy per row, all enqueued by one `cuMemcpyBatchAsync_v2` (a driver of CUDA 13.0
-    /// or later; an older one makes the gather an `Err`). Each row costs the host about a microsecond and a
-    /// half to list and enqueue (H100 host), so it pays only for large rows, which the engines move at the
-    /// link's speed without taking the device's threads.
+    /// or later; an older one makes the gather an `Err`). Each row costs the host time to list and enqueue,
+    /// so it pays only for large rows, which the engines move at the link's speed without taking the device's
+    /// threads (docs/performance.md, "Where the defaults come from").
     Copies,
 }
 
@@ -93,8 +93,8 @@ pub enum ReadOrder {
     /// Sorted by where the rows lie in the table: the indices are sorted on the device first (a bucket sort, a
     /// few kernels whose cost grows with the batch, on the gatherer's own stream, so that they run beside the
     /// work queued before the gather), and each row is still written where the batch puts it.
-    /// Reads of host memory near each other are much faster over the bus than scattered ones (on an H100,
-    /// 64-byte rows 35 GB/s against 3.1, 256-byte rows 45 against 11).
+    /// Reads of host memory near each other are much faster over the bus than scattered ones
+    /// (docs/performance.md, "Where the defaults come from").
     Sorted,
 }
 
@@ -142,9 +142,8 @@ pub struct Gatherer {
 
 impl Gatherer {
     /// Rows of at least this many bytes are moved by the copy engines under [`GatherEngine::Auto`], smaller
-    /// ones by the kernel: where the copies overtook the kernel in every run on an H100 (`pinbench gather`:
-    /// 256 KiB rows 49.3 and 52.6 GB/s by copies against 47.1 and 47.5 by the kernel; at 64 KiB the kernel
-    /// won one run, 47.4 against 42.5, and the copies the other, 49.5 against 48.2).
+    /// ones by the kernel: where the copies overtook the kernel in every run measured (docs/performance.md,
+    /// "Where the defaults come from").
     pub const COPIES_FROM: usize = 256 << 10;
 
     /// Rows under this many bytes are read sorted under [`ReadOrder::Auto`]: below it the locality of sorted

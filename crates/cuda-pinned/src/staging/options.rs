@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 /// The most worker threads one staged transfer starts, whatever [`StagingOptions::threads`] asks: a handful
 /// already match a PCIe link, and the bound keeps a mistaken thread count from starting thousands of threads,
 /// each with its stack and two staging buffers
-/// (figures: docs/performance.md, "Staged against pageable, in turns").
+/// (figures: docs/performance.md, "Where the defaults come from").
 pub const MAX_THREADS: usize = 64;
 
 /// Chunks per worker that the chunk size is adapted for: as many as a worker has buffers, so that its two
@@ -30,13 +30,13 @@ const BUFFERS_PER_WORKER: usize = 2;
 /// Uploads below this many bytes (and below [`StagingOptions::chunked_from`]) go through one staging buffer on
 /// the calling thread, which returns once it is copied into; larger ones up to the crossover take the driver's
 /// pageable path, 1 MiB included, where the two are too close to call
-/// (figures: docs/performance.md, "Staged against pageable, in turns").
+/// (figures: docs/performance.md, "Where the defaults come from").
 pub(super) const ONE_BUFFER_UPLOAD_BELOW: usize = 1 << 20;
 
 /// Downloads below this many bytes (and below [`StagingOptions::chunked_from`]) go through one staging buffer
 /// on the calling thread; from it up to the crossover, where the copy out on one thread is the bound, through
 /// the driver's pageable path, which stages through a pinned buffer of its own and copies out while the next
-/// part crosses the link (figures: docs/performance.md, "Staged against pageable, in turns").
+/// part crosses the link (figures: docs/performance.md, "Where the defaults come from").
 pub(super) const ONE_BUFFER_DOWNLOAD_BELOW: usize = 256 << 10;
 
 /// How a staged transfer splits its work: `StagingOptions::default().chunk_bytes(1 << 20).threads(4)`. The
@@ -55,12 +55,12 @@ pub struct StagingOptions {
     /// one staging buffer of their size on the calling thread, where starting threads would cost more than they
     /// save. 0 chunks every transfer; `usize::MAX` none. Default 16 MiB, where chunked transfers overtook the
     /// driver's pageable path in pinbench's runs; other machines may cross over elsewhere: measure with pinbench
-    /// (figures: docs/performance.md, "Staged against pageable, in turns").
+    /// (figures: docs/performance.md, "Where the defaults come from").
     pub chunked_from: usize,
 }
 
 /// 4 MiB chunks, one thread per core up to 8, chunking from 16 MiB: chosen with pinbench's `--staging-sweep`
-/// and its chunked column (figures: docs/performance.md, "Staged against pageable, in turns").
+/// and its chunked column (figures: docs/performance.md, "Where the defaults come from").
 impl Default for StagingOptions {
     fn default() -> StagingOptions {
         // `available_parallelism` reads the process's CPU quota from files (about 10 us, longer than a small

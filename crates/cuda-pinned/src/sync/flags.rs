@@ -1,10 +1,10 @@
-//! The reactor's bookkeeping (see `reactor.rs`), apart from the driver: the flag words lent and taken back, the
+//! The reactor's bookkeeping (see `future/reactor.rs`), apart from the driver: the flag words lent and taken back, the
 //! futures' signals, the hand-over of new watches to the scanner thread, and the scanner's pass. A word is lent
 //! to one future at a time ([`Hub::lend`]), set to 0 and then written by its stream with a value of its own;
 //! the scanner takes it back ([`Scanner::pass`], [`Scanner::take`]) only once that value has landed, so a word
 //! read never answers for another future and no write is pending on a word lent again.
 //!
-//! Written against `primitives.rs`, so that the model check (`model.rs`) runs this file over loom's primitives,
+//! Written against `primitives.rs`, so that the model check (`model/`) runs this file over loom's primitives,
 //! with a thread standing in for the device's writes.
 
 use std::collections::HashMap;

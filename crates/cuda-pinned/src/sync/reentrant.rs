@@ -2,7 +2,7 @@
 //! one compare-and-swap and one swap: only a thread that finds it held sleeps, on a condition variable. It guards
 //! no data itself; its user (the segment lock in `marks.rs`) reaches its data only while holding it.
 //!
-//! Written against `primitives.rs`, so that the model check (`model.rs`) runs this file over loom's primitives.
+//! Written against `primitives.rs`, so that the model check (`model/`) runs this file over loom's primitives.
 
 #![allow(unsafe_code)]
 

@@ -120,8 +120,8 @@ impl Context {
     /// stream, an event or the context is synchronized, for its next allocations; what it holds beyond that
     /// goes back to the driver then (the pool's `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`). Kept memory lets a loop
     /// that allocates and frees device memory each step, and synchronizes between steps, reuse the same memory
-    /// rather than have the driver map it afresh each step (on an H100, a step that allocates 1 GiB took 2.9 ms
-    /// with nothing kept against 5 us kept). The pool serves any of its allocations, of any size, from what it
+    /// rather than have the driver map it afresh each step (docs/performance.md, "Where the defaults come
+    /// from"). The pool serves any of its allocations, of any size, from what it
     /// keeps; other code on the device (another library's allocations) cannot use it meanwhile: give it back
     /// with [`Context::trim_device_memory`] where such code needs the memory. The default is
     /// [`DEVICE_MEMORY_KEPT`]: everything. One setting per device, shared by every context handle of it.
