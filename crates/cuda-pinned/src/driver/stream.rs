@@ -19,6 +19,11 @@ use crate::sys::{CUstream, CUstream_flags};
 /// Streams are non-blocking: they never synchronise with the legacy default stream (stream 0), which other
 /// libraries may use. The stream is destroyed when the last clone drops; buffers with work pending on it keep a
 /// clone, so it outlives that work.
+///
+/// Its methods live with the layer they belong to: making, waiting and querying here; the copies in `copy.rs`
+/// and `peer.rs`; staged transfers in `staging/`; launches and foreign work in `launch/enqueue.rs`; futures
+/// in `future/done.rs`; the ledger in `profile.rs`; cudarc interop in `interop.rs`; the crate-internal
+/// enqueue protocol in `memory/enqueue.rs`.
 #[derive(Clone)]
 pub struct Stream(Arc<Inner>);
 
