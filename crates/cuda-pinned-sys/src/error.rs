@@ -84,6 +84,10 @@ pub enum Error {
         library: Library,
         /// Every name or path tried, in order.
         attempts: Vec<LoadAttempt>,
+        /// How to run on the simulated driver (cuda-pinned-sim) instead, where the program is a test binary
+        /// or a build of the simulator is beside it; a last line of the message. `None` elsewhere, and where
+        /// the program chose the library itself ([`crate::use_library`]).
+        hint: Option<String>,
     },
     /// The loaded library lacks a function: it is older than the function.
     MissingFunction {
@@ -228,7 +232,11 @@ impl fmt::Display for Error {
                 function,
                 context,
             } => write_call(f, name, code.0, description, function, context.as_deref()),
-            Error::Load { library, attempts } => {
+            Error::Load {
+                library,
+                attempts,
+                hint,
+            } => {
                 write!(f, "could not load {}; tried:", library.describe())?;
                 for attempt in attempts {
                     write!(f, "\n  {}: {}", attempt.path, attempt.reason)?;
@@ -240,7 +248,11 @@ impl fmt::Display for Error {
                     f,
                     " Set {} to the library's full path if it is elsewhere.",
                     library.override_var()
-                )
+                )?;
+                match hint {
+                    Some(hint) => write!(f, "\n{hint}"),
+                    None => Ok(()),
+                }
             }
             Error::MissingFunction {
                 library,
@@ -364,6 +376,7 @@ mod tests {
                     reason: "no such file".into(),
                 },
             ],
+            hint: None,
         };
         let text = e.to_string();
         assert!(text.starts_with(
@@ -373,7 +386,29 @@ mod tests {
             text.contains("\n  /usr/lib/wsl/lib/libcuda.so.1: no such file\n"),
             "{text}"
         );
-        assert!(text.contains("CUDA_PINNED_LIBCUDA"), "{text}");
+        assert!(
+            text.ends_with(
+                "\nIs the NVIDIA driver installed? Set CUDA_PINNED_LIBCUDA to the library's full path if it is \
+                 elsewhere."
+            ),
+            "{text}"
+        );
+        // A hint is one line more, the last.
+        let Error::Load {
+            library, attempts, ..
+        } = e
+        else {
+            unreachable!()
+        };
+        let hinted = Error::Load {
+            library,
+            attempts,
+            hint: Some("This is a test binary: ...".into()),
+        };
+        assert_eq!(
+            hinted.to_string(),
+            format!("{text}\nThis is a test binary: ...")
+        );
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub enum Error {
         library: Library,
         /// Every name or path tried, in order.
         attempts: Vec<LoadAttempt>,
+        /// How to run on the simulated driver (cuda-pinned-sim) instead, where the program is a test binary
+        /// or a build of the simulator is beside it; a last line of the message. `None` elsewhere.
+        hint: Option<String>,
     },
     /// The loaded library lacks a function the crate needs: it is older than the function.
     #[non_exhaustive]
@@ -258,7 +261,15 @@ impl Error {
                 function,
                 context,
             },
-            Error::Load { library, attempts } => sys::Error::Load { library, attempts },
+            Error::Load {
+                library,
+                attempts,
+                hint,
+            } => sys::Error::Load {
+                library,
+                attempts,
+                hint,
+            },
             Error::MissingFunction {
                 library,
                 path,
@@ -311,7 +322,15 @@ impl From<sys::Error> for Error {
                 function,
                 context,
             },
-            sys::Error::Load { library, attempts } => Error::Load { library, attempts },
+            sys::Error::Load {
+                library,
+                attempts,
+                hint,
+            } => Error::Load {
+                library,
+                attempts,
+                hint,
+            },
             sys::Error::MissingFunction {
                 library,
                 path,
@@ -397,6 +416,12 @@ mod tests {
                     path: "libcuda.so.1".into(),
                     reason: "not found".into(),
                 }],
+                hint: None,
+            },
+            sys::Error::Load {
+                library: Library::Runtime,
+                attempts: Vec::new(),
+                hint: Some("This is a test binary: ...".into()),
             },
             sys::Error::MissingFunction {
                 library: Library::Runtime,
