@@ -133,13 +133,6 @@ def expand(tree):
     return paths
 
 
-class Module:
-    def __init__(self, path, file):
-        self.path = path  # ("memory", "pinned")
-        self.file = file
-        self.reexports = {}  # name -> absolute path (a tuple)
-
-
 def module_files():
     """Every module of the library built outside tests: its path and file."""
     modules = {}

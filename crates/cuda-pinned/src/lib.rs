@@ -303,12 +303,9 @@
 /// The raw layer: the `cuda-pinned-sys` crate, bindings to the CUDA driver API loaded at run time.
 pub use cuda_pinned_sys as sys;
 
-// The modules in layers, each using only those before it: `units` and `track` (leaves: sizes in messages, the
-// tracking state machine); `error`; the FFI (`driver::calls`, the typed driver calls, and `kernels_ffi`);
-// `driver` (Device, Context, Event, Stream, marks); `memory` (buffers, their tracking on the device, the pool,
-// the release thread); `copy`; then the tools: `kernels`, `staging`, `prefetch`, `profile`. A lower layer that
-// needs something of a higher one defines a hook that the higher one implements (`driver::stream::WorkObserver`
-// for the ledger, `driver::context::Queue` for the streams).
+// The modules are layered: ARCHITECTURE.md lists the layers, and `scripts/check-layers.py` fails on an import
+// against them. A lower layer that needs something of a higher one defines a hook that the higher one
+// implements (`driver::stream::WorkObserver` for the ledger, `driver::context::Queue` for the streams).
 mod copy;
 mod driver;
 pub mod error;
