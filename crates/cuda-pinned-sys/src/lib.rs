@@ -28,6 +28,7 @@
 
 pub mod error;
 mod load;
+mod sim_hint;
 
 #[cfg(not(feature = "bindgen"))]
 #[allow(
