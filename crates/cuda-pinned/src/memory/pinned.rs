@@ -5,6 +5,7 @@
 use std::ffi::c_void;
 use std::fmt;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use bytemuck::Pod;
 
@@ -12,6 +13,7 @@ use super::block::{Block, How, PAGE, class_of, node_of};
 use super::host::{HostRegion, Readable, Writable};
 use super::layout::{byte_len, check_alignment};
 use super::numa::{self, Placement};
+use super::pool::state::Lease;
 use super::release::{release_host, retire, reuse};
 use super::tracked::{Gpu, GpuTracker, Track, lock, refuse_if_held, release_after_graphs};
 use crate::driver::Context;
@@ -58,7 +60,7 @@ pub struct Pinned<T> {
     context: Context,
     /// For a buffer over a pool's block: gives the block back to its pool, with the work in flight on it, when
     /// the buffer drops (the pool, a layer above, is known only as this); `None` for memory of its own.
-    loan: Option<GiveBack>,
+    loan: Option<Loan>,
 }
 
 /// How to allocate pinned memory: `PinnedBuilder::new(&context).write_combined(true).zeroed::<u8>(n)`.
@@ -239,17 +241,27 @@ impl<T: Pod> Pinned<T> {
     }
 }
 
-/// How a pooled buffer's block goes back to its pool: called once, with the block's tracker, when the work in
-/// flight on it may still run.
-pub(crate) type GiveBack = Box<dyn FnOnce(GpuTracker) + Send + Sync>;
+/// Where a pooled buffer's block goes back when the buffer drops: its pool (`pool/`, a layer above, known
+/// here only as this).
+pub(crate) trait Lender: Send + Sync {
+    /// Takes `block`, lent under `lease`, back with the device work still in flight on it (`track`).
+    fn give_back(&self, block: Block, lease: Lease, track: GpuTracker);
+}
+
+/// A pool's block lent to one buffer, given back to its lender when the buffer drops.
+pub(crate) struct Loan {
+    pub(crate) lender: Arc<dyn Lender>,
+    pub(crate) block: Block,
+    pub(crate) lease: Lease,
+}
 
 impl<T> Pinned<T> {
-    /// A buffer over a block lent by a pool, allocated with `flags`; `loan` gives it back.
+    /// A buffer over a block lent by a pool, allocated with `flags`; `loan` goes back when it drops.
     pub(crate) fn from_pool(
         host: HostRegion<T>,
         context: Context,
         flags: u32,
-        loan: GiveBack,
+        loan: Loan,
     ) -> Pinned<T> {
         Pinned {
             host,
@@ -422,7 +434,9 @@ impl<T> Drop for Pinned<T> {
         if let Some(loan) = self.loan.take() {
             // The pool reuses the block only once the work in flight on it has completed (and the graphs that
             // use it are gone).
-            release_after_graphs(self.host.track(), loan);
+            release_after_graphs(self.host.track(), move |track| {
+                loan.lender.give_back(loan.block, loan.lease, track);
+            });
             return;
         }
         if self.block_bytes == 0 {

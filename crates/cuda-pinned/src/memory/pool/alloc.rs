@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use bytemuck::Pod;
 
 use super::state::{Lease, PoolState, Reservation, Take};
-use super::{ALLOCATING, Loan, POOL_FLAGS, PinnedPool, Waits, block};
+use super::{ALLOCATING, POOL_FLAGS, PinnedPool, Waits, block};
 #[cfg(doc)]
 use super::{PoolBuilder, WhenFull};
 use crate::driver::Stream;
@@ -21,6 +21,7 @@ use crate::error::Result;
 use crate::memory::block::{Block, PAGE, node_of};
 use crate::memory::host::HostRegion;
 use crate::memory::layout::{byte_len, check_alignment};
+use crate::memory::pinned::Loan;
 use crate::memory::pinned::{Pinned, PinnedBuilder};
 use crate::memory::release::reuse;
 use crate::memory::tracked::Gpu;
@@ -227,11 +228,10 @@ impl PinnedPool {
         // page-locked, and leased to this one buffer until it comes back.
         let host = unsafe { HostRegion::new(block.ptr.cast::<T>(), len) };
         let loan = Loan {
-            pool: self.shared.clone(),
-            block: Some(block),
-            lease: Some(lease),
+            lender: self.shared.clone(),
+            block,
+            lease,
         };
-        let give_back = Box::new(move |track| loan.give_back(track));
-        Pinned::from_pool(host, self.shared.context.clone(), POOL_FLAGS, give_back)
+        Pinned::from_pool(host, self.shared.context.clone(), POOL_FLAGS, loan)
     }
 }

@@ -40,6 +40,7 @@ use self::state::{Lease, PoolState};
 pub use self::stats::PoolStats;
 use super::block::Block;
 use super::numa::Placement;
+use super::pinned::Lender;
 #[cfg(doc)]
 use super::pinned::Pinned;
 use super::release::retire;
@@ -165,19 +166,9 @@ impl Drop for Shared {
     }
 }
 
-/// A pool block lent to a `Pinned`: given back when the `Pinned` drops.
-struct Loan {
-    pool: Arc<Shared>,
-    block: Option<Block>,
-    lease: Option<Lease>,
-}
-
-impl Loan {
-    /// Gives the block back with the device work still in flight on it.
-    fn give_back(mut self, track: GpuTracker) {
-        if let (Some(block), Some(lease)) = (self.block.take(), self.lease.take()) {
-            self.pool.lock().give_back(block, lease, track);
-            self.pool.room_made();
-        }
+impl Lender for Shared {
+    fn give_back(&self, block: Block, lease: Lease, track: GpuTracker) {
+        self.lock().give_back(block, lease, track);
+        self.room_made();
     }
 }
