@@ -108,6 +108,19 @@ pub enum Error {
         /// Every error, oldest first.
         errors: Vec<Error>,
     },
+    /// A file could not be read as a load needs it (see [`crate::load`]): a read failed, the file is shorter
+    /// than it says or than when it was opened, or its header is not what its format allows. Nothing of the
+    /// load is reported as done; device memory it was loading into may have been written in part.
+    #[non_exhaustive]
+    File {
+        /// The file, as the caller named it.
+        path: std::path::PathBuf,
+        /// The byte of the file the failure is at (the start of the read that failed, the first byte that is
+        /// missing, or the start of the part of the header that is wrong).
+        offset: u64,
+        /// What is wrong, such as `the file ends at byte 4096, before the 8192 bytes its header describes`.
+        message: String,
+    },
     /// The driver supports an older CUDA version than the bindings were generated from.
     #[non_exhaustive]
     DriverTooOld {
@@ -138,7 +151,9 @@ impl Error {
                 }
                 None => *context = Some(what.to_string()),
             },
-            Error::InvalidArgument { message } | Error::Worker { message, .. } => {
+            Error::InvalidArgument { message }
+            | Error::Worker { message, .. }
+            | Error::File { message, .. } => {
                 use fmt::Write as _;
                 let _ = write!(message, ", while {what}");
             }
@@ -151,6 +166,15 @@ impl Error {
     /// invalid arguments as the crate's errors.
     pub fn invalid(message: impl fmt::Display) -> Error {
         Error::InvalidArgument {
+            message: message.to_string(),
+        }
+    }
+
+    /// An [`Error::File`]: `message` about `path` at byte `offset`.
+    pub fn file(path: &std::path::Path, offset: u64, message: impl fmt::Display) -> Error {
+        Error::File {
+            path: path.to_path_buf(),
+            offset,
             message: message.to_string(),
         }
     }
@@ -169,6 +193,11 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::InvalidArgument { message } => f.write_str(message),
+            Error::File {
+                path,
+                offset,
+                message,
+            } => write!(f, "{}, at byte {offset}: {message}", path.display()),
             Error::PoolExhausted {
                 requested,
                 budget,

@@ -324,6 +324,7 @@ pub mod kernels;
 #[cfg(any(feature = "gpu", docsrs))]
 mod kernels_ffi;
 mod launch;
+pub mod load;
 mod memory;
 mod peer;
 pub mod prefetch;
@@ -343,6 +344,7 @@ pub use future::Done;
 pub use gather::{GatherEngine, GatherOptions, Gatherer, ReadOrder, RowTable};
 pub use graph::{Graph, GraphBuffer};
 pub use launch::{Arg, Kernel, LaunchConfig, Module, Use};
+pub use load::{Io, LoadOptions, LoadReport};
 pub use memory::{
     DeviceBuffer, DeviceView, DeviceViewMut, Pinned, PinnedBuilder, PinnedPool, PinnedView,
     PinnedViewMut, Pinning, Placement, PoolAlloc, PoolBuilder, PoolStats, Readable, Registered,

@@ -3,6 +3,7 @@
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::ScopedJoinHandle;
 
 use crate::error::{Error, Result};
 
@@ -23,7 +24,7 @@ fn find_idle<B>(given: &mut Vec<B>, idle: fn(&mut B) -> Result<bool>) -> Result<
 /// Every wait here ends: [`Circulation::take`] waits only while a buffer is lent to another thread of the
 /// transfer, which gives it back ([`Circulation::give_back`]) or drops it (which wakes the waiters, see
 /// [`Lent`]), and [`Circulation::stop`] wakes every waiter.
-pub(super) struct Circulation<B> {
+pub(crate) struct Circulation<B> {
     shelf: Mutex<Shelf<B>>,
     /// Signalled when a buffer is given back or dropped, and when the transfer stops.
     changed: Condvar,
@@ -48,7 +49,7 @@ struct Shelf<B> {
 
 impl<B> Circulation<B> {
     /// A circulation of at most `limit` buffers, starting with `first`.
-    pub(super) fn new(first: B, limit: usize) -> Circulation<B> {
+    pub(crate) fn new(first: B, limit: usize) -> Circulation<B> {
         Circulation {
             shelf: Mutex::new(Shelf {
                 free: vec![first],
@@ -67,7 +68,7 @@ impl<B> Circulation<B> {
     /// while it may still take a new one: an upload's buffer comes back with its copy still queued, maybe behind
     /// other work on the stream, and a worker writing it would wait for all that, where a new block from the pool
     /// lets the transfer return before the stream's earlier work has run.
-    pub(super) fn preferring_idle(mut self, idle: fn(&mut B) -> Result<bool>) -> Circulation<B> {
+    pub(crate) fn preferring_idle(mut self, idle: fn(&mut B) -> Result<bool>) -> Circulation<B> {
         self.idle = Some(idle);
         self
     }
@@ -80,7 +81,7 @@ impl<B> Circulation<B> {
     /// see [`Circulation::preferring_idle`]), else a new one from `more` (which must not wait) while fewer than
     /// `limit` are in circulation and the pool has had room, else the next one given back. `None` once the
     /// transfer has stopped; an error of `more` other than a full pool stops it.
-    pub(super) fn take(&self, more: &dyn Fn() -> Result<B>) -> Option<Lent<'_, B>> {
+    pub(crate) fn take(&self, more: &dyn Fn() -> Result<B>) -> Option<Lent<'_, B>> {
         let mut shelf = self.lock();
         loop {
             if shelf.stopped {
@@ -159,7 +160,7 @@ impl<B> Circulation<B> {
     }
 
     /// Puts `buffer` back on the shelf for the next chunk.
-    pub(super) fn give_back(&self, buffer: B) {
+    pub(crate) fn give_back(&self, buffer: B) {
         self.lock().free.push(buffer);
         // One buffer serves one waiter; a stop wakes them all.
         self.changed.notify_one();
@@ -174,7 +175,7 @@ impl<B> Circulation<B> {
 
     /// Stops the transfer: every thread stops at its next step, and waiters wake. `error`, if the first, is what
     /// the transfer returns.
-    pub(super) fn stop(&self, error: Option<Error>) {
+    pub(crate) fn stop(&self, error: Option<Error>) {
         self.stop_locked(&mut self.lock(), error);
     }
 
@@ -186,12 +187,12 @@ impl<B> Circulation<B> {
         self.changed.notify_all();
     }
 
-    pub(super) fn stopped(&self) -> bool {
+    pub(crate) fn stopped(&self) -> bool {
         self.lock().stopped
     }
 
     /// The transfer's outcome: the first error, if any thread met one.
-    pub(super) fn result(&self) -> Result<()> {
+    pub(crate) fn result(&self) -> Result<()> {
         self.lock().error.take().map_or(Ok(()), Err)
     }
 }
@@ -199,7 +200,7 @@ impl<B> Circulation<B> {
 /// A buffer lent by a [`Circulation`] to one thread: given back with [`Circulation::give_back`] of
 /// [`Lent::into_inner`]; dropped instead (the transfer has stopped), it goes back to its pool, and the
 /// circulation counts it lost so that no thread waits for it.
-pub(super) struct Lent<'c, B> {
+pub(crate) struct Lent<'c, B> {
     circulation: &'c Circulation<B>,
     buffer: Option<B>,
 }
@@ -213,7 +214,7 @@ impl<'c, B> Lent<'c, B> {
     }
 
     /// The buffer, to give back: still counted as the transfer's.
-    pub(super) fn into_inner(mut self) -> B {
+    pub(crate) fn into_inner(mut self) -> B {
         self.buffer
             .take()
             .expect("a lent buffer is there until it is taken out")
@@ -248,13 +249,26 @@ impl<B> Drop for Lent<'_, B> {
 }
 
 /// Stops the transfer if the thread holding it unwinds, so that no other thread waits for it.
-pub(super) struct StopOnPanic<'c, B>(pub(super) &'c Circulation<B>);
+pub(crate) struct StopOnPanic<'c, B>(pub(crate) &'c Circulation<B>);
 
 impl<B> Drop for StopOnPanic<'_, B> {
     fn drop(&mut self) {
         if std::thread::panicking() {
             self.0.stop(None);
         }
+    }
+}
+
+/// Waits for every worker to end, then passes on the first panic among them, if any.
+pub(crate) fn join_all(workers: Vec<ScopedJoinHandle<'_, ()>>) {
+    let mut panic = None;
+    for worker in workers {
+        if let Err(payload) = worker.join() {
+            panic.get_or_insert(payload);
+        }
+    }
+    if let Some(payload) = panic {
+        std::panic::resume_unwind(payload);
     }
 }
 

@@ -39,7 +39,7 @@
 //! chunks only while a worker can still send one.
 
 mod awaited;
-mod circulation;
+pub(crate) mod circulation;
 mod copies;
 mod options;
 mod transfer;

@@ -6,7 +6,7 @@ use std::thread::{Scope, ScopedJoinHandle};
 
 use bytemuck::Pod;
 
-use super::circulation::{Circulation, Lent, StopOnPanic};
+use super::circulation::{Circulation, Lent, StopOnPanic, join_all};
 use super::copies::{check_host_device, enqueue_download, enqueue_upload, stream_copy};
 use super::options::{ONE_BUFFER_DOWNLOAD_BELOW, ONE_BUFFER_UPLOAD_BELOW, StagingOptions};
 use crate::copy::{DeviceDestination, DeviceSource};
@@ -284,19 +284,6 @@ fn refused_thread(worker: usize, error: &std::io::Error) -> Error {
         "starting staging worker thread {worker}: {error}; ask for fewer threads \
          (StagingOptions::threads) or raise the process's thread limit"
     ))
-}
-
-/// Waits for every worker to end, then passes on the first panic among them, if any.
-fn join_all(workers: Vec<ScopedJoinHandle<'_, ()>>) {
-    let mut panic = None;
-    for worker in workers {
-        if let Err(payload) = worker.join() {
-            panic.get_or_insert(payload);
-        }
-    }
-    if let Some(payload) = panic {
-        std::panic::resume_unwind(payload);
-    }
 }
 
 #[cfg(test)]
