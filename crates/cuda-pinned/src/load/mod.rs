@@ -29,9 +29,14 @@
 //! that supports it. The loader reads through page-locked host memory; where GPUDirect Storage is present, a
 //! load still takes that path (see ARCHITECTURE.md, "Loading files").
 
+mod awaited;
 mod engine;
 mod file;
 pub(crate) mod plan;
+#[cfg(feature = "safetensors")]
+pub(crate) mod safetensors;
+#[cfg(feature = "safetensors")]
+mod sharded;
 // The simulated driver is not linked into the GPU build's tests.
 #[cfg(all(test, not(feature = "gpu")))]
 mod tests;
@@ -49,6 +54,12 @@ use crate::driver::Stream;
 use crate::error::{Error, Result};
 use crate::memory::{Pinned, PinnedPool};
 use crate::units::Bytes;
+
+pub use self::awaited::Loading;
+#[cfg(feature = "safetensors")]
+pub use self::safetensors::{Dtype, SafeTensorsFile, TensorInfo, Tensors};
+#[cfg(feature = "safetensors")]
+pub use self::sharded::{Checkpoint, LoadedCheckpoint};
 
 /// The smallest slot a load shrinks to when its pool has no room for the one asked for.
 const MIN_SLOT: usize = 256 << 10;

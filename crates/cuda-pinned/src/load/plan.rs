@@ -52,7 +52,7 @@ pub(crate) enum PlanError {
         end: u64,
         file_len: u64,
     },
-    /// Piece `index` starts before the end of the piece before it (pieces come in file order).
+    /// Piece `index` (not empty) starts before the end of the piece before it (pieces come in file order).
     Overlaps {
         index: usize,
         start: u64,
@@ -105,7 +105,8 @@ fn align_down(x: u64, align: u64) -> u64 {
     x - x % align
 }
 
-/// The requests that read `pieces` (in file order, not overlapping, each within `file_len`) into slots of
+/// The requests that read `pieces` (in file order, not overlapping, each within `file_len`; an empty piece may
+/// be anywhere) into slots of
 /// `slot_bytes`, aligned to `align` (1 for buffered reads, [`DIRECT_ALIGN`] for direct ones; `slot_bytes` a
 /// multiple of it). Pieces of no bytes make no upload. Ranges closer than [`MERGE_GAP`] share a request.
 pub(crate) fn plan(
@@ -131,7 +132,7 @@ pub(crate) fn plan(
                 file_len,
             });
         };
-        if start < previous_end {
+        if piece.len > 0 && start < previous_end {
             return Err(PlanError::Overlaps {
                 index,
                 start,
