@@ -246,6 +246,30 @@
 //! loads it with [`Module::load`]. The crate's README shows the whole build script, the one the repository's
 //! `examples/downstream` compiles its kernels with.
 //!
+//! # Loading files
+//! A checkpoint or a dataset on disk reaches device memory through [`load`]: reader threads read the file
+//! (direct I/O where the page cache does not hold it, several reads in flight) into a few page-locked slots of a
+//! [`PinnedPool`] while the slots read before are uploaded on a stream; the pool's budget bounds the page-locked
+//! memory whatever the file's size. [`Stream::load_file`] loads a byte range; with feature `safetensors`,
+//! `load::SafeTensorsFile` checks a safetensors header against the file and loads all or some of its tensors
+//! into one device buffer, and `load::Checkpoint` loads the files of a sharded checkpoint at once, also as a
+//! future. Bad input is an [`Error::File`] naming the file and the byte.
+//!
+//! ```no_run
+//! use cuda_pinned::{Context, DeviceBuffer, PinnedPool, Stream};
+//!
+//! fn weights(path: &str) -> cuda_pinned::Result<DeviceBuffer<u8>> {
+//!     let context = Context::on(0)?;
+//!     let stream = Stream::new(&context)?;
+//!     let pool = PinnedPool::new(&context, 256 << 20);
+//!     let len = std::fs::metadata(path).map_err(cuda_pinned::Error::invalid)?.len() as usize;
+//!     let mut weights = DeviceBuffer::<u8>::uninit(&stream, len)?;
+//!     let report = stream.load_file(&pool, path, 0, &mut weights)?; // returns once read; uploads queued
+//!     println!("{} bytes, direct I/O: {}", report.bytes, report.direct);
+//!     Ok(weights)
+//! }
+//! ```
+//!
 //! # Several GPUs
 //! The crate is written for any number of devices; its tests of two run on the simulated driver in every
 //! `cargo test` of the repository, and on two GPUs with `--features gpu` where a machine has them. Page-locked
@@ -294,6 +318,8 @@
 //! - [`Gatherer`]: rows of a page-locked host table gathered into device memory by index, by a kernel of the
 //!   crate that reads them in place (shipped as PTX, no feature needed) or by the copy engines; with
 //!   [`RowTable`] and [`prefetch::GatherBatch`], a [`Prefetcher`] whose host side is only the indices.
+//! - [`load`]: files into device memory through pooled page-locked slots; safetensors checkpoints (feature
+//!   `safetensors`).
 #![deny(unsafe_op_in_unsafe_fn)]
 // Unsafe code is confined to the files that say so with `#![allow(unsafe_code)]`: the FFI, the memory that
 // the device shares, and the handles the driver lets threads share.

@@ -57,8 +57,10 @@ use crate::units::Bytes;
 
 pub use self::awaited::Loading;
 #[cfg(feature = "safetensors")]
+#[cfg_attr(docsrs, doc(cfg(feature = "safetensors")))]
 pub use self::safetensors::{Dtype, SafeTensorsFile, TensorInfo, Tensors};
 #[cfg(feature = "safetensors")]
+#[cfg_attr(docsrs, doc(cfg(feature = "safetensors")))]
 pub use self::sharded::{Checkpoint, LoadedCheckpoint};
 
 /// The smallest slot a load shrinks to when its pool has no room for the one asked for.
