@@ -4,8 +4,12 @@
 //! handle, declared to the tracking), and downloads both results. `cuda-pinned` orders every step across the
 //! streams on the device; the only `unsafe` is the launch contracts.
 //!
+//! It also loads a checkpoint PyTorch wrote onto the device and checks it against the file ([`checkpoint`]).
+//!
 //! Its tests run on the simulated driver in plain `cargo test`, with Rust stand-ins of the kernels; with
 //! feature `gpu` (and a CUDA toolkit) the same pipeline runs on a GPU.
+
+pub mod checkpoint;
 
 use cuda_pinned::sys::CUstream;
 use cuda_pinned::{Arg, Context, DeviceBuffer, Kernel, LaunchConfig, Module, Pinned, Stream, Use};

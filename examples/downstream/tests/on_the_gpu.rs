@@ -2,6 +2,7 @@
 //! run under compute-sanitizer's memcheck, racecheck and synccheck too.
 #![cfg(feature = "gpu")]
 
+use downstream::checkpoint::load_and_check;
 use downstream::{Pipeline, expected};
 
 #[test]
@@ -18,6 +19,48 @@ fn the_pipeline_matches_the_host_reference_on_the_gpu() {
         );
     }
     assert!(pipeline.run(&[], 3, 11).unwrap().values.is_empty());
+}
+
+/// The checkpoint PyTorch wrote (`tests/data`, made by `scripts/make-checkpoint.py`), whole and sharded, embedded
+/// in the test binary and written to a temporary directory where it runs.
+fn unpacked(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("downstream-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (file, bytes) in [
+        (
+            "tiny.safetensors",
+            &include_bytes!("data/tiny.safetensors")[..],
+        ),
+        (
+            "model.safetensors.index.json",
+            include_bytes!("data/sharded/model.safetensors.index.json"),
+        ),
+        (
+            "model-00001-of-00002.safetensors",
+            include_bytes!("data/sharded/model-00001-of-00002.safetensors"),
+        ),
+        (
+            "model-00002-of-00002.safetensors",
+            include_bytes!("data/sharded/model-00002-of-00002.safetensors"),
+        ),
+    ] {
+        std::fs::write(dir.join(file), bytes).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn a_checkpoint_pytorch_wrote_loads_byte_for_byte_on_the_gpu() {
+    let dir = unpacked("checkpoint");
+    let whole = load_and_check(&dir.join("tiny.safetensors"), 0).unwrap_or_else(|e| panic!("{e}"));
+    let sharded = load_and_check(&dir.join("model.safetensors.index.json"), 0)
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(whole.tensors >= 8, "{whole:?}");
+    assert_eq!(
+        (sharded.tensors, sharded.bytes),
+        (whole.tensors, whole.bytes)
+    );
 }
 
 /// A kernel launched by cudarc on a stream shared with the crate, declared with `enqueue_foreign`: its output

@@ -4,6 +4,7 @@
 #![cfg(not(feature = "gpu"))]
 
 use cuda_pinned_sim::{Exclusive, KernelCall, Settings, install_with};
+use downstream::checkpoint::load_and_check;
 use downstream::{BLOCK, Pipeline, expected};
 
 /// `scale_shift(const unsigned* x, unsigned* y, unsigned a, unsigned b, unsigned n)` as the device runs it.
@@ -135,4 +136,47 @@ fn nothing_is_left_allocated_once_the_work_is_done() {
         .expect("the context's work finishes");
     let live = sim.live();
     assert_eq!(live.device_allocations, 0, "{live:?}");
+}
+
+/// The checkpoint PyTorch wrote (`tests/data`, made by `scripts/make-checkpoint.py`), whole and sharded, embedded
+/// in the test binary and written to a temporary directory where it runs.
+fn unpacked(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("downstream-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (file, bytes) in [
+        (
+            "tiny.safetensors",
+            &include_bytes!("data/tiny.safetensors")[..],
+        ),
+        (
+            "model.safetensors.index.json",
+            include_bytes!("data/sharded/model.safetensors.index.json"),
+        ),
+        (
+            "model-00001-of-00002.safetensors",
+            include_bytes!("data/sharded/model-00001-of-00002.safetensors"),
+        ),
+        (
+            "model-00002-of-00002.safetensors",
+            include_bytes!("data/sharded/model-00002-of-00002.safetensors"),
+        ),
+    ] {
+        std::fs::write(dir.join(file), bytes).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn a_checkpoint_pytorch_wrote_loads_byte_for_byte() {
+    let _sim = simulator();
+    let dir = unpacked("checkpoint");
+    let whole = load_and_check(&dir.join("tiny.safetensors"), 0).unwrap_or_else(|e| panic!("{e}"));
+    let sharded = load_and_check(&dir.join("model.safetensors.index.json"), 0)
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(whole.tensors >= 8, "{whole:?}");
+    assert_eq!(
+        (sharded.tensors, sharded.bytes),
+        (whole.tensors, whole.bytes)
+    );
 }
