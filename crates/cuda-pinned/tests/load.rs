@@ -7,7 +7,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::{data_bytes, serial};
-use cuda_pinned::{DeviceBuffer, Error, Io, LoadOptions, PinnedPool, Stream};
+use cuda_pinned::{DeviceBuffer, Error, Io, LoadOptions, PinnedPool, Stream, WhenFull};
 
 /// A file of `len` fresh bytes in the temporary directory, removed when dropped.
 struct TempFile {
@@ -205,4 +205,39 @@ fn loaded_memory_is_ordered_before_work_of_other_streams() {
         let got = read_back(&reading, &device);
         assert_eq!(first_difference(&got, &file.bytes), None, "seed {seed}");
     }
+}
+
+#[test]
+fn loads_on_several_threads_share_a_small_pool_and_all_end() {
+    let _serial = serial();
+    let ctx = common::device(0);
+    // Room for four 512 KiB slots among four loads that each ask for five; a load that finds none waits for one.
+    let pool = PinnedPool::builder(&ctx, 2 << 20)
+        .when_full(WhenFull::Wait)
+        .build();
+    let files: Vec<TempFile> = (0..4)
+        .map(|i| TempFile::new("threads", (3 << 20) + 1000 * i, 20 + i as u64))
+        .collect();
+    let loaded_whole = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for file in &files {
+            let (ctx, pool, loaded_whole) = (&ctx, &pool, &loaded_whole);
+            scope.spawn(move || {
+                let stream = Stream::new(ctx).unwrap();
+                let options = LoadOptions::default().slot_bytes(512 << 10);
+                for round in 0..3 {
+                    let mut device = DeviceBuffer::<u8>::uninit(&stream, file.bytes.len()).unwrap();
+                    let loaded = common::bounded("a load", common::LIMIT, || {
+                        stream.load_file_with(pool, options, &file.path, 0, &mut device)
+                    });
+                    loaded.unwrap_or_else(|e| panic!("round {round}: {e}"));
+                    let got = read_back(&stream, &device);
+                    assert_eq!(first_difference(&got, &file.bytes), None, "round {round}");
+                    loaded_whole.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    assert!(pool.stats().peak_reserved <= 2 << 20, "{:?}", pool.stats());
+    assert_eq!(loaded_whole.into_inner(), 12);
 }

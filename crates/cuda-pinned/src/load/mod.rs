@@ -351,10 +351,12 @@ pub(crate) fn load_opened(
 }
 
 /// A slot of `bytes` from `pool`, waiting only for its blocks' pending device work; where it has no room, the
-/// largest smaller one (halving, down to [`MIN_SLOT`]) it has room for at once.
+/// largest smaller one (halving, down to [`MIN_SLOT`]) it has room for at once; where it has room for none, the
+/// smallest as [`PinnedPool::alloc`] gives it: a pool that waits when full ([`crate::WhenFull::Wait`]) waits for
+/// room (the load holds no slot yet, so it waits for no one who waits for it), one that fails, fails.
 ///
 /// # Errors
-/// The pool's, or [`Error::PoolExhausted`] if not even the smallest slot fits.
+/// The pool's: [`Error::PoolExhausted`] if not even the smallest slot comes.
 fn first_slot(pool: &PinnedPool, bytes: usize) -> Result<Pinned<u8>> {
     let mut bytes = bytes.next_multiple_of(DIRECT_ALIGN as usize);
     let mut slot = pool.alloc_after_pending::<u8>(bytes);
@@ -362,5 +364,8 @@ fn first_slot(pool: &PinnedPool, bytes: usize) -> Result<Pinned<u8>> {
         bytes = (bytes / 2).next_multiple_of(DIRECT_ALIGN as usize);
         slot = pool.try_alloc::<u8>(bytes);
     }
-    slot
+    match slot {
+        Err(Error::PoolExhausted { .. }) => pool.alloc::<u8>(bytes),
+        slot => slot,
+    }
 }
