@@ -7,6 +7,8 @@
 //!   property test runs the same model on programs of its own.
 //! - [`ranges`]: the range check of buffer views (`memory/view.rs`) and how a staged transfer splits into chunks
 //!   and workers (`staging/options.rs`).
+//! - [`load`]: how a file load cuts byte ranges into read requests and uploads (`load/plan.rs`), and the check of a
+//!   safetensors file's header (`load/safetensors.rs`, feature `safetensors`).
 
 pub mod pool {
     //! Random programs against the pool's `PoolState` on a simulated device, and the model they are checked
@@ -526,5 +528,210 @@ pub mod ranges {
         pub fn chunks_of(&self, worker: usize) -> impl Iterator<Item = usize> + use<> {
             self.0.chunks_of(worker)
         }
+    }
+}
+
+pub mod load {
+    //! The pure parts of a file load: [`plan`] cuts byte ranges of a file into aligned read requests, each with
+    //! the uploads out of its slot, and checks them (the check the plan's unit tests share); [`read_header`]
+    //! reads a safetensors file's header as `SafeTensorsFile::open` does, from the file's bytes.
+
+    #[cfg(feature = "safetensors")]
+    use std::collections::HashMap;
+
+    use crate::load::plan::{self, PlanError};
+    #[cfg(feature = "safetensors")]
+    use crate::load::{TensorInfo, safetensors};
+
+    /// The alignment of a direct read's offset and length; buffered reads are aligned to 1.
+    pub const DIRECT_ALIGN: u64 = plan::DIRECT_ALIGN;
+
+    /// Bytes between two wanted ranges that a request reads rather than start a request of its own.
+    pub const MERGE_GAP: u64 = plan::MERGE_GAP;
+
+    /// Bytes `[file, file + len)` of the file, which go to destination `dest` from its byte `at`.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Piece {
+        /// Where the bytes start in the file.
+        pub file: u64,
+        /// How many.
+        pub len: u64,
+        /// Which destination they go to.
+        pub dest: usize,
+        /// Where in the destination.
+        pub at: u64,
+    }
+
+    /// Why the plan refused pieces: the fields of its error.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub enum Refusal {
+        /// Piece `index`, bytes `start..end` (`end` saturated), ends past the file's `file_len` bytes.
+        PastEnd {
+            /// Which piece.
+            index: usize,
+            /// Its first byte.
+            start: u64,
+            /// Its end, saturated at `u64::MAX`.
+            end: u64,
+            /// The file's length.
+            file_len: u64,
+        },
+        /// Piece `index`, not empty, starts before `previous_end`, the end of the last non-empty piece before it.
+        Overlaps {
+            /// Which piece.
+            index: usize,
+            /// Its first byte.
+            start: u64,
+            /// Where the last non-empty piece before it ends.
+            previous_end: u64,
+        },
+        /// A slot of `slot_bytes` is not a multiple of `align`, or holds fewer than two aligned blocks.
+        SlotTooSmall {
+            /// The slot's size.
+            slot_bytes: usize,
+            /// The alignment.
+            align: u64,
+        },
+    }
+
+    /// A refusal, with the file offset the load's error names and its message.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct Refused {
+        /// What was refused.
+        pub refusal: Refusal,
+        /// The offset of the error (`PlanError::offset`).
+        pub offset: u64,
+        /// Its message (`Display`).
+        pub message: String,
+    }
+
+    /// What a plan made, once checked.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Planned {
+        /// How many read requests.
+        pub requests: usize,
+        /// How many uploads, over all requests.
+        pub uploads: usize,
+        /// The bytes the requests must read (their `needed`), gaps between merged pieces included.
+        pub read: u64,
+    }
+
+    /// Plans `pieces` of a file of `file_len` bytes into slots of `slot_bytes`, aligned to `align` (a power of
+    /// two), as a load does, and checks the requests: the shared check of the plan's unit tests (each aligned
+    /// and within a slot; every byte of every piece uploaded once, in order, from where its request read it, to
+    /// where the piece says; no other upload); and further that requests come in increasing file order, that
+    /// the bytes each must deliver are within the file and end with its last upload, that a request starts in
+    /// the block of its first wanted byte, and that the bytes it reads between two uploads are at most
+    /// [`MERGE_GAP`].
+    ///
+    /// # Errors
+    /// The plan's refusal, with its offset and message.
+    ///
+    /// # Panics
+    /// Where the requests break one of those; and, as the plan does, if `align` is not a power of two.
+    pub fn plan(
+        pieces: &[Piece],
+        file_len: u64,
+        slot_bytes: usize,
+        align: u64,
+    ) -> Result<Planned, Refused> {
+        let pieces: Vec<plan::Piece> = pieces
+            .iter()
+            .map(|p| plan::Piece {
+                file: p.file,
+                len: p.len,
+                dest: p.dest,
+                at: p.at,
+            })
+            .collect();
+        let requests = plan::plan(&pieces, file_len, slot_bytes, align).map_err(|e| Refused {
+            offset: e.offset(),
+            message: e.to_string(),
+            refusal: match e {
+                PlanError::PastEnd {
+                    index,
+                    start,
+                    end,
+                    file_len,
+                } => Refusal::PastEnd {
+                    index,
+                    start,
+                    end,
+                    file_len,
+                },
+                PlanError::Overlaps {
+                    index,
+                    start,
+                    previous_end,
+                } => Refusal::Overlaps {
+                    index,
+                    start,
+                    previous_end,
+                },
+                PlanError::SlotTooSmall { slot_bytes, align } => {
+                    Refusal::SlotTooSmall { slot_bytes, align }
+                }
+            },
+        })?;
+        plan::check(&pieces, &requests, slot_bytes, align);
+        let mut next = 0;
+        for request in &requests {
+            assert!(
+                request.offset >= next,
+                "requests out of file order at {request:?}"
+            );
+            let needed_end = request.offset + request.needed as u64;
+            assert!(
+                needed_end <= file_len,
+                "{request:?} needs bytes past the end of the file ({file_len} bytes)"
+            );
+            next = needed_end;
+            let first = request.uploads.first().expect("a request with no upload");
+            assert!(
+                (first.slot_at as u64) < align,
+                "{request:?} starts before the block of its first byte"
+            );
+            let last = request.uploads.last().expect("a request with no upload");
+            assert_eq!(
+                last.slot_at + last.len,
+                request.needed,
+                "{request:?} needs bytes after its last upload"
+            );
+            for pair in request.uploads.windows(2) {
+                let end = pair[0].slot_at + pair[0].len;
+                assert!(
+                    pair[1].slot_at >= end && (pair[1].slot_at - end) as u64 <= MERGE_GAP,
+                    "{request:?}: uploads out of order or a gap over {MERGE_GAP} bytes"
+                );
+            }
+        }
+        let wanted = pieces.iter().any(|p| p.len > 0);
+        assert_eq!(!requests.is_empty(), wanted, "{requests:?} of {pieces:?}");
+        Ok(Planned {
+            requests: requests.len(),
+            uploads: requests.iter().map(|r| r.uploads.len()).sum(),
+            read: requests.iter().map(|r| r.needed as u64).sum(),
+        })
+    }
+
+    /// A safetensors header: its tensors, in file order, and its `__metadata__`.
+    #[cfg(feature = "safetensors")]
+    pub type Header = (Vec<TensorInfo>, Option<HashMap<String, String>>);
+
+    /// The tensors (in file order) and metadata of the safetensors file whose bytes are `file`, read as
+    /// `SafeTensorsFile::open` reads them: the header's length from the first 8 bytes (zeros past the end of a
+    /// shorter file) checked against the file's length, then the header parsed and checked against it.
+    ///
+    /// # Errors
+    /// The offset in the file and what is wrong, as the error of `SafeTensorsFile::open` names them.
+    #[cfg(feature = "safetensors")]
+    pub fn read_header(file: &[u8]) -> Result<Header, (u64, String)> {
+        let mut length = [0u8; 8];
+        for (to, from) in length.iter_mut().zip(file) {
+            *to = *from;
+        }
+        let n = safetensors::header_length(u64::from_le_bytes(length), file.len() as u64)?;
+        let header = &file[8..8 + n as usize];
+        safetensors::parse_header(header, file.len() as u64)
     }
 }

@@ -1,7 +1,7 @@
 //! Which reads a load makes: the byte ranges of a file that go to the device, cut into requests of at most one
 //! slot each, aligned for direct I/O, each with the uploads that take its bytes from the slot to the device.
 //!
-//! Pure arithmetic, so that it is unit-tested and fuzzed (`fuzz/fuzz_targets/load_plan.rs`) on its own.
+//! Pure arithmetic, so that it is unit-tested and fuzzed (`fuzz/fuzz_targets/load.rs`) on its own.
 
 use std::fmt;
 
@@ -193,6 +193,50 @@ fn finish((mut request, data_end): (Request, u64), align: u64) -> Request {
     request
 }
 
+/// Checks what every plan must be: requests aligned, within a slot, and every byte of every piece uploaded
+/// once, from where the request read it, and nothing else. Shared by the unit tests and the fuzz target
+/// (`cuda_pinned::fuzzing::load::plan`).
+///
+/// # Panics
+/// Where `requests` break one of those.
+#[cfg(any(test, fuzzing))]
+pub(crate) fn check(pieces: &[Piece], requests: &[Request], slot_bytes: usize, align: u64) {
+    let mut delivered: Vec<(u64, u64, usize, u64)> = Vec::new();
+    for request in requests {
+        assert_eq!(request.offset % align, 0, "{request:?}");
+        assert_eq!(request.len as u64 % align, 0, "{request:?}");
+        assert!(
+            request.len <= slot_bytes && request.needed <= request.len,
+            "{request:?}"
+        );
+        assert!(
+            request.needed > 0 && !request.uploads.is_empty(),
+            "{request:?}"
+        );
+        for upload in &request.uploads {
+            assert!(upload.len > 0 && upload.slot_at + upload.len <= request.needed);
+            let file = request.offset + upload.slot_at as u64;
+            delivered.push((file, upload.len as u64, upload.dest, upload.at));
+        }
+    }
+    // Every piece's bytes, in order, and nothing else.
+    let mut at = 0;
+    for piece in pieces.iter().filter(|p| p.len > 0) {
+        let mut pos = piece.file;
+        while pos < piece.file + piece.len {
+            let (file, len, dest, to) = delivered[at];
+            assert_eq!(
+                (file, dest, to),
+                (pos, piece.dest, piece.at + pos - piece.file)
+            );
+            pos += len;
+            at += 1;
+        }
+        assert_eq!(pos, piece.file + piece.len, "no upload runs past its piece");
+    }
+    assert_eq!(at, delivered.len(), "no upload of bytes no piece wants");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,45 +248,6 @@ mod tests {
             dest: 0,
             at,
         }
-    }
-
-    /// Checks what every plan must be: requests aligned, within a slot, and every byte of every piece uploaded
-    /// once, from where the request read it.
-    pub(crate) fn check(pieces: &[Piece], requests: &[Request], slot_bytes: usize, align: u64) {
-        let mut delivered: Vec<(u64, u64, usize, u64)> = Vec::new();
-        for request in requests {
-            assert_eq!(request.offset % align, 0, "{request:?}");
-            assert_eq!(request.len as u64 % align, 0, "{request:?}");
-            assert!(
-                request.len <= slot_bytes && request.needed <= request.len,
-                "{request:?}"
-            );
-            assert!(
-                request.needed > 0 && !request.uploads.is_empty(),
-                "{request:?}"
-            );
-            for upload in &request.uploads {
-                assert!(upload.len > 0 && upload.slot_at + upload.len <= request.needed);
-                let file = request.offset + upload.slot_at as u64;
-                delivered.push((file, upload.len as u64, upload.dest, upload.at));
-            }
-        }
-        // Every piece's bytes, in order, and nothing else.
-        let mut at = 0;
-        for piece in pieces.iter().filter(|p| p.len > 0) {
-            let mut pos = piece.file;
-            while pos < piece.file + piece.len {
-                let (file, len, dest, to) = delivered[at];
-                assert_eq!(
-                    (file, dest, to),
-                    (pos, piece.dest, piece.at + pos - piece.file)
-                );
-                pos += len;
-                at += 1;
-            }
-            assert_eq!(pos, piece.file + piece.len, "no upload runs past its piece");
-        }
-        assert_eq!(at, delivered.len(), "no upload of bytes no piece wants");
     }
 
     #[test]

@@ -247,7 +247,7 @@ impl SafeTensorsFile {
 }
 
 /// The header's length `n` checked against the file's `len`; else the offset and what is wrong.
-fn header_length(n: u64, len: u64) -> std::result::Result<u64, (u64, String)> {
+pub(crate) fn header_length(n: u64, len: u64) -> std::result::Result<u64, (u64, String)> {
     if len < LENGTH_BYTES {
         return Err((
             0,
