@@ -252,8 +252,14 @@ fn plan_case(input: &mut Reader<'_>) {
 fn safetensors_case(file: &[u8]) {
     let len = file.len() as u64;
     let ours = read_header(file);
-    // The crate's reading second: it sums the same offsets ours does, so were they to overflow, ours would be
-    // the one caught.
+    // The crate's reading second. It adds the header's end to the data's length unchecked, which overflows for
+    // offsets near 2^64: where ours found the data longer than the file, it is not asked (ours must refuse).
+    if let Err((offset, message)) = &ours
+        && message.contains("the file ends here, before the end of its tensors' data")
+    {
+        assert_eq!(*offset, len, "{message}");
+        return;
+    }
     let reference = safetensors::SafeTensors::read_metadata(file);
     match (&ours, &reference) {
         (Ok((tensors, metadata)), Ok((n, theirs_all))) => {

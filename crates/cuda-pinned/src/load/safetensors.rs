@@ -286,6 +286,37 @@ pub(crate) fn parse_header(header: &[u8], len: u64) -> std::result::Result<Parse
             format!("the header is not a valid safetensors header: {message}"),
         )
     })?;
+    // The data's end, checked against the file before any offset is added to the header's end: the format's
+    // offsets go up to 2^64, and a sum past it must be an error, not a wrapped offset.
+    let data_len = metadata.data_len() as u64;
+    let room = len.saturating_sub(data_start);
+    if data_len > room {
+        let first = metadata
+            .tensors()
+            .into_iter()
+            .map(|(name, info)| (info.data_offsets.1 as u64, name))
+            .filter(|&(end, _)| end > room)
+            .min()
+            .map_or(String::new(), |(_, name)| name);
+        return Err((
+            len,
+            format!(
+                "the file ends here, before the end of its tensors' data ({data_len} bytes from byte \
+                 {data_start}; tensor {first:?} is cut): it is truncated, or its header lies"
+            ),
+        ));
+    }
+    let data_end = data_start + data_len;
+    if data_end < len {
+        return Err((
+            data_end,
+            format!(
+                "{} bytes follow the last tensor's data, which the header does not describe",
+                len - data_end
+            ),
+        ));
+    }
+    // Every offset is at most `data_len`, so no sum below passes `len`.
     let mut tensors: Vec<TensorInfo> = metadata
         .tensors()
         .into_iter()
@@ -298,29 +329,6 @@ pub(crate) fn parse_header(header: &[u8], len: u64) -> std::result::Result<Parse
         .collect();
     // By start, then end: an empty tensor may start where another does.
     tensors.sort_by_key(|t| (t.file.start, t.file.end));
-    let data_end = data_start + metadata.data_len() as u64;
-    if data_end > len {
-        let cut = tensors
-            .iter()
-            .find(|t| t.file.end > len)
-            .map_or("", |t| t.name.as_str());
-        return Err((
-            len,
-            format!(
-                "the file ends here, before the end of its tensors' data at byte {data_end} (tensor \
-                 {cut:?} is cut): it is truncated, or its header lies"
-            ),
-        ));
-    }
-    if data_end < len {
-        return Err((
-            data_end,
-            format!(
-                "{} bytes follow the last tensor's data, which the header does not describe",
-                len - data_end
-            ),
-        ));
-    }
     Ok((tensors, metadata.metadata().clone()))
 }
 
@@ -511,6 +519,25 @@ mod tests {
                 assert_eq!(offset, LENGTH_BYTES + at as u64, "{json}: {message}");
             }
         }
+    }
+
+    #[test]
+    fn offsets_near_the_top_of_u64_are_refused_not_wrapped() {
+        // Eight tensors of 2^61 - 1 bytes end to end: their end is near 2^64, past any file.
+        let big = (1u64 << 61) - 1;
+        let entries: Vec<String> = (0..8)
+            .map(|i| {
+                format!(
+                    r#""t{i}":{{"dtype":"U8","shape":[{big}],"data_offsets":[{},{}]}}"#,
+                    i * big,
+                    (i + 1) * big
+                )
+            })
+            .collect();
+        let json = format!("{{{}}}", entries.join(","));
+        let (offset, message) = parse(&json, 100).unwrap_err();
+        assert_eq!(offset, LENGTH_BYTES + json.len() as u64 + 100);
+        assert!(message.contains("tensor \"t0\" is cut"), "{message}");
     }
 
     #[test]
