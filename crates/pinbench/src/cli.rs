@@ -1,5 +1,5 @@
 //! pinbench's command line: the bandwidth run's flags, and the other modes (`train-loop`, `gather`, `devices`,
-//! `futures`, `requests`, `graphs`) with their own.
+//! `futures`, `requests`, `graphs`, `load`) with their own.
 
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
@@ -135,6 +135,63 @@ pub enum Mode {
     /// (in a loop of launches, and right after a synchronization), and the ratios; every way's results are
     /// checked against the others'.
     Graphs(FuturesOptions),
+    /// A safetensors checkpoint from a file into device memory, cold and warm, against the disk's ceiling
+    ///
+    /// Writes a safetensors file of 8 GiB of fresh bytes (1 GiB with --quick, 64 MiB on the simulated driver;
+    /// --gib N otherwise), bf16 tensors of 256 MiB (16 of a 16th for smaller files), at --path or in the
+    /// temporary directory, reused where an earlier run kept it (--keep), else removed at the end; the report
+    /// names the file system and the disk under it (/proc/mounts, sysfs). Then, cold (fsync and posix_fadvise(DONTNEED) of the file)
+    /// and warm (the file read once just before), each figure one run on device 0, GB/s of the wall time until
+    /// the data is on the device: the ceiling, reads alone (O_DIRECT cold, buffered warm) on as many threads as
+    /// the loader reads with, each into a page-aligned buffer of its slot size; Stream::load_file of the whole
+    /// file into one device buffer, default options (how it read and why, its readers, slots and pinned
+    /// memory); SafeTensorsFile::open + load; std::fs::read into a Vec, then upload_pageable; mmap of the file,
+    /// then upload_pageable. The fraction of the file in the page cache before each figure is asked (mincore)
+    /// and shown: a figure not cold or warm as asked (tmpfs keeps its pages) is marked, never passed off as
+    /// such. References: a warm Vec of 1 GiB copied into pinned memory on every core, and a pinned upload of
+    /// 1 GiB (16 MiB each on the simulated driver). Each figure as a ratio to the ceiling of the same state and to the pinned upload, and the goals:
+    /// cold load_file / ceiling >= 0.90, warm load_file / min(host copy into pinned, pinned upload) >= 0.85.
+    /// Every load's device memory is checked against the file (64 evenly spaced 1 MiB pieces and the first and
+    /// last MiB). Linux only.
+    Load(LoadOptions),
+}
+
+/// `load`'s flags.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Args)]
+pub struct LoadOptions {
+    /// A file of 1 GiB instead of 8
+    #[arg(long)]
+    pub quick: bool,
+    /// Print one JSON document on stdout instead of the table
+    #[arg(long)]
+    pub json: bool,
+    /// GiB of tensors in the file, fractions too (0.05) [default: 8, or 1 with --quick, 64 MiB on the simulated
+    /// driver]
+    #[arg(long = "gib", value_name = "N", value_parser = gib)]
+    pub data_bytes: Option<usize>,
+    /// The file to write and load, or a directory to write it in [default: the temporary directory]; a file
+    /// there that pinbench load did not write is never overwritten
+    #[arg(long, value_name = "PATH")]
+    pub path: Option<PathBuf>,
+    /// Keep the file at the end, for a later run of the same size to reuse
+    #[arg(long)]
+    pub keep: bool,
+    /// Also load cold with 1, 2, 4 and 8 readers x slots of 4, 16 and 64 MiB, to choose the defaults
+    #[arg(long)]
+    pub sweep: bool,
+}
+
+/// `--gib`: a finite number of GiB, of at least one row of a tensor (8 KiB), as bytes.
+fn gib(arg: &str) -> Result<usize, String> {
+    let n: f64 = arg
+        .parse()
+        .map_err(|e| format!("{arg:?} is not a number of GiB: {e}"))?;
+    let bytes = n * f64::from(1u32 << 30);
+    if !bytes.is_finite() || bytes < 8192.0 || bytes >= usize::MAX as f64 {
+        Err(format!("{arg} GiB is not a size of at least 8 KiB"))
+    } else {
+        Ok(bytes as usize)
+    }
 }
 
 /// `futures`', `requests`' and `graphs`' flags.
@@ -402,6 +459,55 @@ mod tests {
     }
 
     #[test]
+    fn load_has_its_own_flags() {
+        let cli = parsed(&["load"]).unwrap();
+        assert_eq!(cli.mode, Some(Mode::Load(LoadOptions::default())));
+        let cli = parsed(&[
+            "load", "--quick", "--json", "--gib", "0.05", "--path", "/d/f", "--keep", "--sweep",
+        ])
+        .unwrap();
+        let Some(Mode::Load(o)) = cli.mode else {
+            panic!("not load")
+        };
+        assert!(o.quick && o.json && o.keep && o.sweep);
+        assert_eq!(o.data_bytes, Some((0.05 * f64::from(1u32 << 30)) as usize));
+        assert_eq!(o.path, Some(PathBuf::from("/d/f")));
+        for n in ["0", "-1", "inf", "NaN", "1e-9", "x", ""] {
+            let e = parsed(&["load", &format!("--gib={n}")]).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::ValueValidation, "{n:?}: {e}");
+            assert_eq!(e.exit_code(), 2);
+        }
+        for args in [
+            &["load", "--plot", "x.svg"][..],
+            &["--quick", "load"],
+            &["load", "--path"],
+        ] {
+            assert_eq!(parsed(args).unwrap_err().exit_code(), 2, "{args:?}");
+        }
+        let mut command = Cli::command();
+        let help = command
+            .find_subcommand_mut("load")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        for needle in [
+            "--quick",
+            "--json",
+            "--gib <N>",
+            "--path <PATH>",
+            "--keep",
+            "--sweep",
+            "O_DIRECT",
+            "posix_fadvise",
+            "mincore",
+            "0.90",
+            "0.85",
+        ] {
+            assert!(help.contains(needle), "{needle} in\n{help}");
+        }
+    }
+
+    #[test]
     fn help_names_every_flag_and_mode() {
         let help = Cli::command().render_long_help().to_string();
         for needle in [
@@ -414,6 +520,7 @@ mod tests {
             "train-loop",
             "gather",
             "devices",
+            "load",
             "Exit status",
             "CUDA_PINNED_LIBCUDA",
         ] {

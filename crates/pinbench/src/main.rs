@@ -20,7 +20,9 @@
 //! fed by the sharded prefetcher of rows gathered on each device (`devices/`); `pinbench futures` times how soon
 //! an awaiting task learns that device work is done (`futures.rs`); `pinbench requests` serves a server's requests
 //! as awaiting tasks and on blocking threads (`requests.rs`); `pinbench graphs` replays a step as a CUDA graph
-//! through the crate, against the raw driver's graph and eager launches (`graphs.rs`).
+//! through the crate, against the raw driver's graph and eager launches (`graphs.rs`); `pinbench load` loads a
+//! safetensors file into device memory, cold and warm, through the crate's loader, against the disk's ceiling
+//! and the driver's pageable path (`load.rs`).
 //!
 //! Device times come from CUDA events after warm-up, repeated until stable, as medians (`timing.rs`). Every copy's
 //! data is checked once; a figure is never a failure, however low, but data that did not arrive intact is.
@@ -37,6 +39,8 @@ mod futures;
 mod gather;
 mod graphs;
 mod json;
+#[cfg(target_os = "linux")]
+mod load;
 mod nvml;
 #[cfg(feature = "gpu")]
 mod overlap;
@@ -106,6 +110,7 @@ fn main() -> ExitCode {
         Some(Mode::Futures(options)) => futures_mode(options),
         Some(Mode::Requests(options)) => requests_mode(options),
         Some(Mode::Graphs(options)) => graphs_mode(options),
+        Some(Mode::Load(options)) => load_mode(options),
     };
     match outcome {
         Ok(failures) if failures.is_empty() => ExitCode::SUCCESS,
@@ -240,6 +245,29 @@ fn graphs_mode(options: &cli::FuturesOptions) -> Outcome<Vec<String>> {
     } else {
         vec!["the step's results differ between the eager, raw-graph and crate-graph runs".into()]
     })
+}
+
+/// `pinbench load`: the failures are loads whose data arrived wrong.
+#[cfg(target_os = "linux")]
+fn load_mode(options: &cli::LoadOptions) -> Outcome<Vec<String>> {
+    let simulated = simulated()?;
+    let figures = load::measure(&load::Settings::new(options, simulated))?;
+    if options.json {
+        print(&json::pretty(&load::document(&figures, simulated))?);
+    } else {
+        print(&with_banner(simulated, load::table(&figures)));
+    }
+    Ok(figures
+        .failures()
+        .into_iter()
+        .map(|f| format!("data check of {f}"))
+        .collect())
+}
+
+/// Direct reads, the page cache's advice and residency are asked of Linux.
+#[cfg(not(target_os = "linux"))]
+fn load_mode(_: &cli::LoadOptions) -> Outcome<Vec<String>> {
+    Err("pinbench load runs on Linux only (O_DIRECT, posix_fadvise, mincore)".into())
 }
 
 /// `pinbench devices`: the failures are figures whose data arrived wrong; a copy between devices that failed
