@@ -50,7 +50,10 @@ fn ranges_of_a_file_arrive_whole_every_way_it_can_be_read() {
     let stream = Stream::new(&ctx).unwrap();
     let pool = PinnedPool::new(&ctx, 64 << 20);
     let file = TempFile::new("ranges", (3 << 20) + 12_345, 1);
-    let small = LoadOptions::default().slot_bytes(64 << 10).readers(3);
+    let small = LoadOptions::default()
+        .slot_bytes(64 << 10)
+        .readers(3)
+        .buffered_readers(3);
     let one_slot = LoadOptions::default()
         .slot_bytes(32 << 10)
         .readers(2)

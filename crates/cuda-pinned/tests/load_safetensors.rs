@@ -91,7 +91,10 @@ fn every_tensor_arrives_whole_every_way_the_file_can_be_read() {
     let file = SafeTensorsFile::open(&path).unwrap();
     assert_eq!(file.tensors().len(), want.len());
     assert_eq!(file.metadata().unwrap()["format"], "pt");
-    let small = LoadOptions::default().slot_bytes(64 << 10).readers(3);
+    let small = LoadOptions::default()
+        .slot_bytes(64 << 10)
+        .readers(3)
+        .buffered_readers(3);
     for options in [LoadOptions::default(), small] {
         for io in [Io::Auto, Io::Direct, Io::Buffered] {
             let loaded = file

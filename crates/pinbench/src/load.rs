@@ -43,10 +43,11 @@ const REFERENCE_BYTES: usize = GIB;
 const SIMULATED_REFERENCE_BYTES: usize = 16 << 20;
 /// Timed repetitions of each reference, after one untimed.
 const REFERENCE_SAMPLES: usize = 5;
-/// The pool's budget: room for the sweep's largest slots (9 of 64 MiB), pinned only as loads take them.
-pub const POOL_BUDGET: usize = 640 << 20;
-/// The sweep's readers and slot sizes.
+/// The pool's budget: room for the sweep's largest slots (17 of 64 MiB), pinned only as loads take them.
+pub const POOL_BUDGET: usize = 1100 << 20;
+/// The sweep's readers (direct, cold; buffered, warm) and slot sizes.
 pub const SWEEP_READERS: [usize; 4] = [1, 2, 4, 8];
+pub const SWEEP_BUFFERED_READERS: [usize; 4] = [4, 8, 12, 16];
 pub const SWEEP_SLOTS: [usize; 3] = [4 << 20, 16 << 20, 64 << 20];
 /// A figure is cold where the page cache held at most this fraction of the file, warm where at least this.
 pub const COLD_AT_MOST: f64 = 0.05;
@@ -116,7 +117,7 @@ pub enum Cache {
 }
 
 impl Cache {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Cache::Cold => "cold",
             Cache::Warm => "warm",
@@ -238,9 +239,11 @@ pub struct Goal {
     pub note: Option<String>,
 }
 
-/// One load of the sweep: cold, `Stream::load_file_with` of `readers` and slots of `slot_bytes`.
+/// One load of the sweep: `Stream::load_file_with` of `readers` (direct cold, buffered warm) and slots of
+/// `slot_bytes`.
 #[derive(Debug, Clone, Serialize)]
 pub struct SweepPoint {
+    pub cache: Cache,
     pub readers: usize,
     pub slot_bytes: usize,
     #[serde(flatten)]
@@ -270,6 +273,7 @@ pub struct FileInfo {
 #[derive(Debug, Clone, Serialize)]
 pub struct Defaults {
     pub readers: usize,
+    pub buffered_readers: usize,
     pub slot_bytes: usize,
     pub slots: usize,
     pub pinned_bytes: usize,
@@ -417,21 +421,29 @@ pub fn measure(settings: &Settings) -> Outcome<Figures> {
     let warm = run.state(Cache::Warm)?;
     let sweep = if settings.sweep {
         let mut points = Vec::new();
-        for readers in SWEEP_READERS {
-            for slot_bytes in SWEEP_SLOTS {
-                let options = LoadOptions::default()
-                    .readers(readers)
-                    .slot_bytes(slot_bytes);
-                eprintln!(
-                    "pinbench load: sweep: cold, {readers} readers x {}",
-                    size_label(slot_bytes)
-                );
-                let figure = run.load_file(Cache::Cold, options)?;
-                points.push(SweepPoint {
-                    readers,
-                    slot_bytes,
-                    figure,
-                });
+        for (cache, counts) in [
+            (Cache::Cold, SWEEP_READERS),
+            (Cache::Warm, SWEEP_BUFFERED_READERS),
+        ] {
+            for readers in counts {
+                for slot_bytes in SWEEP_SLOTS {
+                    let options = LoadOptions::default()
+                        .readers(readers)
+                        .buffered_readers(readers)
+                        .slot_bytes(slot_bytes);
+                    eprintln!(
+                        "pinbench load: sweep: {}, {readers} readers x {}",
+                        cache.name(),
+                        size_label(slot_bytes)
+                    );
+                    let figure = run.load_file(cache, options)?;
+                    points.push(SweepPoint {
+                        cache,
+                        readers,
+                        slot_bytes,
+                        figure,
+                    });
+                }
             }
         }
         Some(points)
@@ -464,9 +476,10 @@ pub fn measure(settings: &Settings) -> Outcome<Figures> {
         },
         loader_defaults: Defaults {
             readers: defaults.readers,
+            buffered_readers: defaults.buffered_readers,
             slot_bytes: defaults.slot_bytes,
-            slots: defaults.slots,
-            pinned_bytes: defaults.slots * defaults.slot_bytes,
+            slots: defaults.most_slots(),
+            pinned_bytes: defaults.most_slots() * defaults.slot_bytes,
         },
         pool_budget_bytes: POOL_BUDGET,
         references,
@@ -641,7 +654,11 @@ impl Run<'_> {
         let reads = disk::read_all(
             self.path,
             cache == Cache::Cold,
-            options.readers,
+            if cache == Cache::Cold {
+                options.readers
+            } else {
+                options.buffered_readers
+            },
             options.slot_bytes,
         )?;
         let how = (reads.direct, reads.why_buffered);
@@ -738,7 +755,7 @@ impl Run<'_> {
 /// Pins the slots a load of `options` takes, so that no figure times pinning (a process that loads more than
 /// once has them pinned after the first): the pool keeps them once given back.
 fn warm_pool(pool: &PinnedPool, options: LoadOptions) -> Outcome<()> {
-    let slots = (0..options.slots)
+    let slots = (0..options.most_slots())
         .map(|_| pool.alloc::<u8>(options.slot_bytes))
         .collect::<cuda_pinned::Result<Vec<_>>>()?;
     drop(slots);

@@ -4,7 +4,8 @@
 //!
 //! # How a load runs
 //! The wanted byte ranges are cut into requests of at most one slot ([`LoadOptions::slot_bytes`]). Reader
-//! threads ([`LoadOptions::readers`], several requests in flight) each take a slot, read a request into it with
+//! threads ([`LoadOptions::readers`] for direct reads, several requests in flight;
+//! [`LoadOptions::buffered_readers`] for reads out of the page cache, which are copies on the CPU) each take a slot, read a request into it with
 //! one positional read, and hand it to the calling thread, which enqueues the slot's uploads on the stream and
 //! puts the slot back in circulation; a reader refills a slot only once its uploads have completed (the slot's
 //! tracker waits for them). At most [`LoadOptions::slots`] slots are taken from the pool, fewer where its budget
@@ -42,6 +43,7 @@ mod sharded;
 mod tests;
 
 use std::path::Path;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
@@ -85,13 +87,16 @@ pub enum Io {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LoadOptions {
-    /// The most bytes one read moves, and the size of a slot. Default 16 MiB; a load smaller than that takes a
+    /// The most bytes one read moves, and the size of a slot. Default 8 MiB; a load smaller than that takes a
     /// slot of its size, and a pool without room for the slot gives a smaller one (down to 256 KiB).
     pub slot_bytes: usize,
-    /// Reads in flight at once, each on a thread of its own. Default 4.
+    /// Direct reads in flight at once, each on a thread of its own. Default 4.
     pub readers: usize,
-    /// The most slots taken from the pool. Default: one more than the readers, so that a slot's uploads run
-    /// while every reader reads.
+    /// Threads copying out of the page cache, for buffered reads: where the file is cached, a read is a copy
+    /// on the CPU, and it takes several threads to copy at the memory's speed. Default one per core, at most 16.
+    pub buffered_readers: usize,
+    /// The most slots taken from the pool; 0 (the default) for one more than the readers of the reads taken,
+    /// so that a slot's uploads run while every reader reads.
     pub slots: usize,
     /// Direct or buffered reads. Default [`Io::Auto`].
     pub io: Io,
@@ -99,10 +104,15 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> LoadOptions {
+        // Counted once: `available_parallelism` reads the process's CPU quota from files.
+        static CORES: OnceLock<usize> = OnceLock::new();
+        let cores = *CORES
+            .get_or_init(|| std::thread::available_parallelism().map_or(1, std::num::NonZero::get));
         LoadOptions {
-            slot_bytes: 16 << 20,
+            slot_bytes: 8 << 20,
             readers: 4,
-            slots: 5,
+            buffered_readers: cores.clamp(1, 16),
+            slots: 0,
             io: Io::Auto,
         }
     }
@@ -116,15 +126,21 @@ impl LoadOptions {
         self
     }
 
-    /// Reads in flight (see the field); the slots follow, one more than the readers.
+    /// Direct reads in flight (see the field).
     #[must_use]
     pub fn readers(mut self, readers: usize) -> LoadOptions {
         self.readers = readers;
-        self.slots = readers.saturating_add(1);
         self
     }
 
-    /// The most slots (see the field).
+    /// Threads of buffered reads (see the field).
+    #[must_use]
+    pub fn buffered_readers(mut self, readers: usize) -> LoadOptions {
+        self.buffered_readers = readers;
+        self
+    }
+
+    /// The most slots (see the field; 0 for one more than the readers).
     #[must_use]
     pub fn slots(mut self, slots: usize) -> LoadOptions {
         self.slots = slots;
@@ -138,10 +154,33 @@ impl LoadOptions {
         self
     }
 
+    /// The readers and the most slots of a load whose reads are direct or not.
+    fn threads(&self, direct: bool) -> (usize, usize) {
+        let readers = if direct {
+            self.readers
+        } else {
+            self.buffered_readers
+        };
+        let slots = match self.slots {
+            0 => readers.saturating_add(1),
+            slots => slots,
+        };
+        (readers, slots)
+    }
+
+    /// The most slots a load with these options holds, its reads direct or buffered: `most_slots() *
+    /// slot_bytes` bounds the page-locked memory it holds.
+    pub fn most_slots(&self) -> usize {
+        self.threads(true).1.max(self.threads(false).1)
+    }
+
     fn check(&self) -> Result<()> {
-        if self.slot_bytes < 2 * DIRECT_ALIGN as usize || self.readers == 0 || self.slots == 0 {
+        if self.slot_bytes < 2 * DIRECT_ALIGN as usize
+            || self.readers == 0
+            || self.buffered_readers == 0
+        {
             return Err(Error::invalid(format_args!(
-                "load options: slots of at least 8 KiB, one reader and one slot are needed, not {self:?}"
+                "load options: slots of at least 8 KiB and a reader of each kind are needed, not {self:?}"
             )));
         }
         Ok(())
@@ -306,14 +345,15 @@ pub(crate) fn load_opened(
     let slot_bytes = slot_bytes - slot_bytes % DIRECT_ALIGN as usize;
     let requests = plan(pieces, opened.len, slot_bytes, align)
         .map_err(|e| Error::file(path, e.offset(), e))?;
+    let (readers, slots) = options.threads(direct);
     let report = LoadReport {
         bytes: wanted,
         read: requests.iter().map(|r| r.needed as u64).sum(),
         direct,
         why_buffered,
-        readers: options.readers.min(requests.len()).max(1),
+        readers: readers.min(requests.len()).max(1),
         slot_bytes,
-        slots: options.slots,
+        slots,
         elapsed: Duration::ZERO,
     };
     let Some(first) = first else {
@@ -334,7 +374,7 @@ pub(crate) fn load_opened(
         dests,
         first,
         pool,
-        slots: options.slots,
+        slots,
         readers: report.readers,
     })
     .map_err(|e| {

@@ -85,7 +85,7 @@ fn load(f: &Fixture, source: &dyn ReadAt) -> Result<Vec<u8>> {
     }];
     let options = LoadOptions::default()
         .slot_bytes(64 << 10)
-        .readers(3)
+        .buffered_readers(3)
         .io(Io::Buffered);
     load_opened(
         &f.stream,

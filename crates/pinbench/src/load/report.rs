@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::{
-    COLD_AT_MOST, Figure, Figures, Goal, SWEEP_READERS, SWEEP_SLOTS, State, WARM_AT_LEAST, human,
+    COLD_AT_MOST, Cache, Figure, Figures, Goal, SWEEP_BUFFERED_READERS, SWEEP_READERS, SWEEP_SLOTS,
+    State, WARM_AT_LEAST, human,
 };
 use crate::results::size_label;
 
@@ -247,36 +248,44 @@ pub fn table(f: &Figures) -> String {
     );
     let _ = writeln!(out, "checked: {}", f.checked);
     if let Some(points) = &f.sweep {
-        let _ = writeln!(
-            out,
-            "sweep: cold Stream::load_file_with, slots = readers + 1, GB/s (over the cold ceiling; * buffered reads, \
-             ! not cold, X wrong data)"
-        );
-        let _ = write!(out, "{:>8}", "readers");
-        for slot in SWEEP_SLOTS {
-            let _ = write!(out, " {:>18}", format!("slots of {}", size_label(slot)));
-        }
-        out.push('\n');
-        for readers in SWEEP_READERS {
-            let _ = write!(out, "{readers:>8}");
+        for (cache, counts, reads) in [
+            (Cache::Cold, &SWEEP_READERS[..], "direct readers"),
+            (Cache::Warm, &SWEEP_BUFFERED_READERS[..], "buffered readers"),
+        ] {
+            let _ = writeln!(
+                out,
+                "sweep: {} Stream::load_file_with, {reads}, slots = readers + 1, GB/s (over the {} ceiling; \
+                 * buffered reads, ! not {}, X wrong data)",
+                cache.name(),
+                cache.name(),
+                cache.name()
+            );
+            let _ = write!(out, "{:>8}", "readers");
             for slot in SWEEP_SLOTS {
-                let cell = points
-                    .iter()
-                    .find(|p| p.readers == readers && p.slot_bytes == slot)
-                    .map_or("-".to_owned(), |p| {
-                        let g = &p.figure;
-                        format!(
-                            "{:.2} ({:.2}){}{}{}",
-                            g.gb_per_s,
-                            g.ratio_to_ceiling,
-                            if g.direct { "" } else { "*" },
-                            if g.cache_state_reached { "" } else { "!" },
-                            if g.verified == Some(false) { "X" } else { "" }
-                        )
-                    });
-                let _ = write!(out, " {cell:>18}");
+                let _ = write!(out, " {:>18}", format!("slots of {}", size_label(slot)));
             }
             out.push('\n');
+            for &readers in counts {
+                let _ = write!(out, "{readers:>8}");
+                for slot in SWEEP_SLOTS {
+                    let cell = points
+                        .iter()
+                        .find(|p| p.cache == cache && p.readers == readers && p.slot_bytes == slot)
+                        .map_or("-".to_owned(), |p| {
+                            let g = &p.figure;
+                            format!(
+                                "{:.2} ({:.2}){}{}{}",
+                                g.gb_per_s,
+                                g.ratio_to_ceiling,
+                                if g.direct { "" } else { "*" },
+                                if g.cache_state_reached { "" } else { "!" },
+                                if g.verified == Some(false) { "X" } else { "" }
+                            )
+                        });
+                    let _ = write!(out, " {cell:>18}");
+                }
+                out.push('\n');
+            }
         }
     }
     let _ = writeln!(
@@ -367,6 +376,7 @@ mod tests {
             },
             loader_defaults: Defaults {
                 readers: 4,
+                buffered_readers: 4,
                 slot_bytes: 16 << 20,
                 slots: 5,
                 pinned_bytes: 80 << 20,
@@ -399,6 +409,7 @@ mod tests {
             },
             checked: "64 pieces".into(),
             sweep: Some(vec![SweepPoint {
+                cache: Cache::Cold,
                 readers: 2,
                 slot_bytes: 64 << 20,
                 figure: Figure {
