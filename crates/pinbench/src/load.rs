@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use cuda_pinned::load::SafeTensorsFile;
-use cuda_pinned::{Context, DeviceBuffer, LoadOptions, LoadReport, Pinned, PinnedPool, Stream};
+use cuda_pinned::{Context, DeviceBuffer, Io, LoadOptions, LoadReport, Pinned, PinnedPool, Stream};
 use serde::Serialize;
 
 use self::disk::{Existing, Layout, Mapped, Storage};
@@ -48,6 +48,9 @@ pub const POOL_BUDGET: usize = 1100 << 20;
 /// The sweep's readers (direct, cold; buffered, warm) and slot sizes.
 pub const SWEEP_READERS: [usize; 4] = [1, 2, 4, 8];
 pub const SWEEP_BUFFERED_READERS: [usize; 4] = [4, 8, 12, 16];
+/// Cold loads made to read through the page cache (as a buffered reader with readahead does): these readers, in
+/// slots of 16 MiB.
+pub const SWEEP_COLD_BUFFERED_READERS: [usize; 3] = [4, 8, 16];
 pub const SWEEP_SLOTS: [usize; 3] = [4 << 20, 16 << 20, 64 << 20];
 /// A figure is cold where the page cache held at most this fraction of the file, warm where at least this.
 pub const COLD_AT_MOST: f64 = 0.05;
@@ -244,6 +247,8 @@ pub struct Goal {
 #[derive(Debug, Clone, Serialize)]
 pub struct SweepPoint {
     pub cache: Cache,
+    /// Whether the loads were made to read through the page cache (`Io::Buffered`) when cold.
+    pub forced_buffered: bool,
     pub readers: usize,
     pub slot_bytes: usize,
     #[serde(flatten)]
@@ -439,12 +444,28 @@ pub fn measure(settings: &Settings) -> Outcome<Figures> {
                     let figure = run.load_file(cache, options)?;
                     points.push(SweepPoint {
                         cache,
+                        forced_buffered: false,
                         readers,
                         slot_bytes,
                         figure,
                     });
                 }
             }
+        }
+        for readers in SWEEP_COLD_BUFFERED_READERS {
+            let options = LoadOptions::default()
+                .buffered_readers(readers)
+                .slot_bytes(16 << 20)
+                .io(Io::Buffered);
+            eprintln!("pinbench load: sweep: cold, {readers} buffered readers x 16 MiB");
+            let figure = run.load_file(Cache::Cold, options)?;
+            points.push(SweepPoint {
+                cache: Cache::Cold,
+                forced_buffered: true,
+                readers,
+                slot_bytes: 16 << 20,
+                figure,
+            });
         }
         Some(points)
     } else {

@@ -140,7 +140,7 @@ fn the_document_has_the_sweep_and_a_kept_file_is_reused() {
     assert_eq!(doc["cold_goal"]["goal"], 0.9);
     assert_eq!(doc["warm_goal"]["goal"], 0.85);
     let sweep = doc["sweep"].as_array().unwrap();
-    assert_eq!(sweep.len(), 24, "12 cold, 12 warm");
+    assert_eq!(sweep.len(), 27, "12 cold, 3 cold buffered, 12 warm");
     assert!(sweep.iter().all(|p| p["verified"] == true), "{sweep:?}");
     let file = PathBuf::from(doc["file"]["path"].as_str().unwrap());
     assert_eq!(file.parent(), Some(dir.0.as_path()));

@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::{
-    COLD_AT_MOST, Cache, Figure, Figures, Goal, SWEEP_BUFFERED_READERS, SWEEP_READERS, SWEEP_SLOTS,
-    State, WARM_AT_LEAST, human,
+    COLD_AT_MOST, Cache, Figure, Figures, Goal, SWEEP_BUFFERED_READERS,
+    SWEEP_COLD_BUFFERED_READERS, SWEEP_READERS, SWEEP_SLOTS, State, WARM_AT_LEAST, human,
 };
 use crate::results::size_label;
 
@@ -248,9 +248,20 @@ pub fn table(f: &Figures) -> String {
     );
     let _ = writeln!(out, "checked: {}", f.checked);
     if let Some(points) = &f.sweep {
-        for (cache, counts, reads) in [
-            (Cache::Cold, &SWEEP_READERS[..], "direct readers"),
-            (Cache::Warm, &SWEEP_BUFFERED_READERS[..], "buffered readers"),
+        for (cache, forced, counts, reads) in [
+            (Cache::Cold, false, &SWEEP_READERS[..], "direct readers"),
+            (
+                Cache::Cold,
+                true,
+                &SWEEP_COLD_BUFFERED_READERS[..],
+                "Io::Buffered",
+            ),
+            (
+                Cache::Warm,
+                false,
+                &SWEEP_BUFFERED_READERS[..],
+                "buffered readers",
+            ),
         ] {
             let _ = writeln!(
                 out,
@@ -270,7 +281,10 @@ pub fn table(f: &Figures) -> String {
                 for slot in SWEEP_SLOTS {
                     let cell = points
                         .iter()
-                        .find(|p| p.cache == cache && p.readers == readers && p.slot_bytes == slot)
+                        .find(|p| {
+                            (p.cache, p.forced_buffered, p.readers, p.slot_bytes)
+                                == (cache, forced, readers, slot)
+                        })
                         .map_or("-".to_owned(), |p| {
                             let g = &p.figure;
                             format!(
@@ -410,6 +424,7 @@ mod tests {
             checked: "64 pieces".into(),
             sweep: Some(vec![SweepPoint {
                 cache: Cache::Cold,
+                forced_buffered: false,
                 readers: 2,
                 slot_bytes: 64 << 20,
                 figure: Figure {
