@@ -244,3 +244,31 @@ fn loads_on_several_threads_share_a_small_pool_and_all_end() {
     assert!(pool.stats().peak_reserved <= 2 << 20, "{:?}", pool.stats());
     assert_eq!(loaded_whole.into_inner(), 12);
 }
+
+#[test]
+fn an_awaited_load_allocates_and_fills_its_buffer() {
+    let _serial = serial();
+    let ctx = common::device(0);
+    let stream = Stream::new(&ctx).unwrap();
+    let pool = PinnedPool::new(&ctx, 32 << 20);
+    let file = TempFile::new("awaited", (2 << 20) + 77, 30);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .build()
+        .unwrap();
+    let options = LoadOptions::default().slot_bytes(256 << 10);
+    let (device, report) = runtime
+        .block_on(stream.load_file_async(&pool, options, &file.path, 5, file.bytes.len() - 5))
+        .unwrap();
+    assert_eq!(report.bytes, file.bytes.len() as u64 - 5);
+    assert_eq!(
+        first_difference(&read_back(&stream, &device), &file.bytes[5..]),
+        None
+    );
+    // A file that is not there is the future's error.
+    let e = runtime
+        .block_on(stream.load_file_async(&pool, options, "/no/such/file", 0, 10))
+        .unwrap_err();
+    assert!(matches!(e, Error::File { .. }), "{e}");
+    stream.synchronize().unwrap();
+}

@@ -102,6 +102,8 @@ pub struct LoadOptions {
     pub io: Io,
 }
 
+/// 8 MiB slots, 4 direct readers, one buffered reader per core up to 16: chosen with `pinbench load --sweep`
+/// (figures: docs/performance.md, "Where the defaults come from").
 impl Default for LoadOptions {
     fn default() -> LoadOptions {
         // Counted once: `available_parallelism` reads the process's CPU quota from files.
