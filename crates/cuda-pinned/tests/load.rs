@@ -176,10 +176,29 @@ fn a_range_past_the_end_names_the_file_and_the_byte() {
             .contains("ends past the end of the file (10000 bytes)"),
         "{e}"
     );
+    // An offset whose end passes 2^64 is the same error, not an overflow.
+    let e = stream
+        .load_file(&pool, &file.path, u64::MAX - 5, &mut device)
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::File { offset, .. } if offset == u64::MAX - 5),
+        "{e}"
+    );
     // Control: the same range from 5000 fits.
     stream
         .load_file(&pool, &file.path, 5000, &mut device)
         .unwrap();
+    // A slot is never larger than asked for; options that cannot work are refused.
+    let odd = LoadOptions::default().slot_bytes(10_000);
+    let report = stream
+        .load_file_with(&pool, odd, &file.path, 5000, &mut device)
+        .unwrap();
+    assert_eq!(report.slot_bytes, 8192, "{report:?}");
+    let none = LoadOptions::default().readers(0);
+    let e = stream
+        .load_file_with(&pool, none, &file.path, 0, &mut device)
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
     let missing = stream
         .load_file(&pool, "/no/such/file", 0, &mut device)
         .unwrap_err();

@@ -171,6 +171,12 @@ fn a_sharded_checkpoint_loads_every_file_blocking_and_awaited() {
     let index = sharded(&dir.0, &want);
     let checkpoint = Checkpoint::open(&index).unwrap();
     assert_eq!(checkpoint.files().len(), 2);
+    // Options that cannot work are refused here too.
+    let none = LoadOptions::default().buffered_readers(0);
+    let e = checkpoint.files()[0]
+        .load_with(&stream, &pool, none, None)
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .build()
@@ -179,6 +185,10 @@ fn a_sharded_checkpoint_loads_every_file_blocking_and_awaited() {
     let awaited = runtime
         .block_on(checkpoint.load_async(&stream, &pool, LoadOptions::default().readers(2)))
         .unwrap();
+    // Each file's load may keep more than one slot, so that uploads run while its readers read.
+    for shard in blocking.shards() {
+        assert!(shard.report().slots > 1, "{:?}", shard.report());
+    }
     for loaded in [&blocking, &awaited] {
         assert_eq!(loaded.names().count(), want.len());
         for (name, _, _, bytes) in &want {
@@ -248,6 +258,10 @@ fn a_cut_or_lying_file_is_refused_at_the_byte_it_lies_at() {
     std::fs::write(&path, &lying).unwrap();
     let e = SafeTensorsFile::open(&path).unwrap_err();
     assert!(matches!(e, Error::File { offset: 8, .. }), "{e}");
+    assert!(
+        e.to_string().contains("runs past the end of the file"),
+        "{e}"
+    );
     // An unknown dtype, at its place in the header.
     let text = String::from_utf8(good[8..8 + n as usize].to_vec()).unwrap();
     let mut unknown = good.clone();

@@ -50,7 +50,7 @@ use bytemuck::Pod;
 
 use self::engine::{Dest, Job};
 use self::file::{Opened, ReadAt, resident_fraction};
-use self::plan::{DIRECT_ALIGN, Piece, plan};
+use self::plan::{DIRECT_ALIGN, Piece, check_pieces, plan};
 use crate::copy::DeviceDestination;
 use crate::driver::Stream;
 use crate::error::{Error, Result};
@@ -72,8 +72,8 @@ const MIN_SLOT: usize = 256 << 10;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Io {
-    /// Direct reads unless the page cache holds at least half of the wanted bytes or the file system refuses
-    /// them; buffered reads otherwise. The default.
+    /// Direct reads unless the page cache holds at least half of the pages from the first wanted byte to the
+    /// last or the file system refuses them; buffered reads otherwise. The default.
     #[default]
     Auto,
     /// Direct reads (`O_DIRECT`): an error where the file system refuses them.
@@ -274,7 +274,6 @@ pub(crate) fn load_pieces(
 ) -> Result<LoadReport> {
     let started = Instant::now();
     options.check()?;
-    stream.refuse_in_capture("a load from a file")?;
     let opened = match opened {
         Some(opened) => opened,
         None => Opened::open(path, options.io != Io::Buffered)?,
@@ -305,6 +304,10 @@ pub(crate) fn load_opened(
     started: Instant,
 ) -> Result<LoadReport> {
     let path = opened.path.as_path();
+    options.check()?;
+    stream.refuse_in_capture("a load from a file")?;
+    // The pieces first: every sum below stays within the file's length.
+    check_pieces(pieces, opened.len).map_err(|e| Error::file(path, e.offset(), e))?;
     let wanted: u64 = pieces.iter().map(|p| p.len).sum();
     let span = pieces.iter().filter(|p| p.len > 0);
     let (first_byte, last_byte) = (
@@ -330,7 +333,9 @@ pub(crate) fn load_opened(
         None
     } else {
         let fitting = (wanted + 2 * DIRECT_ALIGN).next_multiple_of(DIRECT_ALIGN);
-        Some(first_slot(pool, options.slot_bytes.min(fitting as usize))?)
+        // Whole blocks, never more than asked for.
+        let asked = options.slot_bytes - options.slot_bytes % DIRECT_ALIGN as usize;
+        Some(first_slot(pool, asked.min(fitting as usize))?)
     };
     // A direct read needs an aligned buffer: pool blocks are whole pages.
     let mut why_buffered = why_buffered;
@@ -350,7 +355,10 @@ pub(crate) fn load_opened(
     let (readers, slots) = options.threads(direct);
     let report = LoadReport {
         bytes: wanted,
-        read: requests.iter().map(|r| r.needed as u64).sum(),
+        read: requests
+            .iter()
+            .map(|r| (r.len as u64).min(opened.len - r.offset))
+            .sum(),
         direct,
         why_buffered,
         readers: readers.min(requests.len()).max(1),
@@ -400,10 +408,11 @@ pub(crate) fn load_opened(
 /// # Errors
 /// The pool's: [`Error::PoolExhausted`] if not even the smallest slot comes.
 fn first_slot(pool: &PinnedPool, bytes: usize) -> Result<Pinned<u8>> {
-    let mut bytes = bytes.next_multiple_of(DIRECT_ALIGN as usize);
+    let align = DIRECT_ALIGN as usize;
+    let mut bytes = bytes;
     let mut slot = pool.alloc_after_pending::<u8>(bytes);
     while matches!(slot, Err(Error::PoolExhausted { .. })) && bytes / 2 >= MIN_SLOT {
-        bytes = (bytes / 2).next_multiple_of(DIRECT_ALIGN as usize);
+        bytes = bytes / 2 - bytes / 2 % align;
         slot = pool.try_alloc::<u8>(bytes);
     }
     match slot {

@@ -120,30 +120,7 @@ pub(crate) fn plan(
         return Err(PlanError::SlotTooSmall { slot_bytes, align });
     }
     let slot = slot_bytes as u64;
-    let mut previous_end = 0;
-    for (index, piece) in pieces.iter().enumerate() {
-        let start = piece.file;
-        let end = start.checked_add(piece.len).filter(|&end| end <= file_len);
-        let Some(end) = end else {
-            return Err(PlanError::PastEnd {
-                index,
-                start,
-                end: start.saturating_add(piece.len),
-                file_len,
-            });
-        };
-        if piece.len > 0 && start < previous_end {
-            return Err(PlanError::Overlaps {
-                index,
-                start,
-                previous_end,
-            });
-        }
-        if piece.len > 0 {
-            previous_end = end;
-        }
-    }
-
+    check_pieces(pieces, file_len)?;
     let mut requests = Vec::new();
     // The request being built: its offset, and the end of the bytes it must deliver.
     let mut open: Option<(Request, u64)> = None;
@@ -183,6 +160,35 @@ pub(crate) fn plan(
         requests.push(finish(done, align));
     }
     Ok(requests)
+}
+
+/// Checks that `pieces` are in file order, do not overlap (an empty piece may be anywhere) and end within
+/// `file_len`; else the first piece that is not.
+pub(crate) fn check_pieces(pieces: &[Piece], file_len: u64) -> Result<(), PlanError> {
+    let mut previous_end = 0;
+    for (index, piece) in pieces.iter().enumerate() {
+        let start = piece.file;
+        let end = start.checked_add(piece.len).filter(|&end| end <= file_len);
+        let Some(end) = end else {
+            return Err(PlanError::PastEnd {
+                index,
+                start,
+                end: start.saturating_add(piece.len),
+                file_len,
+            });
+        };
+        if piece.len > 0 && start < previous_end {
+            return Err(PlanError::Overlaps {
+                index,
+                start,
+                previous_end,
+            });
+        }
+        if piece.len > 0 {
+            previous_end = end;
+        }
+    }
+    Ok(())
 }
 
 /// A request's lengths, from the end of the bytes it must deliver.

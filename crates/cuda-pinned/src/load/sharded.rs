@@ -147,7 +147,12 @@ impl Checkpoint {
         let at_once = options.readers.min(self.files.len()).max(1);
         let per_file = LoadOptions {
             readers: (options.readers / at_once).max(1),
-            slots: (options.slots / at_once).max(1),
+            buffered_readers: (options.buffered_readers / at_once).max(1),
+            // 0 stays "one more than the readers".
+            slots: match options.slots {
+                0 => 0,
+                slots => (slots / at_once).max(1),
+            },
             ..options
         };
         let next = AtomicUsize::new(0);
