@@ -520,3 +520,33 @@ fn a_sharded_prefetcher_gathers_on_both_devices_from_one_table() {
     let seen: Vec<Vec<usize>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
     assert_eq!(seen, [vec![0, 2, 4, 6, 8, 10], vec![1, 3, 5, 7, 9, 11]]);
 }
+
+/// One file feeding two devices at once: each half loaded by a thread of its own into its device, through
+/// slots of one pool (page-locked memory is portable); every byte arrives on its device.
+#[test]
+fn one_file_loads_into_two_devices_at_once() {
+    let _serial = serial_on_two_devices();
+    let [ctx0, ctx1] = two_devices();
+    let pool = cuda_pinned::PinnedPool::new(&ctx0, 32 << 20);
+    let path = std::env::temp_dir().join(format!("cuda-pinned-two-devices-{}", std::process::id()));
+    let bytes: Vec<u8> = bytemuck::cast_slice(&data(3 << 20, 41)).to_vec();
+    std::fs::write(&path, &bytes).unwrap();
+    let half = bytes.len() / 2 + 4097;
+    let options = cuda_pinned::LoadOptions::default().slot_bytes(256 << 10);
+    std::thread::scope(|scope| {
+        for (ctx, range) in [(&ctx0, 0..half), (&ctx1, half..bytes.len())] {
+            let (pool, path, bytes) = (&pool, &path, &bytes);
+            scope.spawn(move || {
+                let stream = Stream::new(ctx).unwrap();
+                let mut device = DeviceBuffer::<u8>::uninit(&stream, range.len()).unwrap();
+                stream
+                    .load_file_with(pool, options, path, range.start as u64, &mut device)
+                    .unwrap();
+                let mut got = vec![0u8; range.len()];
+                stream.download_pageable(&device, &mut got).unwrap();
+                assert!(got == bytes[range.clone()], "device {:?}", ctx.device());
+            });
+        }
+    });
+    std::fs::remove_file(&path).unwrap();
+}
